@@ -1,0 +1,22 @@
+"""ctxkit: contextual text representations in PyTorch.
+
+Quick start::
+
+    import ctxkit
+    model, tokenizer = ctxkit.get_model("bert_6_384_12", checkpoint="all_minilm_l6_v2")
+    words = ctxkit.embed(["He sat on the river bank."], model=(model, tokenizer))
+"""
+
+from .zoo import get_model, list_models
+
+__version__ = "0.1.0"
+
+
+def embed(texts, model="all_minilm_l6_v2", **kwargs):
+    """Contextual word (or sentence) vectors; see :func:`ctxkit.embedding.embed`."""
+    from .embedding import embed as _embed
+
+    return _embed(texts, model=model, **kwargs)
+
+
+__all__ = ["embed", "get_model", "list_models", "__version__"]

@@ -1,0 +1,241 @@
+"""Reading and writing weights safely, and renaming keys between layouts.
+
+* Weights are read from ``model.safetensors`` (preferred) or ``pytorch_model.bin`` with
+  ``torch.load(weights_only=True)``, so an untrusted file cannot run code.
+* Loading is strict: every missing, unexpected or misshaped key is listed in one
+  :class:`CheckpointMismatchError`.
+* Writes go to a temporary file in the same folder and are renamed into place, so a
+  crash mid-save leaves the previous file intact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "KeyMap",
+    "read_config",
+    "read_weights",
+    "load_state_dict_strict",
+    "atomic_write",
+    "save_weights",
+    "write_json",
+    "sha256_file",
+    "verify_sha256",
+]
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be read or does not match."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """State dict and model disagree; lists every offending key.
+
+    Attributes:
+        missing: keys the model needs that the checkpoint lacks.
+        unexpected: keys in the checkpoint the model does not have.
+        misshaped: ``(key, checkpoint_shape, model_shape)`` triples.
+    """
+
+    def __init__(self, source: str, missing: Sequence[str], unexpected: Sequence[str], misshaped: Sequence[Tuple[str, tuple, tuple]]):
+        self.missing, self.unexpected, self.misshaped = list(missing), list(unexpected), list(misshaped)
+        lines = [f"checkpoint {source} does not match the model:"]
+        if self.missing:
+            lines.append(f"  missing keys ({len(self.missing)}): " + ", ".join(self.missing))
+        if self.unexpected:
+            lines.append(f"  unexpected keys ({len(self.unexpected)}): " + ", ".join(self.unexpected))
+        for key, have, want in self.misshaped:
+            lines.append(f"  misshaped key {key}: checkpoint {tuple(have)} vs model {tuple(want)}")
+        super().__init__("\n".join(lines))
+
+
+class KeyMap:
+    """Bidirectional renaming between our parameter names and another layout's.
+
+    Rules are pairs of templates; ``{i}`` matches a layer number and ``{p}`` a parameter
+    suffix (``weight`` or ``bias``), e.g.
+    ``("encoder.layers.{i}.ffn.fc1.{p}", "encoder.layer.{i}.intermediate.dense.{p}")``.
+    """
+
+    _FIELDS = {"i": r"(?P<i>\d+)", "p": r"(?P<p>weight|bias)"}
+
+    def __init__(self, rules: Iterable[Tuple[str, str]]):
+        self.rules = list(rules)
+        self._ours = [(self._compile(a), b) for a, b in self.rules]
+        self._theirs = [(self._compile(b), a) for a, b in self.rules]
+
+    @classmethod
+    def _compile(cls, template: str) -> "re.Pattern[str]":
+        pattern = re.escape(template)
+        for name, group in cls._FIELDS.items():
+            pattern = pattern.replace(re.escape("{" + name + "}"), group)
+        return re.compile(pattern + "$")
+
+    @staticmethod
+    def _apply(table, key: str) -> Optional[str]:
+        for pattern, target in table:
+            m = pattern.match(key)
+            if m:
+                return target.format(**m.groupdict())
+        return None
+
+    def to_theirs(self, key: str) -> Optional[str]:
+        """Our name -> their name, or None when no rule matches."""
+        return self._apply(self._ours, key)
+
+    def to_ours(self, key: str) -> Optional[str]:
+        """Their name -> our name, or None when no rule matches."""
+        return self._apply(self._theirs, key)
+
+
+def _json_error(path: Path, err: json.JSONDecodeError) -> CheckpointError:
+    return CheckpointError(f"{path}:{err.lineno}:{err.colno}: malformed JSON: {err.msg}")
+
+
+def read_config(directory: os.PathLike) -> dict:
+    """Read ``config.json`` from a checkpoint folder.
+
+    Raises:
+        CheckpointError: missing file or malformed JSON (with file, line and column).
+    """
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{directory}: no config.json (not an HF-format checkpoint folder)")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise _json_error(path, err) from None
+    except UnicodeDecodeError as err:
+        raise CheckpointError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
+def read_weights(directory: os.PathLike) -> Dict[str, Tensor]:
+    """Read a state dict from a checkpoint folder (safetensors first, then ``.bin``).
+
+    Sharded checkpoints (``model.safetensors.index.json``) are read shard by shard.
+
+    Raises:
+        CheckpointError: no weight file, or a file that cannot be parsed (truncated, corrupted).
+    """
+    directory = Path(directory)
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError) as err:
+            raise CheckpointError(f"{index}: malformed shard index ({err})") from None
+        state: Dict[str, Tensor] = {}
+        for shard in shards:
+            state.update(_read_weight_file(directory / shard))
+        return state
+    for name in WEIGHT_FILES:
+        if (directory / name).is_file():
+            return _read_weight_file(directory / name)
+    raise CheckpointError(f"{directory}: no weight file (looked for {', '.join(WEIGHT_FILES)})")
+
+
+def _read_weight_file(path: Path) -> Dict[str, Tensor]:
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        # weights_only refuses pickled code objects: a hostile .bin cannot execute.
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as err:  # safetensors and pickle raise many types for bad bytes
+        raise CheckpointError(f"{path}: could not read weights, the file is corrupted or truncated ({type(err).__name__}: {err})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise CheckpointError(f"{path}: expected a dict of tensors, got {type(state).__name__}")
+    return state
+
+
+def load_state_dict_strict(module: nn.Module, state: Mapping[str, Tensor], source: str = "state dict") -> None:
+    """Copy ``state`` into ``module`` after checking every key and shape.
+
+    Raises:
+        CheckpointMismatchError: listing all missing, unexpected and misshaped keys at once.
+    """
+    own = module.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    misshaped = [(k, tuple(state[k].shape), tuple(own[k].shape)) for k in own if k in state and state[k].shape != own[k].shape]
+    if missing or unexpected or misshaped:
+        raise CheckpointMismatchError(source, missing, unexpected, misshaped)
+    module.load_state_dict(dict(state), strict=True)
+
+
+def atomic_write(path: os.PathLike, write) -> Path:
+    """Write a file via ``write(tmp_path)`` then rename it over ``path``.
+
+    ``os.replace`` is atomic on POSIX and Windows, so readers see the old file or the
+    new one, never half of one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def save_weights(state: Mapping[str, Tensor], path: os.PathLike) -> Path:
+    """Save a state dict as safetensors, atomically."""
+    from safetensors.torch import save_file
+
+    # safetensors refuses shared or non-contiguous storage; tied weights must be dropped by the caller.
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+
+
+def write_json(obj, path: os.PathLike) -> Path:
+    """Write JSON (indented, sorted keys) atomically."""
+    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def sha256_file(path: os.PathLike, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_sha256(directory: os.PathLike, expected: Mapping[str, str]) -> None:
+    """Check files in ``directory`` against expected SHA-256 digests.
+
+    Raises:
+        CheckpointError: listing every missing file and every digest mismatch.
+    """
+    problems: List[str] = []
+    for name, digest in expected.items():
+        path = Path(directory) / name
+        if not path.is_file():
+            problems.append(f"{name}: missing")
+            continue
+        actual = sha256_file(path)
+        if actual != digest:
+            problems.append(f"{name}: sha256 {actual} != expected {digest}")
+    if problems:
+        raise CheckpointError(f"checkpoint files in {directory} failed verification:\n  " + "\n  ".join(problems))

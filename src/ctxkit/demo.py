@@ -1,0 +1,279 @@
+"""The lectures' "retail bank or river bank?" demo, offline on the packaged MiniLM checkpoint.
+
+A static embedding (the input word-embedding row) gives "bank" the same vector in
+every sentence; a contextual one (the last Transformer layer) moves it towards the
+sense the sentence uses. The demo prints both cosine-similarity matrices side by side,
+a verdict per ambiguous word, and saves an attention heatmap and the sinusoidal
+position table as PNGs.
+
+Run it with ``ctxkit demo`` or ``python -m ctxkit demo``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, TextIO, Tuple
+
+import numpy as np
+import torch
+
+from ctxkit.embedding import embed
+
+# word -> sense -> sentences; each sentence holds the word once.
+DEMO_WORDS: Dict[str, Dict[str, List[str]]] = {
+    "bank": {
+        "river": [
+            "He sat on the river bank and watched the water.",
+            "The fisherman walked along the bank of the stream.",
+            "The boat drifted toward the grassy bank of the river.",
+            "We had a picnic on the bank of the river.",
+        ],
+        "money": [
+            "She deposited the check at the bank.",
+            "The bank approved my loan application.",
+            "The bank raised its interest rates again.",
+            "I withdrew cash from the bank this morning.",
+        ],
+    },
+    "bat": {
+        "animal": [
+            "A bat flew out of the cave at dusk.",
+            "The bat hung upside down from the branch.",
+        ],
+        "baseball": [
+            "He swung the bat and hit a home run.",
+            "The player dropped his bat and ran to first base.",
+        ],
+    },
+    "crane": {
+        "bird": [
+            "A crane waded through the marsh looking for fish.",
+            "The crane spread its wings and flew over the lake.",
+        ],
+        "machine": [
+            "The crane lifted the steel beam onto the roof.",
+            "Workers used a crane to load containers onto the ship.",
+        ],
+    },
+}
+
+# (word, sense, sentence) in a fixed order; ``sentence_index`` indexes this list.
+SENTENCES: List[Tuple[str, str, str]] = [
+    (word, sense, s) for word, senses in DEMO_WORDS.items() for sense, ss in senses.items() for s in ss
+]
+
+INSTALL_HINT = "pip install 'ctxkit[pretrained]'"
+
+
+class CheckpointNotInstalledError(RuntimeError):
+    """The demo's pretrained checkpoint package is missing."""
+
+
+def _load(checkpoint: str) -> Tuple[torch.nn.Module, Any]:
+    from ctxkit import zoo
+
+    rows = {r["name"]: r for r in zoo.list_models()}
+    row = rows.get(checkpoint)
+    if row is not None and not row.get("available", True):
+        raise CheckpointNotInstalledError(
+            f"the checkpoint {checkpoint!r} is not installed; install it with: {INSTALL_HINT}"
+        )
+    try:
+        return zoo.get_model(checkpoint)
+    except (ImportError, FileNotFoundError) as exc:
+        raise CheckpointNotInstalledError(
+            f"could not load the checkpoint {checkpoint!r} ({exc}); install it with: {INSTALL_HINT}"
+        ) from None
+
+
+def _cosine_matrix(vectors: np.ndarray) -> np.ndarray:
+    """``(n, dim)`` -> ``(n, n)`` cosine similarities."""
+    v = vectors.astype(np.float64)
+    v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+    return np.clip(v @ v.T, -1.0, 1.0)
+
+
+def _mean_sims(sim: np.ndarray, senses: List[str]) -> Dict[str, float]:
+    """Mean similarity within each sense (off-diagonal pairs) and across each sense pair."""
+    labels = np.array(senses)
+    order = list(dict.fromkeys(senses))
+    off_diag = ~np.eye(len(labels), dtype=bool)
+    out = {}
+    for i, a in enumerate(order):
+        for b in order[i:]:
+            mask = (labels[:, None] == a) & (labels[None, :] == b) & off_diag
+            out[f"{a}-vs-{b}"] = float(sim[mask].mean())
+    return out
+
+
+def _format_pair(word: str, labels: List[str], ctx: np.ndarray, static: np.ndarray) -> str:
+    """Two similarity matrices side by side with fixed-width columns."""
+    short = [lab.split("/", 1)[1][:3] + lab.rsplit("#", 1)[1] for lab in labels]  # "river#1" -> "riv1"
+    row_w = max(len(lab) for lab in labels) + 2
+    cell = 5
+
+    def block(m: np.ndarray, r: int) -> str:
+        return "".join(f"{v:>{cell}.2f}" for v in m[r])
+
+    width = cell * len(labels)
+    lines = [
+        f"{word}: cosine similarity of the {len(labels)} occurrences",
+        " " * row_w + f"{'contextual (last layer)':<{width}}  |  {'static (input embedding)':<{width}}",
+        " " * row_w + "".join(f"{s:>{cell}}" for s in short) + "  |  " + "".join(f"{s:>{cell}}" for s in short),
+    ]
+    for r, lab in enumerate(labels):
+        lines.append(f"{lab:<{row_w}}" + block(ctx, r) + "  |  " + block(static, r))
+    return "\n".join(lines)
+
+
+def _verdict(word: str, senses: List[str], ctx_means: Dict[str, float], static: np.ndarray) -> Tuple[str, bool]:
+    a, b = senses[0], senses[1]
+    across = ctx_means[f"{a}-vs-{b}"]
+    within_a, within_b = ctx_means[f"{a}-vs-{a}"], ctx_means[f"{b}-vs-{b}"]
+    separated = across < min(within_a, within_b)
+    off = static[~np.eye(len(static), dtype=bool)]
+    if np.allclose(off, 1.0, atol=5e-3):
+        static_txt = "static sim is 1.00 for every pair."
+    else:
+        static_txt = f"static sim ranges {off.min():.2f}..{off.max():.2f}."
+    rel = "<" if separated else ">="
+    outcome = "the senses separate" if separated else "the senses do not separate here"
+    line = (
+        f"{word}: contextual sim {a}-vs-{b} {across:.2f} {rel} {a}-vs-{a} {within_a:.2f}, "
+        f"{b}-vs-{b} {within_b:.2f} -> {outcome}; {static_txt}"
+    )
+    return line, separated
+
+
+def _static_vector(word: str, tokenizer: Any, table: torch.Tensor) -> np.ndarray:
+    """Mean input-embedding row of the word's sub-words: ``(hidden,)``."""
+    ids = tokenizer.encode(word, add_special_tokens=False).input_ids
+    return table[torch.tensor(ids, dtype=torch.long)].mean(dim=0).float().cpu().numpy()
+
+
+def run_demo(
+    out_dir: str = "ctxkit_demo",
+    layer: int = -1,
+    head: int = 0,
+    checkpoint: str = "all_minilm_l6_v2",
+    sentence_index: int = 0,
+    stream: Optional[TextIO] = None,
+) -> Dict[str, Any]:
+    """Runs the bank/bat/crane demo, printing matrices and verdicts and saving two PNGs.
+
+    Args:
+        out_dir: Folder for ``attention_L{layer}_H{head}.png`` and
+            ``positional_encoding.png`` (created if missing).
+        layer: Attention layer to plot, 0-based index into the model's layers
+            (negatives count from the end). The file name uses the non-negative index.
+        head: Attention head to plot (negatives allowed).
+        checkpoint: Model name for :func:`ctxkit.zoo.get_model`.
+        sentence_index: Which demo sentence (see :data:`SENTENCES`) to plot.
+        stream: Where to print; defaults to ``sys.stdout``.
+
+    Returns:
+        Dict with ``"words"``: per target word a dict of ``labels`` (e.g. "bank/river#1"),
+        ``senses``, ``contextual`` and ``static`` cosine matrices ``(n, n)``,
+        ``mean_contextual`` / ``mean_static`` (keys like "river-vs-money"),
+        ``separated`` (bool) and ``verdict`` (the printed line); plus
+        ``attention_png``, ``positional_png`` (paths), ``sentence``, ``tokens`` and
+        ``attention`` ``(seq, seq)`` of the plotted head.
+
+    Raises:
+        CheckpointNotInstalledError: The checkpoint package is missing.
+        ValueError: ``layer``, ``head`` or ``sentence_index`` out of range.
+    """
+    from ctxkit.plots import plot_attention, plot_positional_encoding
+
+    stream = sys.stdout if stream is None else stream
+    if not -len(SENTENCES) <= sentence_index < len(SENTENCES):
+        raise ValueError(f"sentence_index must be in [0, {len(SENTENCES) - 1}], got {sentence_index}")
+    net, tokenizer = _load(checkpoint)
+    cfg = net.config
+    if not -cfg.num_layers <= layer < cfg.num_layers:
+        raise ValueError(f"layer must be in [{-cfg.num_layers}, {cfg.num_layers - 1}], got {layer}")
+    if not -cfg.num_heads <= head < cfg.num_heads:
+        raise ValueError(f"head must be in [{-cfg.num_heads}, {cfg.num_heads - 1}], got {head}")
+    layer, head = layer % cfg.num_layers, head % cfg.num_heads
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    p = print
+    p(f"Retail bank or river bank? Contextual vs static vectors ({checkpoint}, "
+      f"{cfg.num_layers} layers, hidden {cfg.hidden_size})", file=stream)
+    p("", file=stream)
+    for i, (_, _, s) in enumerate(SENTENCES):
+        p(f"  [{i:2d}] {s}", file=stream)
+    p("", file=stream)
+
+    word_vecs = embed([s for _, _, s in SENTENCES], model=(net, tokenizer), layers="last")
+    table = net.embeddings.word_embeddings.weight.detach()
+    results: Dict[str, Any] = {}
+    verdicts = []
+    for word, senses_map in DEMO_WORDS.items():
+        labels, senses, ctx_rows, static_rows = [], [], [], []
+        counts: Dict[str, int] = {}
+        for (w, sense, _), wv in zip(SENTENCES, word_vecs):
+            if w != word:
+                continue
+            for j, surface in enumerate(wv.words):
+                if surface.lower() == word:
+                    counts[sense] = counts.get(sense, 0) + 1
+                    labels.append(f"{word}/{sense}#{counts[sense]}")
+                    senses.append(sense)
+                    ctx_rows.append(wv.vectors[j])
+                    static_rows.append(_static_vector(surface, tokenizer, table))
+        ctx = _cosine_matrix(np.stack(ctx_rows))
+        static = _cosine_matrix(np.stack(static_rows))
+        ctx_means, static_means = _mean_sims(ctx, senses), _mean_sims(static, senses)
+        verdict, separated = _verdict(word, list(senses_map), ctx_means, static)
+        verdicts.append(verdict)
+        p(_format_pair(word, labels, ctx, static), file=stream)
+        p("", file=stream)
+        results[word] = {
+            "labels": labels, "senses": senses, "contextual": ctx, "static": static,
+            "mean_contextual": ctx_means, "mean_static": static_means,
+            "separated": separated, "verdict": verdict,
+        }
+    p("Verdict (mean cosine similarity; within-sense pairs exclude self-pairs):", file=stream)
+    for v in verdicts:
+        p("  " + v, file=stream)
+    p("", file=stream)
+
+    sentence = SENTENCES[sentence_index][2]
+    enc = tokenizer.encode(sentence)
+    with torch.inference_mode():
+        dev = next(net.parameters()).device
+        att_out = net(
+            torch.tensor([enc.input_ids], device=dev),
+            token_type_ids=torch.tensor([enc.token_type_ids], device=dev),
+            attention_mask=torch.tensor([enc.attention_mask], device=dev),
+            output_attentions=True,
+        )
+    att = att_out.attentions[layer][0, head].float().cpu().numpy()  # (seq, seq)
+    tokens = list(enc.tokens)
+    att_png = plot_attention(
+        att, tokens, out / f"attention_L{layer}_H{head}.png",
+        title=f"{checkpoint}: layer {layer}, head {head}\n{sentence}",
+    )
+    target = SENTENCES[sentence_index][0]
+    if target in tokens:
+        q = tokens.index(target)
+        top = np.argsort(-att[q])[:3]
+        desc = ", ".join(f"{tokens[k]!r} {att[q, k]:.2f}" for k in top)
+        p(f"Layer {layer}, head {head}: {target!r} in sentence [{sentence_index}] attends most to {desc}", file=stream)
+    pe_png = plot_positional_encoding(max_len=100, dim=64, path=out / "positional_encoding.png")
+    p(f"Saved attention heatmap: {att_png}", file=stream)
+    p(f"Saved positional encoding: {pe_png}", file=stream)
+    return {
+        "words": results,
+        "attention_png": str(att_png),
+        "positional_png": str(pe_png),
+        "sentence": sentence,
+        "tokens": tokens,
+        "attention": att,
+    }
+
+
+__all__ = ["run_demo", "DEMO_WORDS", "SENTENCES", "CheckpointNotInstalledError"]

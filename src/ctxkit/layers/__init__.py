@@ -1,0 +1,36 @@
+"""Shared building blocks: attention, positions, FFN, Transformer layers, embeddings."""
+
+from .attention import (
+    AdditiveAttention,
+    DotProductAttention,
+    MultiHeadAttention,
+    causal_mask,
+    masked_softmax,
+    padding_mask,
+    scaled_dot_product_attention,
+)
+from .embeddings import TransformerEmbeddings
+from .ffn import PositionwiseFFN, get_activation
+from .position import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, sinusoidal_table
+from .transformer import AddNorm, EncoderOutput, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
+
+__all__ = [
+    "AdditiveAttention",
+    "DotProductAttention",
+    "MultiHeadAttention",
+    "causal_mask",
+    "masked_softmax",
+    "padding_mask",
+    "scaled_dot_product_attention",
+    "TransformerEmbeddings",
+    "PositionwiseFFN",
+    "get_activation",
+    "LearnedPositionalEmbedding",
+    "SinusoidalPositionalEncoding",
+    "sinusoidal_table",
+    "AddNorm",
+    "EncoderOutput",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
+]

@@ -1,0 +1,262 @@
+"""Attention scoring functions and multi-head attention.
+
+The lectures build attention up in steps; each step is a module here:
+
+* :class:`AdditiveAttention` -- the MLP score ``w_v^T tanh(W_q q + W_k k)`` (Bahdanau).
+* :class:`DotProductAttention` -- the score ``q^T k`` (optionally scaled by ``1/sqrt(d)``).
+* :func:`scaled_dot_product_attention` -- the scaled score with a fast path through
+  :func:`torch.nn.functional.scaled_dot_product_attention` and an eager path that
+  also returns the attention weights for inspection.
+* :class:`MultiHeadAttention` -- per-head projections ``W_q, W_k, W_v`` (stored fused per
+  role as one ``Linear`` covering all heads), attention per head, concat, ``W_o``.
+
+Masks are boolean with ``True`` meaning "may attend" and broadcast against
+``(batch, heads, query_len, key_len)``. Build them with :func:`padding_mask` and
+:func:`causal_mask`, and combine them with ``&``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "padding_mask",
+    "causal_mask",
+    "masked_softmax",
+    "scaled_dot_product_attention",
+    "AdditiveAttention",
+    "DotProductAttention",
+    "MultiHeadAttention",
+]
+
+
+def padding_mask(attention_mask: Tensor) -> Tensor:
+    """Turn a ``(batch, key_len)`` 1/0 mask into a broadcastable boolean key mask.
+
+    Args:
+        attention_mask: ``(batch, key_len)``; non-zero marks real tokens.
+
+    Returns:
+        Bool tensor ``(batch, 1, 1, key_len)``; ``True`` where the key may be attended.
+    """
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must be (batch, seq), got shape {tuple(attention_mask.shape)}")
+    return attention_mask.bool()[:, None, None, :]
+
+
+def causal_mask(query_len: int, key_len: Optional[int] = None, device=None) -> Tensor:
+    """Lower-triangular mask so position i attends only to keys <= i.
+
+    When ``key_len > query_len`` the queries are taken to be the *last* ``query_len``
+    positions (as when a cache of earlier keys precedes them).
+
+    Returns:
+        Bool tensor ``(query_len, key_len)``.
+    """
+    key_len = query_len if key_len is None else key_len
+    offset = key_len - query_len
+    return torch.ones(query_len, key_len, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def masked_softmax(scores: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """Softmax over the last axis that gives zero weight where ``mask`` is False.
+
+    A row whose keys are all masked returns zeros rather than NaN (such rows appear for
+    padded queries with causal masks); the caller never reads them, but NaN would poison
+    gradients.
+    """
+    if mask is None:
+        return scores.softmax(dim=-1)
+    # finfo.min instead of -inf keeps fully masked rows finite.
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1)
+    return weights.masked_fill(~mask.expand_as(weights).any(dim=-1, keepdim=True), 0.0)
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+    scale: Optional[float] = None,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """softmax(Q K^T / sqrt(d)) V, through SDPA unless the weights are wanted.
+
+    Args:
+        query: ``(..., query_len, d)``.
+        key: ``(..., key_len, d)``.
+        value: ``(..., key_len, d_v)``.
+        mask: bool, broadcastable to ``(..., query_len, key_len)``; True = attend.
+        dropout_p: dropout on the attention weights (pass 0.0 in eval).
+        need_weights: use the eager path and return the weights ``(..., query_len, key_len)``.
+        scale: score scale; defaults to ``1/sqrt(d)``.
+
+    Returns:
+        ``(output (..., query_len, d_v), weights or None)``.
+    """
+    if not need_weights:
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        return out, None
+    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    scores = torch.matmul(query, key.transpose(-2, -1)) * scale
+    weights = masked_softmax(scores, mask)
+    out = torch.matmul(F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights, value)
+    return out, weights
+
+
+class AdditiveAttention(nn.Module):
+    """Additive (MLP) attention: score(q, k) = w_v^T tanh(W_q q + W_k k).
+
+    Works when queries and keys have different sizes, as in the RNN encoder-decoder.
+
+    Args:
+        query_size: size of each query vector.
+        key_size: size of each key vector.
+        hidden_size: size of the hidden tanh layer.
+        dropout: dropout on the attention weights.
+    """
+
+    def __init__(self, query_size: int, key_size: int, hidden_size: int, dropout: float = 0.0):
+        super().__init__()
+        self.w_q = nn.Linear(query_size, hidden_size, bias=False)
+        self.w_k = nn.Linear(key_size, hidden_size, bias=False)
+        self.w_v = nn.Linear(hidden_size, 1, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """Attend.
+
+        Args:
+            query: ``(batch, query_len, query_size)``.
+            key: ``(batch, key_len, key_size)``.
+            value: ``(batch, key_len, value_size)``.
+            mask: bool broadcastable to ``(batch, query_len, key_len)``.
+
+        Returns:
+            ``(output (batch, query_len, value_size), weights (batch, query_len, key_len))``.
+        """
+        # (batch, q, 1, h) + (batch, 1, k, h) broadcasts to every query/key pair.
+        features = torch.tanh(self.w_q(query).unsqueeze(2) + self.w_k(key).unsqueeze(1))
+        scores = self.w_v(features).squeeze(-1)
+        weights = masked_softmax(scores, mask)
+        return torch.bmm(self.dropout(weights), value), weights
+
+
+class DotProductAttention(nn.Module):
+    """Dot-product attention: score(q, k) = q^T k, scaled by 1/sqrt(d) when ``scaled``.
+
+    Always runs the eager path, so the weights are returned; use
+    :func:`scaled_dot_product_attention` directly for speed.
+
+    Args:
+        scaled: divide scores by sqrt(d) (the Transformer's choice, which keeps the
+            softmax out of saturation as d grows).
+        dropout: dropout on the attention weights.
+    """
+
+    def __init__(self, scaled: bool = True, dropout: float = 0.0):
+        super().__init__()
+        self.scaled = scaled
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """Attend.
+
+        Args:
+            query: ``(batch, query_len, d)``.
+            key: ``(batch, key_len, d)``.
+            value: ``(batch, key_len, d_v)``.
+            mask: bool broadcastable to ``(batch, query_len, key_len)``.
+
+        Returns:
+            ``(output (batch, query_len, d_v), weights (batch, query_len, key_len))``.
+        """
+        scores = torch.bmm(query, key.transpose(1, 2))
+        if self.scaled:
+            scores = scores / math.sqrt(query.size(-1))
+        weights = masked_softmax(scores, mask)
+        return torch.bmm(self.dropout(weights), value), weights
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention: h heads of scaled dot-product attention, concat, W_o.
+
+    The per-head projections W_q^(i), W_k^(i), W_v^(i) are the row blocks of one
+    ``Linear`` per role (``q_proj``, ``k_proj``, ``v_proj``), which is the same maths
+    with one GEMM instead of h.
+
+    Args:
+        embed_dim: model width (query size and output size).
+        num_heads: number of heads; must divide ``embed_dim``.
+        dropout: dropout on the attention weights.
+        key_dim: size of key inputs (defaults to ``embed_dim``; differs for cross-attention
+            from a memory of another width).
+        value_dim: size of value inputs (defaults to ``key_dim``).
+        bias: use biases in the projections.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        key_dim: Optional[int] = None,
+        value_dim: Optional[int] = None,
+        bias: bool = True,
+    ):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+        key_dim = embed_dim if key_dim is None else key_dim
+        value_dim = key_dim if value_dim is None else value_dim
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(key_dim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(value_dim, embed_dim, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        # (batch, seq, embed) -> (batch, heads, seq, head_dim)
+        batch, seq, _ = x.shape
+        return x.view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor] = None,
+        value: Optional[Tensor] = None,
+        mask: Optional[Tensor] = None,
+        need_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Attend from ``query`` to ``key``/``value`` (self-attention when they are None).
+
+        Args:
+            query: ``(batch, query_len, embed_dim)``.
+            key: ``(batch, key_len, key_dim)``; defaults to ``query``.
+            value: ``(batch, key_len, value_dim)``; defaults to ``key``.
+            mask: bool broadcastable to ``(batch, heads, query_len, key_len)``; True = attend.
+            need_weights: run the eager path and return per-head weights.
+
+        Returns:
+            ``(output (batch, query_len, embed_dim), weights (batch, heads, query_len, key_len) or None)``.
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        q = self._split_heads(self.q_proj(query))
+        k = self._split_heads(self.k_proj(key))
+        v = self._split_heads(self.v_proj(value))
+        dropout_p = self.dropout if self.training else 0.0
+        out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p, need_weights=need_weights)
+        batch, _, query_len, _ = out.shape
+        out = out.transpose(1, 2).reshape(batch, query_len, self.embed_dim)
+        return self.out_proj(out), weights

@@ -1,0 +1,248 @@
+"""Transformer blocks: add & norm, encoder layer, decoder layer, encoder stack.
+
+Both residual arrangements are supported by :class:`AddNorm`:
+
+* post-norm (original Transformer, BERT): ``x = LayerNorm(x + Dropout(f(x)))``
+* pre-norm (GPT-2, most modern models): ``x = x + Dropout(f(LayerNorm(x)))``
+  plus one final LayerNorm after the stack, which :class:`TransformerEncoder` adds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
+
+from torch import Tensor, nn
+
+from .attention import MultiHeadAttention, causal_mask
+from .ffn import PositionwiseFFN
+
+__all__ = ["AddNorm", "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "EncoderOutput"]
+
+
+class AddNorm(nn.Module):
+    """Residual connection around a sub-layer, with LayerNorm after (post) or before (pre).
+
+    Args:
+        dim: feature size.
+        dropout: dropout on the sub-layer output before the residual add.
+        norm_first: pre-norm if True, post-norm if False.
+        eps: LayerNorm epsilon.
+    """
+
+    def __init__(self, dim: int, dropout: float = 0.0, norm_first: bool = False, eps: float = 1e-5):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        """Apply ``sublayer`` with the residual and the norm.
+
+        Args:
+            x: ``(batch, seq, dim)``.
+            sublayer: maps ``(batch, seq, dim)`` to the same shape.
+        """
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class TransformerEncoderLayer(nn.Module):
+    """Self-attention then position-wise FFN, each wrapped in :class:`AddNorm`.
+
+    Args:
+        dim: model width.
+        num_heads: attention heads.
+        ffn_dim: FFN inner size.
+        dropout: residual dropout (after attention output and FFN output).
+        attention_dropout: dropout on attention weights.
+        activation: FFN activation name.
+        norm_first: pre-norm (True) or post-norm (False, BERT).
+        eps: LayerNorm epsilon (1e-12 in BERT).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        ffn_dim: int,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.1,
+        activation: str = "gelu",
+        norm_first: bool = False,
+        eps: float = 1e-5,
+    ):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(dim, num_heads, dropout=attention_dropout)
+        self.self_attn_res = AddNorm(dim, dropout, norm_first, eps)
+        self.ffn = PositionwiseFFN(dim, ffn_dim, activation)
+        self.ffn_res = AddNorm(dim, dropout, norm_first, eps)
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None, need_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+        """Encode.
+
+        Args:
+            x: ``(batch, seq, dim)``.
+            mask: bool broadcastable to ``(batch, heads, seq, seq)``; True = attend.
+            need_weights: also return the attention weights.
+
+        Returns:
+            ``(x (batch, seq, dim), weights (batch, heads, seq, seq) or None)``.
+        """
+        weights = None
+
+        def attend(h: Tensor) -> Tensor:
+            nonlocal weights
+            out, weights = self.self_attn(h, mask=mask, need_weights=need_weights)
+            return out
+
+        x = self.self_attn_res(x, attend)
+        x = self.ffn_res(x, self.ffn)
+        return x, weights
+
+
+class TransformerDecoderLayer(nn.Module):
+    """Masked self-attention, encoder-decoder (cross) attention, then FFN.
+
+    Args: as :class:`TransformerEncoderLayer`, plus
+        memory_dim: width of the encoder output (defaults to ``dim``).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        ffn_dim: int,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.1,
+        activation: str = "relu",
+        norm_first: bool = False,
+        eps: float = 1e-5,
+        memory_dim: Optional[int] = None,
+    ):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(dim, num_heads, dropout=attention_dropout)
+        self.self_attn_res = AddNorm(dim, dropout, norm_first, eps)
+        self.cross_attn = MultiHeadAttention(dim, num_heads, dropout=attention_dropout, key_dim=memory_dim)
+        self.cross_attn_res = AddNorm(dim, dropout, norm_first, eps)
+        self.ffn = PositionwiseFFN(dim, ffn_dim, activation)
+        self.ffn_res = AddNorm(dim, dropout, norm_first, eps)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        self_mask: Optional[Tensor] = None,
+        memory_mask: Optional[Tensor] = None,
+        need_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+        """Decode one layer.
+
+        Args:
+            x: target states ``(batch, tgt_len, dim)``.
+            memory: encoder output ``(batch, src_len, memory_dim)``.
+            self_mask: bool mask for self-attention; None means causal. Pass an explicit
+                mask (e.g. causal & target padding) to override.
+            memory_mask: bool mask over source keys, e.g. ``padding_mask(src_attention_mask)``.
+            need_weights: also return self- and cross-attention weights.
+
+        Returns:
+            ``(x, self_weights (batch, heads, tgt, tgt) or None, cross_weights (batch, heads, tgt, src) or None)``.
+        """
+        if self_mask is None:
+            self_mask = causal_mask(x.size(1), device=x.device)
+        self_weights = cross_weights = None
+
+        def self_attend(h: Tensor) -> Tensor:
+            nonlocal self_weights
+            out, self_weights = self.self_attn(h, mask=self_mask, need_weights=need_weights)
+            return out
+
+        def cross_attend(h: Tensor) -> Tensor:
+            nonlocal cross_weights
+            out, cross_weights = self.cross_attn(h, memory, memory, mask=memory_mask, need_weights=need_weights)
+            return out
+
+        x = self.self_attn_res(x, self_attend)
+        x = self.cross_attn_res(x, cross_attend)
+        x = self.ffn_res(x, self.ffn)
+        return x, self_weights, cross_weights
+
+
+@dataclass
+class EncoderOutput:
+    """What :class:`TransformerEncoder` returns.
+
+    Attributes:
+        last_hidden_state: ``(batch, seq, dim)``.
+        hidden_states: input plus every layer's output, each ``(batch, seq, dim)``, when requested.
+        attentions: per layer ``(batch, heads, seq, seq)``, when requested.
+    """
+
+    last_hidden_state: Tensor
+    hidden_states: Optional[Tuple[Tensor, ...]] = None
+    attentions: Optional[Tuple[Tensor, ...]] = None
+
+
+class TransformerEncoder(nn.Module):
+    """A stack of :class:`TransformerEncoderLayer` (plus a final norm when pre-norm).
+
+    Args:
+        num_layers: depth.
+        dim, num_heads, ffn_dim, dropout, attention_dropout, activation, norm_first, eps:
+            passed to every layer.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        dim: int,
+        num_heads: int,
+        ffn_dim: int,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.1,
+        activation: str = "gelu",
+        norm_first: bool = False,
+        eps: float = 1e-5,
+    ):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            TransformerEncoderLayer(dim, num_heads, ffn_dim, dropout, attention_dropout, activation, norm_first, eps)
+            for _ in range(num_layers)
+        )
+        # Pre-norm leaves the residual stream un-normalised; one last norm fixes its scale.
+        self.final_norm = nn.LayerNorm(dim, eps=eps) if norm_first else None
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Optional[Tensor] = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> EncoderOutput:
+        """Run every layer.
+
+        Args:
+            x: ``(batch, seq, dim)``.
+            mask: bool broadcastable to ``(batch, heads, seq, seq)``.
+            output_hidden_states: collect the input and each layer's output.
+            output_attentions: collect attention weights (eager path; slower).
+        """
+        hidden: List[Tensor] = [x] if output_hidden_states else []
+        attentions: List[Tensor] = []
+        for layer in self.layers:
+            x, weights = layer(x, mask=mask, need_weights=output_attentions)
+            if output_hidden_states:
+                hidden.append(x)
+            if output_attentions:
+                attentions.append(weights)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            if output_hidden_states:
+                hidden[-1] = x
+        return EncoderOutput(
+            last_hidden_state=x,
+            hidden_states=tuple(hidden) if output_hidden_states else None,
+            attentions=tuple(attentions) if output_attentions else None,
+        )

@@ -1,0 +1,450 @@
+"""BERT (and DistilBERT's architecture) from the shared layers.
+
+Read top to bottom: embeddings -> encoder -> pooler, the two pretraining heads, then
+loading and saving checkpoints in the Hugging Face layout.
+
+DistilBERT is BERT without segment embeddings and without the pooler (its layers are
+the same post-norm Transformer layers), so one :class:`BertModel` serves both; only the
+checkpoint key names differ (:data:`HF_KEYS`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..checkpoint import (
+    CheckpointError,
+    KeyMap,
+    load_state_dict_strict,
+    read_config,
+    read_weights,
+    save_weights,
+    write_json,
+)
+from ..layers import TransformerEmbeddings, TransformerEncoder, get_activation, padding_mask
+from .presets import BertConfig
+
+__all__ = [
+    "BertOutput",
+    "BertPooler",
+    "BertModel",
+    "BertMLMHead",
+    "BertNSPHead",
+    "BertForPreTraining",
+    "config_from_hf",
+    "config_to_hf",
+    "load_bert",
+    "save_bert",
+]
+
+logger = logging.getLogger("ctxkit")
+
+
+@dataclass
+class BertOutput:
+    """What :class:`BertModel` returns.
+
+    Attributes:
+        last_hidden_state: ``(batch, seq, hidden)``.
+        pooler_output: ``(batch, hidden)``, or None without a pooler.
+        hidden_states: ``num_layers + 1`` tensors ``(batch, seq, hidden)``; index 0 is the
+            embedding output, index i the output of layer i. Only when requested.
+        attentions: ``num_layers`` tensors ``(batch, heads, seq, seq)``. Only when requested.
+    """
+
+    last_hidden_state: Tensor
+    pooler_output: Optional[Tensor] = None
+    hidden_states: Optional[Tuple[Tensor, ...]] = None
+    attentions: Optional[Tuple[Tensor, ...]] = None
+
+
+class BertPooler(nn.Module):
+    """``tanh(W h_[CLS] + b)``: the sentence vector NSP was trained on."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """Args: hidden ``(batch, seq, hidden)``. Returns ``(batch, hidden)``."""
+        return torch.tanh(self.dense(hidden[:, 0]))
+
+
+class BertModel(nn.Module):
+    """The BERT encoder: embeddings, post-norm Transformer stack, optional pooler.
+
+    Args:
+        config: the architecture (see :mod:`ctxkit.models.presets`).
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = TransformerEmbeddings(
+            config.vocab_size,
+            config.hidden_size,
+            config.max_position,
+            num_segments=config.type_vocab_size,
+            eps=config.layer_norm_eps,
+            dropout=config.dropout,
+            pad_id=config.pad_token_id,
+        )
+        self.encoder = TransformerEncoder(
+            config.num_layers,
+            config.hidden_size,
+            config.num_heads,
+            config.ffn_size,
+            dropout=config.dropout,
+            attention_dropout=config.attention_dropout,
+            activation=config.activation,
+            norm_first=False,
+            eps=config.layer_norm_eps,
+        )
+        self.pooler = BertPooler(config.hidden_size) if config.pooler else None
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        # BERT's truncated-normal(0.02) initialisation; LayerNorm starts as identity.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.trunc_normal_(module.weight, std=0.02, a=-0.04, b=0.04)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Optional[Tensor] = None,
+        attention_mask: Optional[Tensor] = None,
+        position_ids: Optional[Tensor] = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> BertOutput:
+        """Encode a batch.
+
+        Args:
+            input_ids: ``(batch, seq)`` token ids.
+            token_type_ids: ``(batch, seq)`` segment ids (ignored by DistilBERT).
+            attention_mask: ``(batch, seq)``, 1 for real tokens, 0 for padding.
+            position_ids: ``(batch, seq)``; ``0..seq-1`` when None.
+            output_hidden_states: return every layer's output.
+            output_attentions: return attention weights (eager attention; slower).
+
+        Raises:
+            ValueError: when ``seq`` exceeds ``config.max_position`` (truncate or window first).
+        """
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
+        if input_ids.size(1) > self.config.max_position and position_ids is None:
+            raise ValueError(
+                f"input has {input_ids.size(1)} tokens but this model has {self.config.max_position} positions; "
+                "truncate it (tokenizer max_length) or window it (ctxkit.embed long_inputs='window')"
+            )
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
+        mask = padding_mask(attention_mask) if attention_mask is not None else None
+        enc = self.encoder(x, mask=mask, output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        pooled = self.pooler(enc.last_hidden_state) if self.pooler is not None else None
+        return BertOutput(enc.last_hidden_state, pooled, enc.hidden_states, enc.attentions)
+
+
+class BertMLMHead(nn.Module):
+    """Masked-LM head: dense + activation + LayerNorm, then logits over the vocabulary.
+
+    The output projection is tied to the input word embeddings (one matrix for both), with
+    its own bias; the caller passes that matrix in, so the head holds no second copy.
+
+    Args:
+        config: the architecture.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.transform = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = get_activation(config.activation)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden: Tensor, embedding_weight: Tensor) -> Tensor:
+        """Project to vocabulary logits.
+
+        Args:
+            hidden: ``(..., hidden)``; gather the masked positions first to save work.
+            embedding_weight: the tied input embedding ``(vocab, hidden)``.
+
+        Returns:
+            Logits ``(..., vocab)``.
+        """
+        h = self.norm(self.activation(self.transform(hidden)))
+        return nn.functional.linear(h, embedding_weight, self.bias)
+
+
+class BertNSPHead(nn.Module):
+    """Next-sentence prediction: 2-way classifier on the pooled [CLS] vector."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.classifier = nn.Linear(hidden_size, 2)
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        """Args: pooled ``(batch, hidden)``. Returns logits ``(batch, 2)`` (0 = is next)."""
+        return self.classifier(pooled)
+
+
+class BertForPreTraining(nn.Module):
+    """Encoder plus MLM and NSP heads (the BERT pretraining model)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        if not config.pooler:
+            raise ValueError("NSP needs the pooler; this architecture has none")
+        self.config = config
+        self.bert = BertModel(config)
+        self.mlm = BertMLMHead(config)
+        self.nsp = BertNSPHead(config.hidden_size)
+
+    def forward(self, input_ids: Tensor, token_type_ids=None, attention_mask=None, masked_positions: Optional[Tensor] = None):
+        """Return ``(mlm_logits, nsp_logits)``.
+
+        Args:
+            masked_positions: optional ``(batch, n_masked)`` indices; when given, the
+                vocabulary projection runs only there and logits are ``(batch, n_masked, vocab)``.
+        """
+        out = self.bert(input_ids, token_type_ids, attention_mask)
+        hidden = out.last_hidden_state
+        if masked_positions is not None:
+            hidden = hidden.gather(1, masked_positions[..., None].expand(-1, -1, hidden.size(-1)))
+        return self.mlm(hidden, self.bert.embeddings.word_embeddings.weight), self.nsp(out.pooler_output)
+
+
+# ---------------------------------------------------------------------------------
+# Hugging Face checkpoint layout
+# ---------------------------------------------------------------------------------
+
+_BERT_RULES = [
+    ("embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight"),
+    ("embeddings.position_embeddings.weight", "embeddings.position_embeddings.weight"),
+    ("embeddings.token_type_embeddings.weight", "embeddings.token_type_embeddings.weight"),
+    ("embeddings.norm.{p}", "embeddings.LayerNorm.{p}"),
+    ("encoder.layers.{i}.self_attn.q_proj.{p}", "encoder.layer.{i}.attention.self.query.{p}"),
+    ("encoder.layers.{i}.self_attn.k_proj.{p}", "encoder.layer.{i}.attention.self.key.{p}"),
+    ("encoder.layers.{i}.self_attn.v_proj.{p}", "encoder.layer.{i}.attention.self.value.{p}"),
+    ("encoder.layers.{i}.self_attn.out_proj.{p}", "encoder.layer.{i}.attention.output.dense.{p}"),
+    ("encoder.layers.{i}.self_attn_res.norm.{p}", "encoder.layer.{i}.attention.output.LayerNorm.{p}"),
+    ("encoder.layers.{i}.ffn.fc1.{p}", "encoder.layer.{i}.intermediate.dense.{p}"),
+    ("encoder.layers.{i}.ffn.fc2.{p}", "encoder.layer.{i}.output.dense.{p}"),
+    ("encoder.layers.{i}.ffn_res.norm.{p}", "encoder.layer.{i}.output.LayerNorm.{p}"),
+    ("pooler.dense.{p}", "pooler.dense.{p}"),
+]
+_DISTILBERT_RULES = [
+    ("embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight"),
+    ("embeddings.position_embeddings.weight", "embeddings.position_embeddings.weight"),
+    ("embeddings.norm.{p}", "embeddings.LayerNorm.{p}"),
+    ("encoder.layers.{i}.self_attn.q_proj.{p}", "transformer.layer.{i}.attention.q_lin.{p}"),
+    ("encoder.layers.{i}.self_attn.k_proj.{p}", "transformer.layer.{i}.attention.k_lin.{p}"),
+    ("encoder.layers.{i}.self_attn.v_proj.{p}", "transformer.layer.{i}.attention.v_lin.{p}"),
+    ("encoder.layers.{i}.self_attn.out_proj.{p}", "transformer.layer.{i}.attention.out_lin.{p}"),
+    ("encoder.layers.{i}.self_attn_res.norm.{p}", "transformer.layer.{i}.sa_layer_norm.{p}"),
+    ("encoder.layers.{i}.ffn.fc1.{p}", "transformer.layer.{i}.ffn.lin1.{p}"),
+    ("encoder.layers.{i}.ffn.fc2.{p}", "transformer.layer.{i}.ffn.lin2.{p}"),
+    ("encoder.layers.{i}.ffn_res.norm.{p}", "transformer.layer.{i}.output_layer_norm.{p}"),
+]
+# Pretraining heads (BertForPreTraining layout); the decoder weight is the tied embedding.
+_BERT_HEAD_RULES = [
+    ("mlm.transform.{p}", "cls.predictions.transform.dense.{p}"),
+    ("mlm.norm.{p}", "cls.predictions.transform.LayerNorm.{p}"),
+    ("mlm.bias", "cls.predictions.bias"),
+    ("nsp.classifier.{p}", "cls.seq_relationship.{p}"),
+]
+HF_KEYS = {"bert": KeyMap(_BERT_RULES), "distilbert": KeyMap(_DISTILBERT_RULES)}
+_HF_HEAD_KEYS = KeyMap(_BERT_HEAD_RULES)
+# Buffers and duplicates that HF files may carry but that hold no learned state of ours.
+_HF_REDUNDANT = ("embeddings.position_ids", "cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+# Weights of task heads in HF task checkpoints; an encoder-only load reports and skips them.
+_HF_HEAD_PREFIXES = ("cls.", "vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "classifier.", "pre_classifier.", "qa_outputs.")
+
+
+def config_from_hf(hf: dict) -> BertConfig:
+    """Build a :class:`BertConfig` from an HF ``config.json`` dict (bert or distilbert).
+
+    Raises:
+        CheckpointError: for model types other than bert/distilbert, or missing fields.
+    """
+    model_type = hf.get("model_type", "bert")
+    try:
+        if model_type == "distilbert":
+            return BertConfig(
+                num_layers=hf["n_layers"],
+                hidden_size=hf["dim"],
+                num_heads=hf["n_heads"],
+                ffn_size=hf["hidden_dim"],
+                vocab_size=hf["vocab_size"],
+                max_position=hf.get("max_position_embeddings", 512),
+                type_vocab_size=0,
+                dropout=hf.get("dropout", 0.1),
+                attention_dropout=hf.get("attention_dropout", 0.1),
+                activation=hf.get("activation", "gelu"),
+                layer_norm_eps=1e-12,
+                pad_token_id=hf.get("pad_token_id", 0),
+                pooler=False,
+                family="distilbert",
+            )
+        if model_type == "bert":
+            if hf.get("position_embedding_type", "absolute") != "absolute":
+                raise CheckpointError(f"position_embedding_type {hf['position_embedding_type']!r} is not supported (only 'absolute')")
+            return BertConfig(
+                num_layers=hf["num_hidden_layers"],
+                hidden_size=hf["hidden_size"],
+                num_heads=hf["num_attention_heads"],
+                ffn_size=hf["intermediate_size"],
+                vocab_size=hf["vocab_size"],
+                max_position=hf.get("max_position_embeddings", 512),
+                type_vocab_size=hf.get("type_vocab_size", 2),
+                dropout=hf.get("hidden_dropout_prob", 0.1),
+                attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
+                activation=hf.get("hidden_act", "gelu"),
+                layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+                pad_token_id=hf.get("pad_token_id", 0) or 0,
+                pooler=True,
+                family="bert",
+            )
+    except KeyError as err:
+        raise CheckpointError(f"config.json lacks the field {err.args[0]!r} needed for model_type {model_type!r}") from None
+    raise CheckpointError(f"config.json has model_type {model_type!r}; this loader reads 'bert' and 'distilbert'")
+
+
+def config_to_hf(config: BertConfig, architecture: Optional[str] = None) -> dict:
+    """The HF ``config.json`` dict for a :class:`BertConfig`."""
+    if config.family == "distilbert":
+        return {
+            "model_type": "distilbert",
+            "architectures": [architecture or "DistilBertModel"],
+            "n_layers": config.num_layers,
+            "dim": config.hidden_size,
+            "n_heads": config.num_heads,
+            "hidden_dim": config.ffn_size,
+            "vocab_size": config.vocab_size,
+            "max_position_embeddings": config.max_position,
+            "dropout": config.dropout,
+            "attention_dropout": config.attention_dropout,
+            "activation": config.activation,
+            "pad_token_id": config.pad_token_id,
+            "sinusoidal_pos_embds": False,
+            "initializer_range": 0.02,
+        }
+    return {
+        "model_type": "bert",
+        "architectures": [architecture or "BertModel"],
+        "num_hidden_layers": config.num_layers,
+        "hidden_size": config.hidden_size,
+        "num_attention_heads": config.num_heads,
+        "intermediate_size": config.ffn_size,
+        "vocab_size": config.vocab_size,
+        "max_position_embeddings": config.max_position,
+        "type_vocab_size": config.type_vocab_size,
+        "hidden_dropout_prob": config.dropout,
+        "attention_probs_dropout_prob": config.attention_dropout,
+        "hidden_act": config.activation,
+        "layer_norm_eps": config.layer_norm_eps,
+        "pad_token_id": config.pad_token_id,
+        "position_embedding_type": "absolute",
+        "initializer_range": 0.02,
+    }
+
+
+def _from_hf_state(hf_state: Dict[str, Tensor], config: BertConfig, with_heads: bool, source: str) -> Tuple[Dict[str, Tensor], list]:
+    """Rename an HF state dict to ours; returns ``(state, unknown_keys)``."""
+    family_prefix = "bert." if config.family == "bert" else "distilbert."
+    encoder_map = HF_KEYS[config.family]
+    state: Dict[str, Tensor] = {}
+    unknown, skipped_heads = [], []
+    for key, value in hf_state.items():
+        key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        body = key[len(family_prefix):] if key.startswith(family_prefix) else key
+        if body in _HF_REDUNDANT or key in _HF_REDUNDANT:
+            continue
+        ours = encoder_map.to_ours(body)
+        if ours is not None:
+            state[("bert." + ours) if with_heads else ours] = value
+            continue
+        head = _HF_HEAD_KEYS.to_ours(key) if config.family == "bert" else None
+        if head is not None and with_heads:
+            state[head] = value
+        elif key.startswith(_HF_HEAD_PREFIXES):
+            skipped_heads.append(key)
+        else:
+            unknown.append(key)
+    if skipped_heads:
+        logger.warning("%s: %d task-head tensors are not used by the encoder: %s", source, len(skipped_heads), ", ".join(skipped_heads))
+    return state, unknown
+
+
+def load_bert(directory: os.PathLike, config: Optional[BertConfig] = None, with_heads: bool = False) -> nn.Module:
+    """Load an HF-format BERT or DistilBERT checkpoint folder.
+
+    Args:
+        directory: folder with ``config.json`` and ``model.safetensors`` or ``pytorch_model.bin``.
+        config: architecture to load into; by default the checkpoint's own. When given, the
+            checkpoint must match its architecture fields.
+        with_heads: return :class:`BertForPreTraining` (MLM + NSP heads) instead of the encoder.
+
+    Returns:
+        The model in eval mode.
+
+    Raises:
+        CheckpointError: unreadable files, or (as :class:`~ctxkit.checkpoint.CheckpointMismatchError`)
+            every missing, unexpected and misshaped key.
+    """
+    directory = Path(directory)
+    ckpt_config = config_from_hf(read_config(directory))
+    config = ckpt_config if config is None else config.with_checkpoint(ckpt_config)
+    model: nn.Module = BertForPreTraining(config) if with_heads else BertModel(config)
+    state, unknown = _from_hf_state(read_weights(directory), config, with_heads, str(directory))
+    if unknown:
+        # Route through the strict loader so unknown keys are reported with everything else.
+        state.update({f"<unmapped> {k}": torch.empty(0) for k in unknown})
+    load_state_dict_strict(model, state, source=str(directory))
+    return model.eval()
+
+
+def save_bert(model: nn.Module, directory: os.PathLike, tokenizer=None) -> Path:
+    """Save a :class:`BertModel` or :class:`BertForPreTraining` in the HF layout.
+
+    Writes ``config.json`` and ``model.safetensors`` (each atomically), plus the tokenizer's
+    files when one is given, so ``transformers`` can load the folder directly.
+    """
+    directory = Path(directory)
+    with_heads = isinstance(model, BertForPreTraining)
+    encoder: BertModel = model.bert if with_heads else model  # type: ignore[assignment]
+    config = encoder.config
+    keymap = HF_KEYS[config.family]
+    prefix = ("bert." if config.family == "bert" else "distilbert.") if with_heads else ""
+    hf_state: Dict[str, Tensor] = {}
+    for key, value in encoder.state_dict().items():
+        theirs = keymap.to_theirs(key)
+        if theirs is None:
+            raise CheckpointError(f"no HF name for parameter {key!r}")
+        hf_state[prefix + theirs] = value
+    if with_heads:
+        for key, value in model.state_dict().items():
+            if key.startswith("bert."):
+                continue  # encoder done above; the tied decoder is the word embedding itself
+            hf_state[_HF_HEAD_KEYS.to_theirs(key)] = value
+    arch = ("BertForPreTraining" if with_heads else None)
+    write_json(config_to_hf(config, arch), directory / "config.json")
+    save_weights(hf_state, directory / "model.safetensors")
+    if tokenizer is not None:
+        tokenizer.save(directory)
+    return directory

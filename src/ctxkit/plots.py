@@ -1,0 +1,126 @@
+"""Figures for the lectures' demos: attention heatmaps and the sinusoidal position table.
+
+Everything renders with matplotlib's Agg backend into PNG files, so it works on
+machines without a display.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence, Union
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: never try to open a window
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _to_numpy(x) -> np.ndarray:
+    if hasattr(x, "detach"):  # torch.Tensor, without importing torch here
+        x = x.detach().float().cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def _prepare(path: PathLike) -> Path:
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def plot_attention(weights, tokens: Sequence[str], path: PathLike, title: str = "Attention") -> Path:
+    """Draws one head's attention matrix as a heatmap with tokens on both axes.
+
+    Args:
+        weights: Array or tensor ``(seq, seq)``; row i = how token i (query) attends
+            to each token j (key). Rows of a softmax sum to 1.
+        tokens: ``seq`` token strings, used as tick labels.
+        path: Output PNG path (parent folders are created).
+        title: Figure title.
+
+    Returns:
+        ``path`` as a :class:`pathlib.Path`.
+
+    Raises:
+        ValueError: If ``weights`` is not square or does not match ``tokens``.
+    """
+    w = _to_numpy(weights)
+    if w.ndim != 2 or w.shape[0] != w.shape[1]:
+        raise ValueError(f"weights must be a (seq, seq) matrix, got shape {w.shape}")
+    if len(tokens) != w.shape[0]:
+        raise ValueError(f"got {len(tokens)} tokens for a {w.shape[0]}x{w.shape[1]} attention matrix")
+    path = _prepare(path)
+    n = w.shape[0]
+    # Grow with the sentence so labels stay legible, within sane bounds.
+    side = min(max(4.0, 0.38 * n + 2.0), 24.0)
+    fig, ax = plt.subplots(figsize=(side + 1.2, side))
+    try:
+        im = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=max(float(w.max()), 1e-12), aspect="equal")
+        ax.set_xticks(range(n))
+        ax.set_yticks(range(n))
+        ax.set_xticklabels(tokens, rotation=90, fontsize=8)
+        ax.set_yticklabels(tokens, fontsize=8)
+        ax.set_xlabel("key (attended to)")
+        ax.set_ylabel("query (attending)")
+        ax.set_title(title)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def plot_positional_encoding(
+    max_len: int = 100,
+    dim: int = 64,
+    path: PathLike = "positional_encoding.png",
+    dims_to_plot: Sequence[int] = (0, 1, 4, 5, 16, 17),
+) -> Path:
+    """Shows the sinusoidal position table as an image and a few columns as curves.
+
+    ``P[i, 2j] = sin(i / 10000^(2j/d))``, ``P[i, 2j+1] = cos(...)``: low dimensions
+    oscillate fast, high ones slowly, which is what the image makes visible.
+
+    Args:
+        max_len: Positions (rows of the table).
+        dim: Encoding size ``d``.
+        path: Output PNG path (parent folders are created).
+        dims_to_plot: Columns drawn as curves; those ``>= dim`` are skipped.
+
+    Returns:
+        ``path`` as a :class:`pathlib.Path`.
+    """
+    from ctxkit.layers.position import sinusoidal_table
+
+    table = _to_numpy(sinusoidal_table(max_len, dim))  # (max_len, dim)
+    path = _prepare(path)
+    fig, (ax_img, ax_curve) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1.2, 1]})
+    try:
+        im = ax_img.imshow(table, cmap="RdBu", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
+        ax_img.set_xlabel("encoding dimension")
+        ax_img.set_ylabel("position")
+        ax_img.set_title(f"Sinusoidal positional encoding ({max_len} x {dim})")
+        fig.colorbar(im, ax=ax_img, fraction=0.046, pad=0.04)
+        positions = np.arange(max_len)
+        for d in dims_to_plot:
+            if d < dim:
+                kind = "sin" if d % 2 == 0 else "cos"
+                ax_curve.plot(positions, table[:, d], label=f"dim {d} ({kind})")
+        ax_curve.set_xlabel("position")
+        ax_curve.set_ylabel("value")
+        ax_curve.set_ylim(-1.1, 1.1)
+        ax_curve.set_title("Selected dimensions")
+        ax_curve.legend(fontsize=8, loc="lower right")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path
+
+
+__all__ = ["plot_attention", "plot_positional_encoding"]
