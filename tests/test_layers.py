@@ -1,0 +1,166 @@
+"""Building blocks: attention scoring functions, masks, positions, Transformer layers."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from ctxkit.layers import (
+    AddNorm,
+    AdditiveAttention,
+    DotProductAttention,
+    MultiHeadAttention,
+    SinusoidalPositionalEncoding,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+    causal_mask,
+    masked_softmax,
+    padding_mask,
+    scaled_dot_product_attention,
+    sinusoidal_table,
+)
+
+
+def test_masked_softmax_zeroes_masked_and_handles_empty_rows():
+    scores = torch.tensor([[1.0, 2.0, 3.0], [1.0, 1.0, 1.0]])
+    mask = torch.tensor([[True, True, False], [False, False, False]])
+    w = masked_softmax(scores, mask)
+    assert torch.allclose(w[0], torch.tensor([1 / (1 + math.e), math.e / (1 + math.e), 0.0]))
+    assert torch.equal(w[1], torch.zeros(3))  # fully masked row: zeros, not NaN
+
+
+def test_causal_mask_with_cache_offset():
+    assert torch.equal(causal_mask(3), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]]).bool())
+    # 2 new queries after 3 cached keys: query 0 is position 3, sees keys 0..3.
+    assert torch.equal(causal_mask(2, 5), torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]).bool())
+
+
+def test_additive_attention_matches_formula():
+    att = AdditiveAttention(query_size=3, key_size=4, hidden_size=5)
+    q, k, v = torch.randn(2, 1, 3), torch.randn(2, 6, 4), torch.randn(2, 6, 7)
+    mask = torch.ones(2, 1, 6, dtype=torch.bool)
+    mask[1, :, 4:] = False
+    out, w = att(q, k, v, mask)
+    for b in range(2):
+        n = 6 if b == 0 else 4
+        scores = torch.stack([att.w_v(torch.tanh(att.w_q(q[b, 0]) + att.w_k(k[b, j]))).squeeze() for j in range(n)])
+        ref_w = scores.softmax(0)
+        assert torch.allclose(w[b, 0, :n], ref_w, atol=1e-6)
+        assert torch.allclose(out[b, 0], ref_w @ v[b, :n], atol=1e-6)
+    assert w[1, 0, 4:].abs().max() == 0
+
+
+@pytest.mark.parametrize("scaled", [True, False])
+def test_dot_product_attention(scaled):
+    q, k, v = torch.randn(2, 3, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 4)
+    out, w = DotProductAttention(scaled=scaled)(q, k, v)
+    scores = q @ k.transpose(1, 2) / (math.sqrt(8) if scaled else 1.0)
+    assert torch.allclose(w, scores.softmax(-1), atol=1e-6)
+    assert torch.allclose(out, scores.softmax(-1) @ v, atol=1e-6)
+
+
+def test_sdpa_path_equals_eager_path_with_padding_and_causal_masks():
+    q, k, v = torch.randn(3, 4, 7, 16), torch.randn(3, 4, 7, 16), torch.randn(3, 4, 7, 16)
+    lengths = torch.tensor([7, 5, 2])
+    keep = torch.arange(7)[None, :] < lengths[:, None]
+    for mask in (padding_mask(keep), padding_mask(keep) & causal_mask(7)):
+        fast, none = scaled_dot_product_attention(q, k, v, mask)
+        eager, w = scaled_dot_product_attention(q, k, v, mask, need_weights=True)
+        assert none is None
+        assert torch.allclose(fast, eager, atol=1e-6)
+        assert torch.allclose(w.sum(-1), torch.ones(3, 4, 7), atol=1e-6)
+        assert w[2, :, :, 2:].abs().max() == 0  # padding keys get no weight
+
+
+def test_multi_head_attention_equals_per_head_definition():
+    mha = MultiHeadAttention(embed_dim=12, num_heads=3).eval()
+    x = torch.randn(2, 5, 12)
+    out, w = mha(x, need_weights=True)
+    heads = []
+    for h in range(3):
+        rows = slice(4 * h, 4 * h + 4)
+        qh = x @ mha.q_proj.weight[rows].T + mha.q_proj.bias[rows]
+        kh = x @ mha.k_proj.weight[rows].T + mha.k_proj.bias[rows]
+        vh = x @ mha.v_proj.weight[rows].T + mha.v_proj.bias[rows]
+        att = (qh @ kh.transpose(1, 2) / 2.0).softmax(-1)  # sqrt(head_dim=4) = 2
+        assert torch.allclose(w[:, h], att, atol=1e-6)
+        heads.append(att @ vh)
+    ref = mha.out_proj(torch.cat(heads, -1))
+    assert torch.allclose(out, ref, atol=1e-5)
+    fast, _ = mha(x)
+    assert torch.allclose(fast, out, atol=1e-5)
+
+
+def test_multi_head_cross_attention_other_width():
+    mha = MultiHeadAttention(8, 2, key_dim=6).eval()
+    out, w = mha(torch.randn(2, 3, 8), torch.randn(2, 4, 6), need_weights=True)
+    assert out.shape == (2, 3, 8) and w.shape == (2, 2, 3, 4)
+    with pytest.raises(ValueError, match="not divisible"):
+        MultiHeadAttention(10, 3)
+
+
+def test_sinusoidal_table_formula():
+    table = sinusoidal_table(50, 16)
+    i, j = 7, 3
+    assert table[i, 2 * j].item() == pytest.approx(math.sin(i / 10000 ** (2 * j / 16)), abs=1e-6)
+    assert table[i, 2 * j + 1].item() == pytest.approx(math.cos(i / 10000 ** (2 * j / 16)), abs=1e-6)
+    assert torch.equal(table[0, 1::2], torch.ones(8))
+    enc = SinusoidalPositionalEncoding(16, max_len=50)
+    assert torch.equal(enc(5, offset=7), table[7:12])
+    with pytest.raises(ValueError, match="exceeds"):
+        enc(51)
+    assert "table" not in enc.state_dict()  # fixed, so never saved
+
+
+def test_add_norm_post_and_pre():
+    x = torch.randn(2, 3, 4)
+    f = nn.Linear(4, 4)
+    post, pre = AddNorm(4, norm_first=False).eval(), AddNorm(4, norm_first=True).eval()
+    assert torch.allclose(post(x, f), nn.functional.layer_norm(x + f(x), (4,), eps=1e-5), atol=1e-6)
+    assert torch.allclose(pre(x, f), x + f(nn.functional.layer_norm(x, (4,), eps=1e-5)), atol=1e-6)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_padded_equals_unpadded(norm_first):
+    enc = TransformerEncoder(2, 16, 4, 32, norm_first=norm_first).eval()
+    a, b = torch.randn(1, 6, 16), torch.randn(1, 3, 16)
+    batch = torch.cat([a, torch.cat([b, torch.randn(1, 3, 16)], 1)])
+    keep = torch.tensor([[1] * 6, [1] * 3 + [0] * 3])
+    out = enc(batch, mask=padding_mask(keep), output_hidden_states=True).hidden_states
+    alone_a = enc(a, output_hidden_states=True).hidden_states
+    alone_b = enc(b, output_hidden_states=True).hidden_states
+    assert len(out) == 3
+    for full, ra, rb in zip(out, alone_a, alone_b):
+        assert torch.allclose(full[0], ra[0], atol=1e-5)
+        assert torch.allclose(full[1, :3], rb[0], atol=1e-5)
+
+
+def test_encoder_layer_attention_weights_and_dropout_in_training():
+    layer = TransformerEncoderLayer(16, 4, 32, dropout=0.5)
+    x = torch.randn(2, 5, 16)
+    layer.eval()
+    y1, w = layer(x, need_weights=True)
+    y2, _ = layer(x)
+    assert torch.allclose(y1, y2, atol=1e-5) and w.shape == (2, 4, 5, 5)
+    layer.train()
+    assert not torch.allclose(layer(x)[0], y2)
+
+
+def test_decoder_layer_is_causal_and_uses_memory():
+    dec = TransformerDecoderLayer(16, 4, 32, memory_dim=8).eval()
+    x, mem = torch.randn(1, 5, 16), torch.randn(1, 7, 8)
+    out, self_w, cross_w = dec(x, mem, need_weights=True)
+    assert torch.equal(self_w[0, 0] > 0, causal_mask(5))  # no weight on the future
+    x2 = x.clone()
+    x2[0, 4] += 1.0  # changing the last target token leaves earlier outputs unchanged
+    out2, _, _ = dec(x2, mem)
+    assert torch.allclose(out[0, :4], out2[0, :4], atol=1e-6)
+    assert not torch.allclose(out[0, 4], out2[0, 4])
+    mem2 = mem.clone()
+    mem2[0, 0] += 1.0
+    assert not torch.allclose(dec(x, mem2)[0], out)  # cross-attention reads the memory
+    keep = torch.tensor([[1, 1, 1, 1, 0, 0, 0]])
+    _, _, cw = dec(x, mem, memory_mask=padding_mask(keep), need_weights=True)
+    assert cw[..., 4:].abs().max() == 0
