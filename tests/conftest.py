@@ -32,3 +32,25 @@ def minilm_dir() -> Path:
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="module")
+def cached_get_model():
+    """Make ``zoo.get_model`` return one shared copy per arguments for a test module.
+
+    Only for tests that treat the model as read-only.
+    """
+    from ctxkit import zoo
+
+    real, cache = zoo.get_model, {}
+
+    def cached(name, checkpoint=None, device="cpu", **kw):
+        key = (name, checkpoint, device, tuple(sorted(kw.items())))
+        if key not in cache:
+            cache[key] = real(name, checkpoint=checkpoint, device=device, **kw)
+        return cache[key]
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(zoo, "get_model", cached)
+    yield cached
+    mp.undo()

@@ -21,22 +21,8 @@ WORDS10 = "alpha beta gamma delta river bank water money loan stream".split()
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _load_model_once():
-    """Every embed call would reload the checkpoint; share one copy across tests."""
-    from ctxkit import zoo
-
-    real, cache = zoo.get_model, {}
-
-    def cached(name, checkpoint=None, device="cpu", **kw):
-        key = (name, checkpoint, device, tuple(sorted(kw.items())))
-        if key not in cache:
-            cache[key] = real(name, checkpoint=checkpoint, device=device, **kw)
-        return cache[key]
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(zoo, "get_model", cached)
-    yield
-    mp.undo()
+def _load_model_once(cached_get_model):
+    """Loading the checkpoint takes a second; share one (read-only) copy across tests."""
 
 
 @pytest.fixture

@@ -19,22 +19,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _load_model_once():
-    """Loading the checkpoint takes seconds; share one (read-only) copy across tests."""
-    from ctxkit import zoo
-
-    real, cache = zoo.get_model, {}
-
-    def cached(name, checkpoint=None, device="cpu", **kw):
-        key = (name, checkpoint, device, tuple(sorted(kw.items())))
-        if key not in cache:
-            cache[key] = real(name, checkpoint=checkpoint, device=device, **kw)
-        return cache[key]
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(zoo, "get_model", cached)
-    yield
-    mp.undo()
+def _load_model_once(cached_get_model):
+    """Loading the checkpoint takes a second; share one (read-only) copy across tests."""
 
 
 @pytest.fixture(scope="module")

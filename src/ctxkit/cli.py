@@ -63,31 +63,16 @@ def _message(exc: BaseException) -> str:
 # ---------------------------------------------------------------- input
 
 
-def _stdin_lines() -> List[str]:
-    """Lines of stdin as UTF-8, with ``<stdin>:LINE`` in the error for bad bytes."""
-    lines = []
-    for line_no, raw in enumerate(sys.stdin.buffer, start=1):
-        if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
-            raw = raw[3:]
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise UserError(
-                f"<stdin>:{line_no}: invalid UTF-8 at byte {exc.start} of the line "
-                f"({raw[exc.start:exc.start + 4]!r}): {exc.reason}"
-            ) from None
-        lines.append(text.rstrip("\n").rstrip("\r"))
-    return lines
-
-
 def _read_texts(source: str) -> List[str]:
-    if source == "-":
-        return _stdin_lines()
-    from ctxkit.tokenizers import read_lines
+    """Lines of a UTF-8 file or of stdin (``-``); bad bytes are reported as ``NAME:LINE``."""
+    from ctxkit.tokenizers.wordpiece import decode_lines, read_lines
 
-    if not Path(source).is_file():
+    if source != "-" and not Path(source).is_file():
         raise UserError(f"{source}: no such file")
-    return list(read_lines(source))
+    try:
+        return list(decode_lines(sys.stdin.buffer, "<stdin>") if source == "-" else read_lines(source))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _parse_layers(value: str) -> Any:

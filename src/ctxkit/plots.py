@@ -79,7 +79,7 @@ def plot_positional_encoding(
     max_len: int = 100,
     dim: int = 64,
     path: PathLike = "positional_encoding.png",
-    dims_to_plot: Sequence[int] = (0, 1, 8, 20, 40),
+    dims_to_plot: Sequence[int] = (4, 5, 12, 20, 40),
 ) -> Path:
     """Shows the sinusoidal position table as an image and a few columns as curves.
 

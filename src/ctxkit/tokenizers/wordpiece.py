@@ -46,17 +46,26 @@ def read_lines(path: PathLike) -> Iterator[str]:
     """
     opener = lzma.open if str(path).endswith(".xz") else open
     with opener(path, "rb") as fh:
-        for line_no, raw in enumerate(fh, start=1):
-            if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise ValueError(
-                    f"{path}:{line_no}: invalid UTF-8 at byte {exc.start} of the line "
-                    f"({raw[exc.start:exc.start + 4]!r}): {exc.reason}"
-                ) from None
-            yield line.rstrip("\n").rstrip("\r")
+        yield from decode_lines(fh, str(path))
+
+
+def decode_lines(raw_lines: Iterable[bytes], name: str) -> Iterator[str]:
+    """Decode byte lines as UTF-8 (BOM and line ends dropped), naming ``name:LINE`` on bad bytes.
+
+    Raises:
+        ValueError: ``"{name}:{line_no}: invalid UTF-8 ..."``, when that line is reached.
+    """
+    for line_no, raw in enumerate(raw_lines, start=1):
+        if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"{name}:{line_no}: invalid UTF-8 at byte {exc.start} of the line "
+                f"({raw[exc.start:exc.start + 4]!r}): {exc.reason}"
+            ) from None
+        yield line.rstrip("\n").rstrip("\r")
 
 
 @dataclass
