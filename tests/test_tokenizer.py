@@ -35,22 +35,14 @@ TRICKY = [
 ]
 
 
-def _data_dir() -> Path:
-    env = os.environ.get("CTXKIT_DATA")
-    path = Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
-    if not (path / "glue" / "SST-2" / "dev.tsv").is_file():
-        pytest.fail(f"test data not found under {path}; set CTXKIT_DATA to the shared/data directory")
-    return path
-
-
 def _tsv(path, encoding="utf-8"):
     with open(path, encoding=encoding, newline="") as fh:
         return list(csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))
 
 
 @pytest.fixture(scope="module")
-def corpus():
-    data = _data_dir()
+def corpus(shared_data):
+    data = shared_data
     singles = [r["sentence"] for r in _tsv(data / "glue/SST-2/dev.tsv")]
     pairs = [(r["#1 String"], r["#2 String"]) for r in _tsv(data / "glue/MRPC/dev.tsv", "utf-8-sig")]
     pairs += [(r["sentence1"], r["sentence2"]) for r in _tsv(data / "glue/RTE/dev.tsv")]
@@ -276,8 +268,8 @@ def test_long_words_become_unk(uncased):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    lines = list(read_lines(_data_dir() / "wikitext-2/wiki.valid.tokens.xz"))[:3000]
+def trained(tmp_path_factory, shared_data):
+    lines = list(read_lines(shared_data / "wikitext-2/wiki.valid.tokens.xz"))[:3000]
     d = tmp_path_factory.mktemp("train")
     (d / "plain.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     with lzma.open(d / "packed.txt.xz", "wt", encoding="utf-8") as fh:
