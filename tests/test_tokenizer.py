@@ -7,7 +7,6 @@ hand-written list of awkward strings.
 
 import csv
 import lzma
-import os
 import re
 import shutil
 from pathlib import Path
