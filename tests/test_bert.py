@@ -5,7 +5,13 @@ import csv
 import pytest
 import torch
 
-from ctxkit.models import BertForPreTraining, BertModel, get_preset, load_bert, save_bert
+from ctxkit.models import (
+    BertForPreTraining,
+    BertModel,
+    get_preset,
+    load_bert,
+    save_bert,
+)
 
 transformers = pytest.importorskip("transformers")
 TOL = 1e-5

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from ctxkit.layers import (
-    AddNorm,
     AdditiveAttention,
+    AddNorm,
     DotProductAttention,
     MultiHeadAttention,
     SinusoidalPositionalEncoding,

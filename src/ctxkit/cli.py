@@ -1,4 +1,5 @@
-"""The ``ctxkit`` command line: demo, embed, list-models, train-tokenizer, tokenize.
+"""The ``ctxkit`` command line: demo, embed, list-models, train-tokenizer, tokenize,
+and the task verbs finetune, evaluate, predict (:mod:`ctxkit.tasks.cli`).
 
 Errors a user can cause (a missing or undecodable file, an unknown checkpoint, an
 invalid option) print ``ctxkit: error: <message>`` to stderr and exit with status 2.
@@ -38,7 +39,8 @@ def _text_to_line(message: str) -> str:
 
 class _LineFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return "ctxkit: warning: " + _text_to_line(record.getMessage())
+        level = "warning: " if record.levelno >= logging.WARNING else ""
+        return f"ctxkit: {level}" + _text_to_line(record.getMessage())
 
 
 class UserError(Exception):
@@ -202,9 +204,9 @@ def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _load_tokenizer(name: str):
+    from ctxkit.models.presets import PRESETS
     from ctxkit.tokenizers import WordPieceTokenizer
     from ctxkit.zoo import resolve_checkpoint
-    from ctxkit.models.presets import PRESETS
 
     path = Path(name)
     if path.is_dir():  # a checkpoint or a train-tokenizer output folder
@@ -250,7 +252,11 @@ class _VerbListFormatter(argparse.HelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ctxkit.embedding import LONG_INPUT_CHOICES, POOLING_CHOICES, SUBWORD_POOLING_CHOICES
+    from ctxkit.embedding import (
+        LONG_INPUT_CHOICES,
+        POOLING_CHOICES,
+        SUBWORD_POOLING_CHOICES,
+    )
 
     parser = argparse.ArgumentParser(
         prog="ctxkit", description="Contextual text representations: BERT features, demos and tokenizers.",
@@ -304,6 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="all_minilm_l6_v2", help="checkpoint name or tokenizer folder (default: all_minilm_l6_v2)")
     p.add_argument("--max-length", type=int, default=None, help="truncate to this many tokens (default: no limit)")
     p.set_defaults(func=_cmd_tokenize)
+
+    from ctxkit.tasks.cli import add_commands
+
+    add_commands(sub)
     return parser
 
 

@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
-from .checkpoint import CheckpointError, read_config, sha256_file, verify_sha256, write_json
+from .checkpoint import (
+    CheckpointError,
+    read_config,
+    sha256_file,
+    verify_sha256,
+    write_json,
+)
 from .models.bert import BertModel, config_from_hf, load_bert
 from .models.presets import PRESETS, get_preset
 
@@ -203,7 +209,9 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
         ``(model, tokenizer)`` with the model in eval mode. Without a checkpoint the model is
         randomly initialised and the tokenizer is None (a vocabulary belongs to a checkpoint).
     """
-    from .tokenizers import WordPieceTokenizer  # deferred: the zoo stays importable for listing
+    from .tokenizers import (
+        WordPieceTokenizer,  # deferred: the zoo stays importable for listing
+    )
 
     entries = _all_entries()
     if checkpoint is None and name not in PRESETS:

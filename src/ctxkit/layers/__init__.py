@@ -11,8 +11,18 @@ from .attention import (
 )
 from .embeddings import TransformerEmbeddings
 from .ffn import PositionwiseFFN, get_activation
-from .position import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, sinusoidal_table
-from .transformer import AddNorm, EncoderOutput, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
+from .position import (
+    LearnedPositionalEmbedding,
+    SinusoidalPositionalEncoding,
+    sinusoidal_table,
+)
+from .transformer import (
+    AddNorm,
+    EncoderOutput,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
 
 __all__ = [
     "AdditiveAttention",

@@ -1,6 +1,15 @@
 """Model families. One file per family; named architectures live in :mod:`.presets`."""
 
-from .bert import BertForPreTraining, BertMLMHead, BertModel, BertNSPHead, BertOutput, BertPooler, load_bert, save_bert
+from .bert import (
+    BertForPreTraining,
+    BertMLMHead,
+    BertModel,
+    BertNSPHead,
+    BertOutput,
+    BertPooler,
+    load_bert,
+    save_bert,
+)
 from .presets import PRESETS, BertConfig, Preset, get_preset
 
 __all__ = [

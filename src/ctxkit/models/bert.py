@@ -28,7 +28,12 @@ from ..checkpoint import (
     save_weights,
     write_json,
 )
-from ..layers import TransformerEmbeddings, TransformerEncoder, get_activation, padding_mask
+from ..layers import (
+    TransformerEmbeddings,
+    TransformerEncoder,
+    get_activation,
+    padding_mask,
+)
 from .presets import BertConfig
 
 __all__ = [
@@ -409,12 +414,17 @@ def load_bert(directory: os.PathLike, config: Optional[BertConfig] = None, with_
     """
     directory = Path(directory)
     ckpt_config = config_from_hf(read_config(directory))
+    hf_state = read_weights(directory)
+    if ckpt_config.pooler and not any(k.endswith("pooler.dense.weight") for k in hf_state):
+        # HF builds token-classification and QA models without the pooler.
+        logger.info("%s: no pooler weights; building the encoder without a pooler", directory)
+        ckpt_config = ckpt_config.replace(pooler=False)
     config = ckpt_config if config is None else config.with_checkpoint(ckpt_config)
     # Built on the meta device: random initialisation would be overwritten anyway and
     # costs seconds for large vocabularies.
     with torch.device("meta"):
         model: nn.Module = BertForPreTraining(config) if with_heads else BertModel(config)
-    state, unknown = _from_hf_state(read_weights(directory), config, with_heads, str(directory))
+    state, unknown = _from_hf_state(hf_state, config, with_heads, str(directory))
     if unknown:
         # Route through the strict loader so unknown keys are reported with everything else.
         state.update({f"<unmapped> {k}": torch.empty(0) for k in unknown})

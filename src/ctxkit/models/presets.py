@@ -51,8 +51,9 @@ class BertConfig:
     family: str = "bert"
 
     # Fields a checkpoint may legitimately change without changing the architecture.
-    CHECKPOINT_FIELDS = ("vocab_size", "max_position", "type_vocab_size", "dropout", "attention_dropout", "pad_token_id")
-    ARCHITECTURE_FIELDS = ("num_layers", "hidden_size", "num_heads", "ffn_size", "activation", "pooler", "family")
+    # (Task checkpoints such as HF's BertForTokenClassification carry no pooler.)
+    CHECKPOINT_FIELDS = ("vocab_size", "max_position", "type_vocab_size", "dropout", "attention_dropout", "pad_token_id", "pooler")
+    ARCHITECTURE_FIELDS = ("num_layers", "hidden_size", "num_heads", "ffn_size", "activation", "family")
 
     def replace(self, **changes) -> "BertConfig":
         """A copy with some fields changed."""

@@ -1,0 +1,80 @@
+"""Dynamic padding and length-grouped batching: no compute is spent on padding that a
+smarter batch order could avoid.
+
+Features are plain dicts of Python lists/scalars (``input_ids``, ``token_type_ids``,
+``attention_mask``, and task fields such as ``labels``); :func:`collate` pads them to the
+longest sequence in the batch.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence
+
+import torch
+
+__all__ = ["collate", "length_grouped_batches", "sequential_batches", "PAD_VALUES"]
+
+# Padding value per sequence field; labels use -100, which cross-entropy ignores.
+PAD_VALUES = {"input_ids": 0, "token_type_ids": 0, "attention_mask": 0, "labels": -100}
+
+
+def collate(features: Sequence[Mapping], pad_values: Optional[Dict[str, int]] = None, multiple_of: int = 1) -> Dict[str, torch.Tensor]:
+    """Stack features into tensors, padding list fields on the right.
+
+    Args:
+        features: dicts with the same keys; list values are sequences, scalars are labels.
+        pad_values: per-field pad value (defaults to :data:`PAD_VALUES`, then 0).
+        multiple_of: round the padded length up (8 suits tensor cores).
+
+    Returns:
+        Dict of tensors; sequence fields are ``(batch, seq)``. Float scalars (regression
+        targets) become float32, everything else int64. Fields whose values are None
+        (e.g. labels of a test set) or strings are left out.
+    """
+    pads = {**PAD_VALUES, **(pad_values or {})}
+    out: Dict[str, torch.Tensor] = {}
+    for key in features[0]:
+        values = [f[key] for f in features]
+        if any(v is None for v in values) or isinstance(values[0], str):
+            continue
+        if isinstance(values[0], (list, tuple)):
+            longest = max(len(v) for v in values)
+            longest = -(-longest // multiple_of) * multiple_of
+            pad = pads.get(key, 0)
+            out[key] = torch.tensor([list(v) + [pad] * (longest - len(v)) for v in values], dtype=torch.long)
+        elif isinstance(values[0], float):
+            out[key] = torch.tensor(values, dtype=torch.float32)
+        elif isinstance(values[0], (int, bool)):
+            out[key] = torch.tensor(values, dtype=torch.long)
+    return out
+
+
+def length_grouped_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int, group_factor: int = 50) -> List[List[int]]:
+    """A shuffled epoch of batches whose members have similar lengths.
+
+    Indices are shuffled, cut into groups of ``batch_size * group_factor``, each group is
+    sorted by length and cut into batches, and the batch order is shuffled. The result is
+    a pure function of ``(seed, epoch)``, so a resumed run regenerates the same order.
+
+    Returns:
+        List of index lists.
+    """
+    rng = random.Random(seed * 1_000_003 + epoch)
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    group = batch_size * group_factor
+    batches: List[List[int]] = []
+    for g in range(0, len(order), group):
+        chunk = sorted(order[g : g + group], key=lambda i: -lengths[i])
+        batches.extend(chunk[b : b + batch_size] for b in range(0, len(chunk), batch_size))
+    rng.shuffle(batches)
+    return batches
+
+
+def sequential_batches(lengths: Sequence[int], batch_size: int, sort: bool = True) -> Iterator[List[int]]:
+    """Batches for evaluation: sorted by length (less padding) when ``sort``; callers
+    put results back in input order with the returned indices."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i]) if sort else list(range(len(lengths)))
+    for b in range(0, len(order), batch_size):
+        yield order[b : b + batch_size]

@@ -1,0 +1,103 @@
+"""``ctxkit finetune | evaluate | predict``: the task verbs of the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import fields
+
+__all__ = ["add_commands"]
+
+_TASK_HELP = "sst-2, cola, mrpc, sts-b, qqp, mnli, qnli, rte, wnli, table, conll2003, squad, squad2"
+
+
+def _cmd_finetune(args: argparse.Namespace) -> int:
+    from ..training import TrainConfig
+    from . import finetune, get_task
+
+    logging.getLogger("ctxkit").setLevel(logging.INFO)
+    options = {}
+    if args.max_length:
+        options["max_seq_len" if args.task.startswith("squad") else "max_length"] = args.max_length
+    if args.doc_stride:
+        options["doc_stride"] = args.doc_stride
+    task = get_task(args.task, **options)
+    config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None})
+    summary = finetune(task, args.model, args.data, args.out, config, resume=args.resume,
+                       limit_train=args.limit_train, limit_eval=args.limit_eval)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from . import evaluate_run
+
+    results = evaluate_run(args.run_dir, args.data, args.split, args.batch_size, args.device)
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from ..tokenizers.wordpiece import decode_lines, read_lines
+    from . import load_run
+
+    task, model, tokenizer, _ = load_run(args.run_dir, args.device)
+    lines = list(decode_lines(sys.stdin.buffer, "<stdin>") if args.input == "-" else read_lines(args.input))
+    lines = [line for line in lines if line.strip()]
+    if not lines:
+        raise ValueError("no input lines to predict")
+    for row in task.predict_lines(model, tokenizer, lines, args.batch_size, args.device):
+        print(json.dumps(row, ensure_ascii=False))
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register finetune, evaluate and predict on the ``ctxkit`` parser."""
+    p = sub.add_parser("finetune", help="fine-tune a checkpoint on a task; writes a run folder",
+                       description="Fine-tune a checkpoint on a task, evaluate each epoch, keep the best epoch.")
+    p.add_argument("task", metavar="TASK", help=_TASK_HELP)
+    p.add_argument("--model", default="all_minilm_l6_v2", help="checkpoint name or HF folder (default: all_minilm_l6_v2)")
+    p.add_argument("--data", required=True, help="task data folder (GLUE task folder, CoNLL folder, SQuAD file or folder, or your train/dev files)")
+    p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (log.jsonl, curve.png, best/, results.json)")
+    p.add_argument("--epochs", type=float, help="passes over the training data (default: 3)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: 5e-5)")
+    p.add_argument("--batch-size", dest="batch_size", type=int, help="examples per optimiser step (default: 32)")
+    p.add_argument("--eval-batch-size", dest="eval_batch_size", type=int, help="examples per evaluation batch (default: 128)")
+    p.add_argument("--grad-accum", dest="grad_accum", type=int, help="micro-batches per step (default: 1)")
+    p.add_argument("--warmup-ratio", dest="warmup_ratio", type=float, help="share of warmup steps (default: 0.1)")
+    p.add_argument("--weight-decay", dest="weight_decay", type=float, help="AdamW weight decay (default: 0.01)")
+    p.add_argument("--max-grad-norm", dest="max_grad_norm", type=float, help="gradient clipping, 0 = off (default: 1.0)")
+    p.add_argument("--max-length", dest="max_length", type=int, help="tokens per example / QA window")
+    p.add_argument("--doc-stride", dest="doc_stride", type=int, help="QA: step between windows in context tokens (default: 128)")
+    p.add_argument("--seed", type=int, help="random seed (default: 42)")
+    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), help="auto = bf16 on GPU, fp32 on CPU")
+    p.add_argument("--device", help="auto, cpu, cuda, cuda:1 ... (default: auto)")
+    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    p.add_argument("--max-steps", dest="max_steps", type=int, help="stop after N optimiser steps (resume later with --resume)")
+    p.add_argument("--save-every", dest="save_every", type=int, help="checkpoint every N steps as well as each epoch")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
+    p.add_argument("--limit-train", type=int, help="use only the first N training examples")
+    p.add_argument("--limit-eval", type=int, help="use only the first N evaluation examples")
+    p.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="hide progress bars")
+    p.set_defaults(func=_cmd_finetune)
+
+    p = sub.add_parser("evaluate", help="score a fine-tuned run on its evaluation splits",
+                       description="Load RUN_DIR/best and report the task's metrics.")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--data", default=None, help="data folder/file (default: the one used for training)")
+    p.add_argument("--split", action="append", default=None, help="split to score, repeatable (default: the task's eval splits)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--device", default="auto")
+    p.set_defaults(func=_cmd_evaluate)
+
+    p = sub.add_parser("predict", help="predict with a fine-tuned run, one JSON line per input line",
+                       description="Read inputs (a file or stdin) and print one JSON object per line: the label for "
+                                   "classification (pairs as 'text<TAB>pair'), entities with character spans for NER, "
+                                   "the answer with its score for QA (JSON {\"question\", \"context\"} or 'question<TAB>context').")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("input", nargs="?", default="-", metavar="FILE|-", help="UTF-8 input file, or - for stdin (default)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default="auto")
+    p.set_defaults(func=_cmd_predict)

@@ -1,0 +1,151 @@
+"""Sentence and sentence-pair classification/regression: GLUE tasks and the user's own
+CSV/TSV/JSONL files. The [CLS] vector feeds a dense layer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from torch import nn
+
+from ..data.glue import get_glue_task, read_glue, read_table
+from ..heads.classification import EncoderWithHead, SequenceClassificationHead
+from ..metrics import glue_metrics
+from ..training import predict
+from .base import Task
+
+__all__ = ["GlueClassificationTask", "TableClassificationTask"]
+
+
+class _TextTask(Task):
+    """Shared featurisation, evaluation and prediction for text (pair) tasks."""
+
+    labels: Optional[List[str]] = None
+    metrics: Tuple[str, ...] = ("accuracy",)
+    max_length: int = 128
+
+    @property
+    def is_regression(self) -> bool:
+        return self.labels is None
+
+    def build_model(self, encoder: nn.Module) -> nn.Module:
+        num = 1 if self.is_regression else len(self.labels)
+        return EncoderWithHead(encoder, SequenceClassificationHead(encoder.config.hidden_size, num, encoder.config.dropout))
+
+    def featurize(self, tokenizer, examples: list, train: bool) -> List[dict]:
+        texts = [e.text for e in examples]
+        pairs = [e.text_pair for e in examples] if examples and examples[0].text_pair is not None else None
+        encs = tokenizer.encode_batch(texts, pairs, max_length=self.max_length, truncation="longest_first", padding=None)
+        return [
+            {"input_ids": enc.input_ids, "token_type_ids": enc.token_type_ids, "attention_mask": enc.attention_mask, "labels": ex.label}
+            for enc, ex in zip(encs, examples)
+        ]
+
+    def _outputs(self, model, tokenizer, examples, batch_size, device) -> np.ndarray:
+        feats = self.featurize(tokenizer, examples, train=False)
+        return np.stack(predict(model, feats, batch_size, device))
+
+    def evaluate(self, model, tokenizer, examples, batch_size=128, device="auto"):
+        out = self._outputs(model, tokenizer, examples, batch_size, device)
+        preds = out if self.is_regression else out.argmax(-1)
+        gold = np.array([e.label for e in examples])
+        return glue_metrics(self.metrics, preds, gold), preds
+
+    def predict_lines(self, model, tokenizer, lines, batch_size=64, device="auto") -> List[dict]:
+        from ..data.glue import TextExample
+
+        examples = []
+        for line in lines:
+            text, _, pair = line.partition("\t")
+            examples.append(TextExample(text, pair if pair else None, None, ""))
+        rows = []
+        # Pairs and singles need separate batches (segment ids differ); keep input order.
+        groups: Dict[bool, List[int]] = {}
+        for i, e in enumerate(examples):
+            groups.setdefault(e.text_pair is not None, []).append(i)
+        outs: Dict[int, np.ndarray] = {}
+        for idx in groups.values():
+            for i, o in zip(idx, self._outputs(model, tokenizer, [examples[i] for i in idx], batch_size, device)):
+                outs[i] = o
+        for i in range(len(examples)):
+            o = outs[i]
+            if self.is_regression:
+                rows.append({"score": float(o)})
+            else:
+                probs = np.exp(o - o.max())
+                probs /= probs.sum()
+                rows.append({"label": self.labels[int(o.argmax())], "probs": {l: round(float(p), 4) for l, p in zip(self.labels, probs)}})
+        return rows
+
+
+class GlueClassificationTask(_TextTask):
+    """A GLUE task read from the GLUE distribution files (``train.tsv``, ``dev.tsv``).
+
+    Args:
+        glue_task: GLUE name (``SST-2``, ``CoLA``, ``MRPC``, ``STS-B``, ``QQP``, ``MNLI``,
+            ``QNLI``, ``RTE``, ``WNLI``).
+        max_length: tokens per example after truncation (longest-first for pairs).
+    """
+
+    def __init__(self, glue_task: str, max_length: int = 128):
+        spec = get_glue_task(glue_task)
+        self.spec = spec
+        self.name = spec.name.lower()
+        self.labels = list(spec.labels) if spec.labels is not None else None
+        self.metrics = tuple(spec.metrics)
+        # The GLUE leaderboard's headline number per task.
+        self.main_metric = {"mcc": "mcc", "pearson": "corr", "f1": "f1"}.get(spec.metrics[0], spec.metrics[0])
+        self.eval_splits = spec.dev_splits
+        self.max_length = max_length
+
+    def options(self) -> dict:
+        return {"max_length": self.max_length}
+
+    def load(self, data: os.PathLike, split: str) -> list:
+        return read_glue(self.spec, data, split=split)
+
+
+class TableClassificationTask(_TextTask):
+    """Your own data: ``train`` and ``dev`` files (``.csv``, ``.tsv`` or ``.jsonl``) in one
+    folder, with columns ``text``, optional ``text_pair`` and ``label``. The label set is
+    taken from the training file (floats mean regression).
+
+    Args:
+        labels: label strings (set from the training data when None).
+        regression: force regression (None: inferred).
+        max_length: tokens per example after truncation.
+    """
+
+    name = "table"
+
+    def __init__(self, labels: Optional[Sequence[str]] = None, regression: Optional[bool] = None, max_length: int = 128):
+        self.labels = list(labels) if labels is not None else None
+        self.regression = regression
+        self.max_length = max_length
+
+    @property
+    def metrics(self) -> Tuple[str, ...]:  # type: ignore[override]
+        return ("pearson", "spearman") if self.is_regression else ("accuracy",)
+
+    @property
+    def main_metric(self) -> str:  # type: ignore[override]
+        return "corr" if self.is_regression else "accuracy"
+
+    def options(self) -> dict:
+        return {"labels": self.labels, "regression": self.is_regression, "max_length": self.max_length}
+
+    def _file(self, data: os.PathLike, split: str) -> Path:
+        data = Path(data)
+        for ext in (".csv", ".tsv", ".jsonl"):
+            if (data / f"{split}{ext}").is_file():
+                return data / f"{split}{ext}"
+        raise FileNotFoundError(f"{data}: no {split}.csv, {split}.tsv or {split}.jsonl")
+
+    def load(self, data: os.PathLike, split: str) -> list:
+        result = read_table(self._file(data, split), labels=self.labels)
+        if self.labels is None and self.regression is None:
+            self.labels = result.labels
+            self.regression = result.is_regression
+        return result

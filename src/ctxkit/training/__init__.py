@@ -1,0 +1,25 @@
+"""Fine-tuning: trainer, optimiser and schedules."""
+
+from .optim import build_adamw, linear_warmup_decay, polynomial_warmup_decay
+from .trainer import (
+    TrainConfig,
+    Trainer,
+    TrainResult,
+    autocast,
+    predict,
+    resolve_device,
+    set_seed,
+)
+
+__all__ = [
+    "TrainConfig",
+    "Trainer",
+    "TrainResult",
+    "autocast",
+    "build_adamw",
+    "linear_warmup_decay",
+    "polynomial_warmup_decay",
+    "predict",
+    "resolve_device",
+    "set_seed",
+]

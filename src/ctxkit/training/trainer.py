@@ -1,0 +1,383 @@
+"""One trainer for every fine-tuning task.
+
+AdamW with linear warmup/decay, gradient accumulation, clipping, bf16 autocast on GPU
+(fp32 on CPU), length-grouped batches with dynamic padding, evaluation each epoch,
+best-checkpoint saving, and exact resume: model, optimiser, scheduler, every RNG and the
+position inside the epoch are checkpointed atomically, so a resumed run reproduces the
+uninterrupted run's losses.
+
+The model is any module whose ``forward(**batch)`` returns a dict with ``"loss"``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..checkpoint import read_weights, save_weights
+from ..data.batching import collate, length_grouped_batches, sequential_batches
+from .optim import build_adamw, linear_warmup_decay
+
+__all__ = ["TrainConfig", "Trainer", "TrainResult", "predict", "resolve_device", "autocast", "set_seed"]
+
+logger = logging.getLogger("ctxkit")
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters and run settings.
+
+    Attributes:
+        epochs: passes over the training set.
+        batch_size: examples per optimiser step (split over ``grad_accum`` micro-batches).
+        eval_batch_size: examples per evaluation batch.
+        lr: peak learning rate.
+        weight_decay: AdamW decoupled decay (not on biases/LayerNorm).
+        warmup_ratio: share of steps with rising learning rate.
+        grad_accum: micro-batches per optimiser step.
+        max_grad_norm: clip threshold (0 disables).
+        seed: seeds Python, NumPy and torch, and the batch order.
+        precision: "auto" (bf16 on CUDA, fp32 on CPU), "bf16" or "fp32".
+        device: "auto", "cpu", "cuda", ...
+        log_every: optimiser steps between log records.
+        max_steps: stop after this many optimiser steps (None: run all epochs).
+        save_every: also checkpoint every N optimiser steps (0: only at epoch ends).
+        pad_multiple: pad sequence lengths up to a multiple of this.
+        compile: wrap the model in ``torch.compile``.
+        progress: show tqdm progress bars.
+    """
+
+    epochs: float = 3.0
+    batch_size: int = 32
+    eval_batch_size: int = 128
+    lr: float = 5e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    grad_accum: int = 1
+    max_grad_norm: float = 1.0
+    seed: int = 42
+    precision: str = "auto"
+    device: str = "auto"
+    log_every: int = 50
+    max_steps: Optional[int] = None
+    save_every: int = 0
+    pad_multiple: int = 1
+    compile: bool = False
+    progress: bool = True
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`Trainer.train` returns."""
+
+    best_metric: Optional[float]
+    best_epoch: Optional[int]
+    history: List[dict] = field(default_factory=list)
+    losses: List[float] = field(default_factory=list)
+    wall_time: float = 0.0
+    steps: int = 0
+
+
+def resolve_device(device: str) -> torch.device:
+    """"auto" means CUDA when available."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def autocast(device: torch.device, precision: str):
+    """bf16 autocast on CUDA (or when asked), a no-op context for fp32."""
+    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16)
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": [np.random.get_state()[1].tolist()] + list(np.random.get_state()[2:]), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state(("MT19937", np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _to(batch: Dict[str, torch.Tensor], device: torch.device) -> Dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+@torch.inference_mode()
+def predict(model: nn.Module, features: Sequence[dict], batch_size: int = 128, device: str = "auto", precision: str = "auto", output: str = "logits") -> list:
+    """Run ``model`` over features (length-sorted batches) and return per-feature outputs.
+
+    Args:
+        model: module returning a dict; ``output`` names the entry to collect. Entries may
+            be a tensor or a tuple of tensors (e.g. start and end logits).
+        features: feature dicts as for training (labels are ignored).
+
+    Returns:
+        One float32 numpy array (or tuple of arrays) per feature, in input order, with
+        sequence outputs trimmed to the feature's own length.
+    """
+    dev = resolve_device(device)
+    was_training = model.training
+    model.eval()
+    lengths = [len(f["input_ids"]) for f in features]
+    results: list = [None] * len(features)
+    for idx in sequential_batches(lengths, batch_size):
+        batch = collate([{k: v for k, v in features[i].items() if k in ("input_ids", "token_type_ids", "attention_mask")} for i in idx])
+        with autocast(dev, precision):
+            out = model(**_to(batch, dev))[output]
+        parts = out if isinstance(out, tuple) else (out,)
+        parts = [p.float().cpu().numpy() for p in parts]
+        for row, i in enumerate(idx):
+            trimmed = tuple(p[row, : lengths[i]] if _is_seq(p, batch) else p[row] for p in parts)
+            results[i] = trimmed if isinstance(out, tuple) else trimmed[0]
+    model.train(was_training)
+    return results
+
+
+def _is_seq(array: np.ndarray, batch: Dict[str, torch.Tensor]) -> bool:
+    # A per-token output has the batch's padded length as its second axis.
+    return array.ndim >= 2 and array.shape[1] == batch["input_ids"].shape[1]
+
+
+class Trainer:
+    """Fine-tune ``model`` on ``train_features``.
+
+    Args:
+        model: module with ``forward(**batch) -> {"loss": ...}``.
+        train_features: feature dicts (lists for sequences, scalars for labels).
+        config: hyper-parameters.
+        out_dir: run folder: ``log.jsonl``, ``curve.png``, ``checkpoint/`` (for resume) and
+            whatever ``save_best`` writes into ``best/``.
+        evaluate: ``evaluate(model) -> metrics dict``, called after every epoch.
+        main_metric: key of the metrics dict that picks the best epoch.
+        greater_is_better: direction of ``main_metric``.
+        save_best: ``save_best(model, folder)`` writes a loadable model.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        train_features: Sequence[dict],
+        config: TrainConfig,
+        out_dir: os.PathLike,
+        evaluate: Optional[Callable[[nn.Module], Dict[str, float]]] = None,
+        main_metric: Optional[str] = None,
+        greater_is_better: bool = True,
+        save_best: Optional[Callable[[nn.Module, Path], None]] = None,
+    ):
+        if not train_features:
+            raise ValueError("no training examples")
+        if config.batch_size % config.grad_accum:
+            raise ValueError(f"batch_size {config.batch_size} is not divisible by grad_accum {config.grad_accum}")
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.model = model.to(self.device)
+        self.features = list(train_features)
+        self.lengths = [len(f["input_ids"]) for f in self.features]
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.evaluate = evaluate
+        self.main_metric = main_metric
+        self.greater_is_better = greater_is_better
+        self.save_best = save_best
+        self.micro_batch = config.batch_size // config.grad_accum
+        self.steps_per_epoch = math.ceil(len(self.features) / config.batch_size)
+        total = math.ceil(self.steps_per_epoch * config.epochs)
+        self.total_steps = min(total, config.max_steps) if config.max_steps else total
+        # The schedule spans the full run even when max_steps stops it early, so a
+        # stopped-then-resumed run follows the same learning-rate curve.
+        self.optimizer = build_adamw(self.model, config.lr, config.weight_decay)
+        self.scheduler = linear_warmup_decay(self.optimizer, int(config.warmup_ratio * total), total)
+        self.forward = torch.compile(self.model, dynamic=True) if config.compile else self.model
+
+    # -- checkpoints ------------------------------------------------------------------
+
+    def _save_checkpoint(self, state: dict) -> None:
+        final = self.out_dir / "checkpoint"
+        tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.", dir=self.out_dir))
+        try:
+            save_weights(self.model.state_dict(), tmp / "model.safetensors")
+            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "rng": _rng_state()}, tmp / "optimizer.pt")
+            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+            # Swap folders so a crash leaves either the old or the new checkpoint whole.
+            old = self.out_dir / ".checkpoint.old"
+            shutil.rmtree(old, ignore_errors=True)
+            if final.exists():
+                os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _load_checkpoint(self) -> dict:
+        folder = self.out_dir / "checkpoint"
+        if not (folder / "trainer_state.json").is_file():
+            old = self.out_dir / ".checkpoint.old"
+            if (old / "trainer_state.json").is_file():
+                folder = old  # crashed between the two renames: the old one is whole
+            else:
+                raise FileNotFoundError(f"{self.out_dir}: no checkpoint to resume from")
+        state = json.loads((folder / "trainer_state.json").read_text())
+        self.model.load_state_dict(read_weights(folder))
+        extra = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
+        self.optimizer.load_state_dict(extra["optimizer"])
+        self.scheduler.load_state_dict(extra["scheduler"])
+        _set_rng_state(extra["rng"])
+        logger.info("resumed from %s at epoch %d, batch %d (step %d)", folder, state["epoch"], state["batch_in_epoch"], state["step"])
+        return state
+
+    # -- logging ----------------------------------------------------------------------
+
+    def _log(self, record: dict) -> None:
+        with open(self.out_dir / "log.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _plot(self, losses: List[tuple], history: List[dict]) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        if losses:
+            ax.plot([s for s, _ in losses], [v for _, v in losses], label="train loss", color="tab:blue")
+        ax.set_xlabel("optimiser step")
+        ax.set_ylabel("loss")
+        if history and self.main_metric:
+            ax2 = ax.twinx()
+            ax2.plot([h["step"] for h in history], [h[self.main_metric] for h in history], "o-", color="tab:red", label=f"dev {self.main_metric}")
+            ax2.set_ylabel(f"dev {self.main_metric}")
+            ax2.legend(loc="upper right")
+        ax.legend(loc="upper left")
+        ax.set_title(self.out_dir.name)
+        fig.tight_layout()
+        fig.savefig(self.out_dir / "curve.png", dpi=100)
+        plt.close(fig)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def train(self, resume: bool = False) -> TrainResult:
+        """Train; with ``resume`` continue from ``out_dir/checkpoint`` exactly."""
+        cfg = self.config
+        state = {"epoch": 0, "batch_in_epoch": 0, "step": 0, "best": None, "best_epoch": None, "history": [], "losses": []}
+        if resume:
+            state = self._load_checkpoint()
+        else:
+            set_seed(cfg.seed)
+            (self.out_dir / "log.jsonl").unlink(missing_ok=True)
+            self._log({"event": "start", "config": asdict(cfg), "examples": len(self.features), "total_steps": self.total_steps})
+        self.model.train()
+        start = time.time()
+        losses: List[float] = state["losses"]
+        n_epochs = math.ceil(cfg.epochs)
+        step = state["step"]
+        running = torch.zeros((), device=self.device)
+        running_n = 0
+        bar = tqdm(total=self.total_steps, initial=step, desc="train", disable=not cfg.progress, unit="step", dynamic_ncols=True)
+        stopped = False
+        for epoch in range(state["epoch"], n_epochs):
+            batches = length_grouped_batches(self.lengths, self.micro_batch, cfg.seed, epoch)
+            first = state["batch_in_epoch"] if epoch == state["epoch"] else 0
+            # Whole optimiser steps only, so a partial final accumulation group is dropped.
+            usable = len(batches) - len(batches) % cfg.grad_accum if len(batches) >= cfg.grad_accum else len(batches)
+            for b in range(first, usable, cfg.grad_accum):
+                group = batches[b : b + cfg.grad_accum]
+                n_examples = sum(len(g) for g in group)
+                loss_sum = torch.zeros((), device=self.device)
+                for idx in group:
+                    batch = _to(collate([self.features[i] for i in idx], multiple_of=cfg.pad_multiple), self.device)
+                    with autocast(self.device, cfg.precision):
+                        loss = self.forward(**batch)["loss"]
+                    # Weight micro-batches by size so accumulation equals one big batch.
+                    (loss * len(idx) / n_examples).backward()
+                    loss_sum += loss.detach() * len(idx) / n_examples
+                if cfg.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                step += 1
+                running += loss_sum
+                running_n += 1
+                losses.append(loss_sum)  # kept on device: no sync per step
+                bar.update(1)
+                if step % cfg.log_every == 0 or step == self.total_steps:
+                    mean = (running / running_n).item()
+                    self._log({"event": "train", "step": step, "epoch": epoch, "loss": mean, "lr": self.scheduler.get_last_lr()[0], "elapsed": round(time.time() - start, 2)})
+                    bar.set_postfix(loss=f"{mean:.4f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}")
+                    running.zero_()
+                    running_n = 0
+                if step >= self.total_steps:
+                    if cfg.max_steps and step == cfg.max_steps and b + cfg.grad_accum < usable:
+                        # Interrupted by max_steps mid-epoch: checkpoint the exact position
+                        # and skip the epoch-end evaluation. (Fractional epochs fall through.)
+                        self._checkpoint(state, epoch, b + cfg.grad_accum, step, losses)
+                        stopped = True
+                    break
+                if cfg.save_every and step % cfg.save_every == 0:
+                    self._checkpoint(state, epoch, b + cfg.grad_accum, step, losses)
+            if stopped:
+                break
+            self._end_epoch(state, epoch, step, losses, start)
+            if step >= self.total_steps:
+                break
+        bar.close()
+        wall = time.time() - start
+        result = TrainResult(state["best"], state["best_epoch"], state["history"], [float(v) for v in losses], wall, step)
+        self._log({"event": "end", "steps": step, "best": state["best"], "best_epoch": state["best_epoch"], "wall_time": round(wall, 2)})
+        return result
+
+    def _checkpoint(self, state: dict, epoch: int, batch_in_epoch: int, step: int, losses: list) -> None:
+        state.update(epoch=epoch, batch_in_epoch=batch_in_epoch, step=step, losses=[float(v) for v in losses])
+        self._save_checkpoint(state)
+
+    def _end_epoch(self, state: dict, epoch: int, step: int, losses: list, start: float) -> None:
+        if self.evaluate is not None:
+            metrics = self.evaluate(self.model)
+            self.model.train()
+            record = {"event": "eval", "epoch": epoch, "step": step, "elapsed": round(time.time() - start, 2), **metrics}
+            self._log(record)
+            state["history"].append(record)
+            logger.info("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
+            value = metrics.get(self.main_metric) if self.main_metric else None
+            better = value is not None and (
+                state["best"] is None or (value > state["best"] if self.greater_is_better else value < state["best"])
+            )
+            if better:
+                state["best"], state["best_epoch"] = value, epoch
+                if self.save_best is not None:
+                    self.save_best(self.model, self.out_dir / "best")
+        elif self.save_best is not None:
+            self.save_best(self.model, self.out_dir / "best")
+        self._checkpoint(state, epoch + 1, 0, step, losses)
+        self._plot([(i + 1, float(v)) for i, v in enumerate(losses)], state["history"])
