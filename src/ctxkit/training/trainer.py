@@ -59,6 +59,10 @@ class TrainConfig:
         pad_multiple: pad sequence lengths up to a multiple of this.
         compile: wrap the model in ``torch.compile``.
         progress: show tqdm progress bars.
+        eval_each_epoch: evaluate (and keep the best epoch) after every epoch; when False
+            only the final model is saved as ``best/`` (the caller evaluates it).
+        save_checkpoints: write the resumable ``checkpoint/`` at epoch ends (and every
+            ``save_every`` steps); when False a run cannot be resumed.
     """
 
     epochs: float = 3.0
@@ -78,6 +82,8 @@ class TrainConfig:
     pad_multiple: int = 1
     compile: bool = False
     progress: bool = True
+    eval_each_epoch: bool = True
+    save_checkpoints: bool = True
 
 
 @dataclass
@@ -359,10 +365,16 @@ class Trainer:
 
     def _checkpoint(self, state: dict, epoch: int, batch_in_epoch: int, step: int, losses: list) -> None:
         state.update(epoch=epoch, batch_in_epoch=batch_in_epoch, step=step, losses=[float(v) for v in losses])
-        self._save_checkpoint(state)
+        if self.config.save_checkpoints:
+            self._save_checkpoint(state)
 
     def _end_epoch(self, state: dict, epoch: int, step: int, losses: list, start: float) -> None:
-        if self.evaluate is not None:
+        last = step >= self.total_steps or epoch + 1 >= math.ceil(self.config.epochs)
+        if not self.config.eval_each_epoch:
+            if last and self.save_best is not None:
+                self.save_best(self.model, self.out_dir / "best")
+                state["best_epoch"] = epoch
+        elif self.evaluate is not None:
             metrics = self.evaluate(self.model)
             self.model.train()
             record = {"event": "eval", "epoch": epoch, "step": step, "elapsed": round(time.time() - start, 2), **metrics}
