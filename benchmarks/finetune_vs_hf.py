@@ -73,6 +73,7 @@ def run_ctxkit(task_name: str, model: str, data: Path, hp: dict) -> dict:
         summary = finetune(task, model, data, out, cfg, limit_train=LIMIT or None, limit_eval=LIMIT or None)
     _sync()
     wall = time.time() - t0
+    print(f"  ctxkit timings: {summary['timings_s']}", flush=True)
     return {"score": summary["results"][task.eval_splits[0]][task.main_metric], "wall_s": wall}
 
 

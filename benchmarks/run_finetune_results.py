@@ -38,7 +38,7 @@ PLAN = {
     "cola": ("glue/CoLA", 5, 32, [5e-5, 1e-4, 2e-4], {}, ["mcc"], {"mcc": ("MiniLM-L6-H384 paper, dev", 47.5)}),
     "conll2003": ("conll2003", 5, 32, [1e-4], {}, ["f1", "precision", "recall"], {"f1@test": ("BERT-base (Devlin et al.), test", 92.4)}),
     "squad": ("squad_v1.1", 3, 32, [1e-4], {}, ["exact_match", "f1"], {"f1": ("BERT-base, official dev, full SQuAD train", 88.5)}),
-    "squad2": ("squad_v2.0_cs224n", 3, 32, [1e-4], {}, ["exact", "f1", "HasAns_f1", "NoAns_f1", "best_f1"], {}),
+    "squad2": ("squad_v2.0_cs224n", 6, 32, [5e-5, 1e-4], {}, ["exact", "f1", "HasAns_f1", "NoAns_f1", "best_f1"], {}),
 }
 
 

@@ -63,6 +63,8 @@ def length_grouped_batches(lengths: Sequence[int], batch_size: int, seed: int, e
     rng = random.Random(seed * 1_000_003 + epoch)
     order = list(range(len(lengths)))
     rng.shuffle(order)
+    if group_factor <= 0:  # plain shuffled batches
+        return [order[b : b + batch_size] for b in range(0, len(order), batch_size)]
     group = batch_size * group_factor
     batches: List[List[int]] = []
     for g in range(0, len(order), group):

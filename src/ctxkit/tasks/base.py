@@ -163,7 +163,8 @@ def finetune(
     task.prepare(train_examples)
     evals = {s: _limit(task.load(eval_data or data, s), limit_eval) for s in task.eval_splits}
     features = task.featurize(tokenizer, train_examples, train=True)
-    logger.info("%s: %d training examples -> %d features (%.1fs)", task.name, len(train_examples), len(features), time.time() - t0)
+    prepare_s = time.time() - t0
+    logger.info("%s: %d training examples -> %d features (%.1fs)", task.name, len(train_examples), len(features), prepare_s)
     model = task.build_model(encoder)
     info = {"task": task.name, "options": task.options(), "model": str(model_name), "config": asdict(config), "data": str(data)}
     write_json(info, out / "task.json")
@@ -178,6 +179,7 @@ def finetune(
         save_best=lambda m, folder: save_run_model(m, tokenizer, folder),
     )
     result = trainer.train(resume=resume)
+    t1 = time.time()
     # Score the best epoch's weights (not the last epoch's) on every split.
     _, best_model, _, _ = load_run(out, config.device)
     results = {}
@@ -190,6 +192,7 @@ def finetune(
         "results": results,
         "best_epoch": result.best_epoch,
         "train_time_s": round(result.wall_time, 1),
+        "timings_s": {"prepare": round(prepare_s, 1), "train": round(result.wall_time, 1), "final_eval": round(time.time() - t1, 1)},
         "steps": result.steps,
         "train_examples": len(train_examples),
         "device": _device_name(config.device),

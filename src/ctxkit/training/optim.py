@@ -26,10 +26,23 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_adamw(model: nn.Module, lr: float, weight_decay: float = 0.01, betas=(0.9, 0.999), eps: float = 1e-8) -> torch.optim.AdamW:
-    """AdamW with decoupled weight decay, fused on CUDA (one kernel for all parameters)."""
+def build_adamw(model: nn.Module, lr: float, weight_decay: float = 0.01, betas=(0.9, 0.999), eps: float = 1e-8,
+                capturable: bool = False) -> torch.optim.AdamW:
+    """AdamW with decoupled weight decay, fused on CUDA (one kernel for all parameters).
+
+    With ``capturable=True`` (CUDA only) the step count and learning rate live on the GPU
+    (the scheduler updates the rate in place), so the update can run inside a CUDA graph.
+    """
     fused = all(p.is_cuda for p in model.parameters())
-    return torch.optim.AdamW(_param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps, fused=fused or None)
+    groups = _param_groups(model, weight_decay)
+    if capturable:
+        if not fused:
+            raise ValueError("capturable AdamW needs every parameter on a CUDA device")
+        device = next(model.parameters()).device
+        for group in groups:
+            group["lr"] = torch.tensor(float(lr), device=device)
+        return torch.optim.AdamW(groups, lr=torch.tensor(float(lr), device=device), betas=betas, eps=eps, fused=True, capturable=True)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
 
 
 def linear_warmup_decay(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> LambdaLR:

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from ..checkpoint import read_weights, save_weights
 from ..data.batching import collate, length_grouped_batches, sequential_batches
+from .graphs import GraphedTrainStep, graphs_supported
 from .optim import build_adamw, linear_warmup_decay
 
 __all__ = ["TrainConfig", "Trainer", "TrainResult", "predict", "resolve_device", "autocast", "set_seed"]
@@ -57,12 +58,17 @@ class TrainConfig:
         max_steps: stop after this many optimiser steps (None: run all epochs).
         save_every: also checkpoint every N optimiser steps (0: only at epoch ends).
         pad_multiple: pad sequence lengths up to a multiple of this.
+        group_factor: batches are formed inside shuffled groups of ``batch_size *
+            group_factor`` examples sorted by length (less padding); 0 = plain shuffling.
         compile: wrap the model in ``torch.compile``.
         progress: show tqdm progress bars.
         eval_each_epoch: evaluate (and keep the best epoch) after every epoch; when False
             only the final model is saved as ``best/`` (the caller evaluates it).
         save_checkpoints: write the resumable ``checkpoint/`` at epoch ends (and every
             ``save_every`` steps); when False a run cannot be resumed.
+        cuda_graphs: on CUDA without gradient accumulation or ``compile``, replay each
+            training step as a CUDA graph (see :mod:`ctxkit.training.graphs`); sequence
+            lengths are then padded to a multiple of ``max(pad_multiple, 16)``.
     """
 
     epochs: float = 3.0
@@ -80,10 +86,12 @@ class TrainConfig:
     max_steps: Optional[int] = None
     save_every: int = 0
     pad_multiple: int = 1
+    group_factor: int = 50
     compile: bool = False
     progress: bool = True
     eval_each_epoch: bool = True
     save_checkpoints: bool = True
+    cuda_graphs: bool = True
 
 
 @dataclass
@@ -105,10 +113,13 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def autocast(device: torch.device, precision: str):
-    """bf16 autocast on CUDA (or when asked), a no-op context for fp32."""
+def autocast(device: torch.device, precision: str, cache_enabled: bool = True):
+    """bf16 autocast on CUDA (or when asked), a no-op context for fp32.
+
+    ``cache_enabled=False`` is required inside CUDA-graph capture.
+    """
     use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16)
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16, cache_enabled=cache_enabled)
 
 
 def set_seed(seed: int) -> None:
@@ -222,9 +233,16 @@ class Trainer:
         self.total_steps = min(total, config.max_steps) if config.max_steps else total
         # The schedule spans the full run even when max_steps stops it early, so a
         # stopped-then-resumed run follows the same learning-rate curve.
-        self.optimizer = build_adamw(self.model, config.lr, config.weight_decay)
+        self.graphed = None
+        use_graphs = config.cuda_graphs and not config.compile and graphs_supported(self.device, config.grad_accum)
+        self.optimizer = build_adamw(self.model, config.lr, config.weight_decay, capturable=use_graphs)
         self.scheduler = linear_warmup_decay(self.optimizer, int(config.warmup_ratio * total), total)
         self.forward = torch.compile(self.model, dynamic=True) if config.compile else self.model
+        self.pad_multiple = config.pad_multiple
+        if use_graphs:
+            self.graphed = GraphedTrainStep(self.model, self.optimizer, config.max_grad_norm,
+                                            lambda: autocast(self.device, config.precision, cache_enabled=False))
+            self.pad_multiple = max(config.pad_multiple, 16)  # few shapes -> few graphs
 
     # -- checkpoints ------------------------------------------------------------------
 
@@ -312,26 +330,18 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=step, desc="train", disable=not cfg.progress, unit="step", dynamic_ncols=True)
         stopped = False
         for epoch in range(state["epoch"], n_epochs):
-            batches = length_grouped_batches(self.lengths, self.micro_batch, cfg.seed, epoch)
+            batches = length_grouped_batches(self.lengths, self.micro_batch, cfg.seed, epoch, group_factor=cfg.group_factor)
             first = state["batch_in_epoch"] if epoch == state["epoch"] else 0
             # Whole optimiser steps only, so a partial final accumulation group is dropped.
             usable = len(batches) - len(batches) % cfg.grad_accum if len(batches) >= cfg.grad_accum else len(batches)
             for b in range(first, usable, cfg.grad_accum):
                 group = batches[b : b + cfg.grad_accum]
-                n_examples = sum(len(g) for g in group)
-                loss_sum = torch.zeros((), device=self.device)
-                for idx in group:
-                    batch = _to(collate([self.features[i] for i in idx], multiple_of=cfg.pad_multiple), self.device)
-                    with autocast(self.device, cfg.precision):
-                        loss = self.forward(**batch)["loss"]
-                    # Weight micro-batches by size so accumulation equals one big batch.
-                    (loss * len(idx) / n_examples).backward()
-                    loss_sum += loss.detach() * len(idx) / n_examples
-                if cfg.max_grad_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-                self.optimizer.step()
-                self.scheduler.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                if self.graphed is not None:
+                    batch = _to(collate([self.features[i] for i in group[0]], multiple_of=self.pad_multiple), self.device)
+                    loss_sum = self.graphed(batch) if len(group[0]) == self.micro_batch else self.graphed.eager(batch)
+                    self.scheduler.step()
+                else:
+                    loss_sum = self._eager_step(group)
                 step += 1
                 running += loss_sum
                 running_n += 1
@@ -339,8 +349,8 @@ class Trainer:
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == self.total_steps:
                     mean = (running / running_n).item()
-                    self._log({"event": "train", "step": step, "epoch": epoch, "loss": mean, "lr": self.scheduler.get_last_lr()[0], "elapsed": round(time.time() - start, 2)})
-                    bar.set_postfix(loss=f"{mean:.4f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}")
+                    self._log({"event": "train", "step": step, "epoch": epoch, "loss": mean, "lr": float(self.scheduler.get_last_lr()[0]), "elapsed": round(time.time() - start, 2)})
+                    bar.set_postfix(loss=f"{mean:.4f}", lr=f"{float(self.scheduler.get_last_lr()[0]):.2e}")
                     running.zero_()
                     running_n = 0
                 if step >= self.total_steps:
@@ -362,6 +372,25 @@ class Trainer:
         result = TrainResult(state["best"], state["best_epoch"], state["history"], [float(v) for v in losses], wall, step)
         self._log({"event": "end", "steps": step, "best": state["best"], "best_epoch": state["best_epoch"], "wall_time": round(wall, 2)})
         return result
+
+    def _eager_step(self, group: List[List[int]]) -> torch.Tensor:
+        """Forward/backward over the micro-batches of one step, then clip and update."""
+        cfg = self.config
+        n_examples = sum(len(g) for g in group)
+        loss_sum = torch.zeros((), device=self.device)
+        for idx in group:
+            batch = _to(collate([self.features[i] for i in idx], multiple_of=self.pad_multiple), self.device)
+            with autocast(self.device, cfg.precision):
+                loss = self.forward(**batch)["loss"]
+            # Weight micro-batches by size so accumulation equals one big batch.
+            (loss * len(idx) / n_examples).backward()
+            loss_sum += loss.detach() * len(idx) / n_examples
+        if cfg.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum
 
     def _checkpoint(self, state: dict, epoch: int, batch_in_epoch: int, step: int, losses: list) -> None:
         state.update(epoch=epoch, batch_in_epoch=batch_in_epoch, step=step, losses=[float(v) for v in losses])

@@ -1,0 +1,99 @@
+"""Whole-step CUDA graphs for fine-tuning small models.
+
+A BERT-small training step launches several hundred short kernels; for a model like
+MiniLM the GPU finishes each before the CPU has issued the next, so the step costs what
+the launches cost. Capturing forward, loss, backward, gradient clipping and the fused
+AdamW update as one CUDA graph per input shape turns those launches into one replay.
+
+Shapes are kept few by padding sequence lengths to a multiple (``pad_multiple``); the
+batch size is fixed. A batch of any other shape (the last, partial batch of an epoch)
+runs eagerly with the same optimiser. Each shape is first run once eagerly (which also
+warms up cuBLAS and the attention kernels) and captured on its second occurrence, so no
+step is ever computed twice or skipped: every batch trains the model exactly once.
+
+Requirements, checked by :func:`graphs_supported`: a CUDA device, no gradient
+accumulation, and an AdamW built with ``capturable=True`` and tensor learning rates
+(:func:`ctxkit.training.optim.build_adamw` with ``capturable=True``), whose learning
+rate the scheduler updates in place.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Tuple
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["GraphedTrainStep", "graphs_supported"]
+
+
+def graphs_supported(device: torch.device, grad_accum: int) -> bool:
+    """Whether whole-step graphs can be used."""
+    return device.type == "cuda" and grad_accum == 1
+
+
+class GraphedTrainStep:
+    """Run training steps through per-shape CUDA graphs.
+
+    Args:
+        model: returns ``{"loss": ...}`` from ``model(**batch)``.
+        optimizer: capturable AdamW with tensor learning rates.
+        max_grad_norm: clip threshold (0 disables).
+        autocast: ``autocast()`` context factory for the forward pass.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float, autocast: Callable):
+        self.model = model
+        self.optimizer = optimizer
+        self.max_grad_norm = max_grad_norm
+        self.autocast = autocast
+        self.seen: Dict[tuple, int] = {}
+        self.graphs: Dict[tuple, Tuple[torch.cuda.CUDAGraph, Dict[str, Tensor], Tensor]] = {}
+        self.replays = 0
+        self.eager_steps = 0
+
+    @staticmethod
+    def _key(batch: Dict[str, Tensor]) -> tuple:
+        return tuple(sorted((k, tuple(v.shape), v.dtype) for k, v in batch.items()))
+
+    def _body(self, batch: Dict[str, Tensor]) -> Tensor:
+        with self.autocast():
+            loss = self.model(**batch)["loss"]
+        loss.backward()
+        if self.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.optimizer.step()
+        return loss.detach()
+
+    def eager(self, batch: Dict[str, Tensor]) -> Tensor:
+        """One ordinary step (also used for shapes without a graph)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.eager_steps += 1
+        return self._body(batch)
+
+    def _capture(self, key: tuple, batch: Dict[str, Tensor]) -> None:
+        static = {k: v.clone() for k, v in batch.items()}
+        graph = torch.cuda.CUDAGraph()
+        # Gradients allocated inside the capture belong to this graph's memory pool, so
+        # each graph's optimiser update reads the gradients its own backward wrote.
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph):
+            loss = self._body(static)
+        self.graphs[key] = (graph, static, loss)
+
+    def __call__(self, batch: Dict[str, Tensor]) -> Tensor:
+        """Train on ``batch`` (tensors already on the GPU); returns the loss (a fresh tensor)."""
+        key = self._key(batch)
+        count = self.seen.get(key, 0)
+        self.seen[key] = count + 1
+        if count == 0:
+            return self.eager(batch)
+        if key not in self.graphs:
+            self._capture(key, batch)
+        graph, static, loss = self.graphs[key]
+        for k, v in batch.items():
+            static[k].copy_(v, non_blocking=True)
+        graph.replay()
+        self.replays += 1
+        return loss.clone()
