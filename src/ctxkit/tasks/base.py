@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -46,9 +46,12 @@ class Task:
         main_metric: metric that picks the best epoch.
         train_split: split name used for training.
         eval_splits: split names evaluated after training (the first one each epoch).
+        group_factor: default length grouping of training batches (see
+            :class:`~ctxkit.training.TrainConfig`).
     """
 
     name: str = ""
+    group_factor: int = 50
     main_metric: str = ""
     train_split: str = "train"
     eval_splits: Tuple[str, ...] = ("dev",)
@@ -155,6 +158,8 @@ def finetune(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if config.group_factor is None:
+        config = replace(config, group_factor=task.group_factor)
     encoder, tokenizer = get_model(model_name)
     if tokenizer is None:
         raise ValueError(f"{model_name!r} has no tokenizer: fine-tune a checkpoint (name or folder), not a bare preset")

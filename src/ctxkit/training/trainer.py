@@ -59,7 +59,8 @@ class TrainConfig:
         save_every: also checkpoint every N optimiser steps (0: only at epoch ends).
         pad_multiple: pad sequence lengths up to a multiple of this.
         group_factor: batches are formed inside shuffled groups of ``batch_size *
-            group_factor`` examples sorted by length (less padding); 0 = plain shuffling.
+            group_factor`` examples sorted by length (less padding); 0 = plain shuffling;
+            None = the task's choice (:func:`ctxkit.tasks.finetune`), else 50.
         compile: wrap the model in ``torch.compile``.
         progress: show tqdm progress bars.
         eval_each_epoch: evaluate (and keep the best epoch) after every epoch; when False
@@ -86,7 +87,7 @@ class TrainConfig:
     max_steps: Optional[int] = None
     save_every: int = 0
     pad_multiple: int = 1
-    group_factor: int = 50
+    group_factor: Optional[int] = None
     compile: bool = False
     progress: bool = True
     eval_each_epoch: bool = True
@@ -330,7 +331,7 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=step, desc="train", disable=not cfg.progress, unit="step", dynamic_ncols=True)
         stopped = False
         for epoch in range(state["epoch"], n_epochs):
-            batches = length_grouped_batches(self.lengths, self.micro_batch, cfg.seed, epoch, group_factor=cfg.group_factor)
+            batches = length_grouped_batches(self.lengths, self.micro_batch, cfg.seed, epoch, group_factor=50 if cfg.group_factor is None else cfg.group_factor)
             first = state["batch_in_epoch"] if epoch == state["epoch"] else 0
             # Whole optimiser steps only, so a partial final accumulation group is dropped.
             usable = len(batches) - len(batches) % cfg.grad_accum if len(batches) >= cfg.grad_accum else len(batches)
