@@ -1,0 +1,160 @@
+"""Render docs/results.md and docs/performance.md from the JSON records in
+benchmarks/results/ (the records are the source of truth; the pages are views).
+
+    python benchmarks/make_tables.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+RESULTS_INTRO = """# Results
+
+Every number below is a record in `benchmarks/results/*.json` (with the command, device
+and date) and was produced by code in this repository; this page is generated from them by
+`python benchmarks/make_tables.py`.
+
+Model: `bert_6_384_12` loaded from the packaged real checkpoint `all_minilm_l6_v2`
+(sentence-transformers/all-MiniLM-L6-v2, 22.7M parameters). Fine-tuning uses the
+`ctxkit finetune` code path (AdamW, linear warmup 10 % + linear decay, weight decay 0.01,
+clipping 1.0, bf16 autocast, whole-step CUDA graphs, best epoch chosen on dev).
+
+Protocols (from `../shared/data/README.md`): GLUE trains on `train.tsv` and reports
+`dev.tsv`; CoNLL-2003 picks the epoch on `valid` and reports `valid` and `test`
+(entity-level micro F1, conlleval semantics via seqeval). **No SQuAD training set exists
+here**: SQuAD v1.1 uses the official dev file split by article in file order (first 38
+articles train, last 10 articles = `qa-eval`, 1,988 questions), and SQuAD 2.0 uses the
+CS224N dev file split the same way (first 12 articles train, last 4 = `qa-eval`, 1,629
+questions). These are article splits, not the official dev sets, and train on ~10x less
+data than the anchors.
+
+Small GLUE tasks (MRPC, STS-B, RTE, CoLA) report the best dev score over the learning-rate
+grid listed in the row (the usual GLUE dev protocol, as in the MiniLM and BERT papers).
+"""
+
+RESULTS_NOTES = """
+## Reading the anchors
+
+The anchors are the issue's reference points. The MiniLM paper's numbers are for the
+original MiniLM-L6-H384 distilled checkpoint; all-MiniLM-L6-v2 was further trained
+contrastively as a sentence embedder, which helps similarity tasks (STS-B 86) and hurts the
+syntax- and inference-heavy ones (CoLA 31 vs 47.5, RTE 57 vs 68.8). The CoNLL and SQuAD
+anchors are BERT-base (110M parameters, 5x larger; SQuAD trained on the full 88k-question
+training set instead of 8.6k questions). They are context, not like-for-like comparisons;
+the like-for-like comparison is the ctxkit vs Hugging Face table, where both sides
+fine-tune the same checkpoint with the same hyper-parameters on the same GPU.
+
+SQuAD 2.0-style: with 2.2k answerable training questions the model learns the no-answer
+decision before it learns spans (HasAns F1 24, NoAns F1 78); `best_f1` is the official
+best-threshold F1 on the same split.
+
+## Frozen features + logistic regression
+
+The lectures' feature-extraction demo: the frozen encoder gives one vector per sentence and
+scikit-learn's `LogisticRegression` is trained on the full SST-2 train split (67,349
+sentences), reported on SST-2 dev (`ctxkit.features.linear_probe`).
+"""
+
+PERF_INTRO = """# Performance
+
+Generated from `benchmarks/results/*.json` by `python benchmarks/make_tables.py`.
+Speed is benchmarked here, never asserted in tests. `speedup` > 1 means ctxkit is faster.
+
+## Fine-tuning: ctxkit vs Hugging Face transformers
+
+`benchmarks/finetune_vs_hf.py` fine-tunes the same checkpoint (all-MiniLM-L6-v2) with the
+same hyper-parameters (epochs, batch size 32, learning rate, warmup, weight decay,
+clipping, bf16) on the same GPU in one process. The HF side follows the official example
+scripts' logic (`Trainer`, dynamic padding collators, first-sub-word NER labels, run_qa.py
+windowing with `padding="max_length"` and n-best post-processing); both sides are scored
+by the same metric code. Wall time runs from loading the model to having the dev score
+(tokenisation, training, evaluation).
+
+Where the time goes: on this hardware a MiniLM training step is bound by kernel launches
+(~20 ms per step eager for both frameworks, ~700 launches), not by arithmetic. ctxkit
+captures the whole step — forward, loss, backward, clipping and the fused AdamW update —
+as one CUDA graph per padded shape (`ctxkit.training.graphs`), and batches by length so
+few shapes occur; a replay costs about as much as one launch. The graphed path is checked
+against the eager path on the GPU (`tests/test_cuda_graphs.py`, losses and weights equal
+within bf16 tolerance; skipped on CPU-only CI).
+"""
+
+
+def _load(name: str) -> list:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.is_file() else []
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return ""
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def results_page() -> str:
+    rows = _load("finetune_minilm.json")
+    vs = [r for r in _load("finetune_vs_hf.json") if "task" in r]
+    out = [RESULTS_INTRO, "## Fine-tuned all-MiniLM-L6-v2\n"]
+    out.append("| task | split | metric | ctxkit | anchor | anchor source | lr (grid) | epochs | train s | device | date |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "frozen" in r["task"]:
+            continue
+        grid = ", ".join(f"{x:g}" for x in r.get("lr_grid", [])) if r.get("lr_grid") else ""
+        out.append(f"| {r['task']} | {r['split']} | {r['metric']} | {_fmt(r['value'])} | {_fmt(r['peer_value'])} | {r['peer_name'] or ''} | "
+                   f"{r.get('lr', '')} ({grid}) | {r.get('epochs', '')} | {_fmt(r.get('train_time_s'))} | {r['device']} | {r['date']} |")
+    commands = sorted({r["command"] for r in rows})
+    out.append("\nCommand: " + "; ".join(f"`{c}`" for c in commands))
+    out.append(RESULTS_NOTES)
+    out.append("| task | split | metric | value | model | train examples | wall s | device | date |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "frozen" in r["task"]:
+            out.append(f"| {r['task']} | {r['split']} | {r['metric']} | {_fmt(r['value'])} | {r['model']} | {r.get('train_examples', '')} | {_fmt(r.get('wall_s'))} | {r['device']} | {r['date']} |")
+    if vs:
+        out.append("\n## Same fine-tuning, ctxkit vs Hugging Face (quality)\n")
+        out.append("| task | split | metric | ctxkit | transformers | hyper-parameters | device | date |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for r in vs:
+            hp = ", ".join(f"{k} {v}" for k, v in r["hyper"].items())
+            out.append(f"| {r['task']} | {r['split']} | {r['metric']} | {_fmt(r['value'])} | {_fmt(r['peer_value'])} | {hp} | {r['device']} | {r['date']} |")
+        out.append("\nCommand: `" + vs[0]["command"] + "`. Wall times are in [performance.md](performance.md).")
+    out.append("\nTraining curves (loss per step, dev metric per epoch), from the run folders' `curve.png`:\n")
+    out.append("![SST-2](sst2_curve.png) ![CoNLL-2003](conll_curve.png)\n")
+    return "\n".join(out) + "\n"
+
+
+def performance_page() -> str:
+    speed = [r for r in _load("finetune_vs_hf.json") if "benchmark" in r]
+    out = [PERF_INTRO]
+    out.append("| case | metric | ctxkit (s) | peer | peer (s) | speedup | device | date |")
+    out.append("|---|---|---|---|---|---|---|---|")
+    for r in speed:
+        out.append(f"| {r['case']} | {r['metric']} | {_fmt(r['ctxkit'])} | {r['peer_name']} | {_fmt(r['peer'])} | {_fmt(r['speedup'])} | {r['device']} | {r['date']} |")
+    if speed:
+        out.append("\nCommand: `" + speed[0]["command"] + "`.")
+    eager = _load("finetune_vs_hf_eager.json")
+    if eager:
+        out.append("\n### Ablation: the same benchmark with eager ctxkit steps (earlier revision)\n")
+        out.append("| case | ctxkit eager (s) | peer (s) | speedup | device | date |")
+        out.append("|---|---|---|---|---|---|")
+        for r in eager:
+            out.append(f"| {r['case']} | {_fmt(r['ctxkit'])} | {_fmt(r['peer'])} | {_fmt(r['speedup'])} | {r['device']} | {r['date']} |")
+        out.append("\nWithout graphs ctxkit is launch-bound like the Trainer (about 20 ms per step for both on "
+                   "SST-2). The eager SQuAD run was slower than the Trainer; it was not profiled further once the "
+                   "graphed path replaced it (its phase timings were not recorded in that revision).")
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    (REPO / "docs" / "results.md").write_text(results_page(), encoding="utf-8")
+    (REPO / "docs" / "performance.md").write_text(performance_page(), encoding="utf-8")
+    print("wrote docs/results.md and docs/performance.md")
+
+
+if __name__ == "__main__":
+    main()
