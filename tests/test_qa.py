@@ -4,8 +4,6 @@ import json
 import logging
 import zipfile
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import List
 
 import numpy as np
 import pytest
@@ -17,24 +15,7 @@ from ctxkit.heads.span import SpanHead, SpanQAModel, span_head_from_hf, span_los
 from ctxkit.models import load_bert
 from ctxkit.tokenizers import WordPieceTokenizer
 
-try:
-    from ctxkit.data.squad import Answer, QAExample
-except ImportError:  # the reader module is optional here: qa.py only duck-types these fields
-
-    @dataclass
-    class Answer:
-        text: str
-        start: int
-
-    @dataclass
-    class QAExample:
-        qid: str
-        title: str
-        question: str
-        context: str
-        answers: List[Answer] = field(default_factory=list)
-        is_impossible: bool = False
-
+from ctxkit.data.squad import Answer, QAExample
 
 MAX_LEN, STRIDE, N_QUESTIONS = 128, 32, 300
 

@@ -17,6 +17,14 @@ __all__ = ["SequenceClassificationHead", "TokenClassificationHead", "EncoderWith
 IGNORE_INDEX = -100
 
 
+def _dropout_dense(hidden_size: int, num_labels: int, dropout: float):
+    """Dropout and a dense layer initialised as BERT's task heads (normal(0.02), zero bias)."""
+    dense = nn.Linear(hidden_size, num_labels)
+    nn.init.normal_(dense.weight, std=0.02)
+    nn.init.zeros_(dense.bias)
+    return nn.Dropout(dropout), dense
+
+
 class SequenceClassificationHead(nn.Module):
     """Dropout + dense over the sentence vector.
 
@@ -29,10 +37,7 @@ class SequenceClassificationHead(nn.Module):
     def __init__(self, hidden_size: int, num_labels: int, dropout: float = 0.1):
         super().__init__()
         self.num_labels = num_labels
-        self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(hidden_size, num_labels)
-        nn.init.normal_(self.classifier.weight, std=0.02)
-        nn.init.zeros_(self.classifier.bias)
+        self.dropout, self.classifier = _dropout_dense(hidden_size, num_labels, dropout)
 
     def forward(self, encoder_output, attention_mask: Optional[Tensor] = None) -> Tensor:
         """Logits ``(batch, num_labels)`` (``(batch,)`` for regression).
@@ -66,10 +71,7 @@ class TokenClassificationHead(nn.Module):
     def __init__(self, hidden_size: int, num_labels: int, dropout: float = 0.1):
         super().__init__()
         self.num_labels = num_labels
-        self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(hidden_size, num_labels)
-        nn.init.normal_(self.classifier.weight, std=0.02)
-        nn.init.zeros_(self.classifier.bias)
+        self.dropout, self.classifier = _dropout_dense(hidden_size, num_labels, dropout)
 
     def forward(self, encoder_output, attention_mask: Optional[Tensor] = None) -> Tensor:
         """Logits ``(batch, seq, num_labels)``."""
