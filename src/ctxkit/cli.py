@@ -311,9 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=None, help="truncate to this many tokens (default: no limit)")
     p.set_defaults(func=_cmd_tokenize)
 
-    from ctxkit.tasks.cli import add_commands
+    from ctxkit.pretraining.cli import add_commands as add_pretraining_commands
+    from ctxkit.tasks.cli import add_commands as add_task_commands
 
-    add_commands(sub)
+    add_task_commands(sub)
+    add_pretraining_commands(sub)
     return parser
 
 

@@ -1,0 +1,95 @@
+"""``ctxkit pretrain-data | pretrain-vocab``: pretraining data verbs of the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .corpus import FORMATS
+
+__all__ = ["add_commands"]
+
+
+def _tokenizer_dir(name: str) -> Path:
+    """A tokenizer folder, or the folder of a registered checkpoint such as ``all_minilm_l6_v2``."""
+    path = Path(name)
+    if path.is_dir():
+        return path
+    from ..zoo import resolve_checkpoint
+
+    # Only the vocabulary is needed: skip hashing the weights.
+    folder, _ = resolve_checkpoint(name, verify=False)
+    return folder
+
+
+def _check_inputs(files) -> None:
+    for f in files:
+        if not Path(f).is_file():
+            raise ValueError(f"{f}: no such file")
+
+
+def cmd_pretrain_data(args: argparse.Namespace) -> int:
+    """Handler of ``pretrain-data``; prints a JSON summary and returns 0."""
+    from .shards import build_shards
+
+    _check_inputs(args.corpus)
+    if args.limit_docs is not None and args.limit_docs < 1:
+        raise ValueError(f"--limit-docs must be >= 1, got {args.limit_docs}")
+    meta = build_shards(
+        args.corpus, _tokenizer_dir(args.tokenizer), args.out, max_seq_len=args.max_seq_len,
+        short_seq_prob=args.short_seq_prob, nsp_prob=args.nsp_prob, dupe_factor=args.dupe_factor, seed=args.seed,
+        workers=args.workers, docs_per_shard=args.docs_per_shard, format=args.format, limit_docs=args.limit_docs,
+        show_progress=not args.no_progress,
+    )
+    summary = {k: meta[k] for k in ("num_documents", "num_instances", "num_tokens", "num_random_next")}
+    summary.update(shards=len(meta["shards"]), out=str(args.out))
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_pretrain_vocab(args: argparse.Namespace) -> int:
+    """Handler of ``pretrain-vocab``; returns 0."""
+    from .shards import train_vocab
+
+    _check_inputs(args.corpus)
+    if args.vocab_size < 10:
+        raise ValueError(f"--vocab-size must be at least 10, got {args.vocab_size}")
+    tok = train_vocab(args.corpus, args.vocab_size, args.out, format=args.format, min_frequency=args.min_frequency,
+                      lowercase=not args.cased, limit_docs=args.limit_docs, show_progress=not args.no_progress)
+    print(f"wrote a WordPiece vocabulary of {tok.vocab_size} tokens to {args.out}")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register ``pretrain-data`` and ``pretrain-vocab`` on the ``ctxkit`` parser."""
+    fmt_help = "corpus format: auto (WikiExtractor if the file starts with '<doc ', else blank), blank, file, wikiextractor"
+    p = sub.add_parser("pretrain-data", help="raw text -> MLM/NSP pretraining shards (.npy + meta.json)",
+                       description="Split documents into sentences, tokenize, build BERT sentence pairs and write shards.")
+    p.add_argument("corpus", nargs="+", metavar="CORPUS", help="text files (plain or .xz)")
+    p.add_argument("--tokenizer", required=True, metavar="DIR_OR_CHECKPOINT",
+                   help="tokenizer folder or checkpoint name (e.g. all_minilm_l6_v2)")
+    p.add_argument("--out", required=True, metavar="DIR", help="output folder for shard_*.npy and meta.json")
+    p.add_argument("--max-seq-len", type=int, default=128, help="tokens per instance incl. [CLS]/[SEP] (default: 128; BERT's phase 2 uses 512)")
+    p.add_argument("--short-seq-prob", type=float, default=0.1, help="share of shorter random-length instances (default: 0.1)")
+    p.add_argument("--nsp-prob", type=float, default=0.5, help="probability that segment B is random (default: 0.5)")
+    p.add_argument("--dupe-factor", type=int, default=1, help="passes over the corpus with different pairs (default: 1)")
+    p.add_argument("--workers", type=int, default=None, help="processes (default: all cores; 1 = no pool)")
+    p.add_argument("--docs-per-shard", type=int, default=2000, help="documents per shard and random-next pool (default: 2000)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--format", choices=FORMATS, default="auto", help=fmt_help)
+    p.add_argument("--limit-docs", type=int, default=None, metavar="N", help="use only the first N documents")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=cmd_pretrain_data)
+
+    p = sub.add_parser("pretrain-vocab", help="train a WordPiece vocabulary on a pretraining corpus",
+                       description="Train a WordPiece vocabulary on corpus documents (WikiExtractor markup removed).")
+    p.add_argument("corpus", nargs="+", metavar="CORPUS", help="text files (plain or .xz)")
+    p.add_argument("--vocab-size", type=int, required=True, help="target vocabulary size incl. special tokens")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for vocab.txt, tokenizer.json, tokenizer_config.json")
+    p.add_argument("--min-frequency", type=int, default=2, help="minimum pair count for a merge (default: 2)")
+    p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
+    p.add_argument("--format", choices=FORMATS, default="auto", help=fmt_help)
+    p.add_argument("--limit-docs", type=int, default=None, metavar="N", help="use only the first N documents")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=cmd_pretrain_vocab)

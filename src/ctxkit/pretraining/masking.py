@@ -1,0 +1,338 @@
+"""Dynamic masking for BERT's masked-LM objective, drawn afresh for every batch.
+
+Masking at batch time (RoBERTa's "dynamic masking") means an example is seen with a new
+mask each epoch instead of the handful of fixed copies of BERT's TFRecords. The recipe is
+otherwise BERT's: per sequence, ``min(max_predictions, max(1, round(n * mask_prob)))`` of
+its ``n`` candidate tokens (everything but [CLS], [SEP], [PAD], ...) are chosen uniformly;
+of those, 80% become [MASK], 10% a random non-special token, 10% stay as they are.
+
+Everything is vectorised over ``(batch, seq)``: each candidate gets a uniform score and
+the ``k`` highest scores of a row win, so no Python code runs per token or per row.
+
+Besides full-length ``labels`` the result carries ``masked_positions`` / ``masked_labels``
+so that :class:`ctxkit.models.BertForPreTraining` can project only the chosen positions to
+the vocabulary (``model(..., masked_positions=batch["masked_positions"])``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, Mapping, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from ..data.batching import collate
+
+__all__ = [
+    "IGNORE_INDEX",
+    "MLMCollator",
+    "MaskedBatch",
+    "MaskingConfig",
+    "MaskingIds",
+    "continuation_table",
+    "mask_tokens",
+    "word_start_mask",
+    "word_starts_from_tokens",
+]
+
+IGNORE_INDEX = -100  # cross-entropy's default ignore_index
+
+
+@dataclass(frozen=True)
+class MaskingConfig:
+    """How many tokens to mask and what to put in their place.
+
+    Attributes:
+        mask_prob: fraction of a sequence's candidate tokens to predict.
+        replace_mask: of the chosen tokens, the share replaced by [MASK].
+        replace_random: the share replaced by a random non-special token; the rest
+            (``1 - replace_mask - replace_random``) is left unchanged.
+        whole_word: choose whole words (a token plus its ``##`` continuations).
+        max_predictions: cap on chosen tokens per sequence (BERT: 20 at length 128);
+            ``None`` for no cap. When set it is also the width of ``masked_positions``,
+            which keeps the MLM head's shape fixed from batch to batch.
+    """
+
+    mask_prob: float = 0.15
+    replace_mask: float = 0.8
+    replace_random: float = 0.1
+    whole_word: bool = False
+    max_predictions: Optional[int] = None
+
+    def __post_init__(self):
+        if not 0.0 <= self.mask_prob <= 1.0:
+            raise ValueError(f"mask_prob must be in [0, 1], got {self.mask_prob}")
+        if self.replace_mask < 0 or self.replace_random < 0 or self.replace_mask + self.replace_random > 1 + 1e-9:
+            raise ValueError(f"replace_mask ({self.replace_mask}) and replace_random ({self.replace_random}) "
+                             "must be >= 0 and sum to at most 1")
+        if self.max_predictions is not None and self.max_predictions < 1:
+            raise ValueError(f"max_predictions must be >= 1 or None, got {self.max_predictions}")
+
+
+@dataclass
+class MaskedBatch:
+    """Result of :func:`mask_tokens`.
+
+    Attributes:
+        input_ids: ``(batch, seq)`` the masked copy of the input.
+        labels: ``(batch, seq)`` original id at chosen positions, -100 elsewhere.
+        masked_positions: ``(batch, max_masked)`` chosen positions in ascending order,
+            padded with 0 (any valid index works: its label is -100).
+        masked_labels: ``(batch, max_masked)`` original ids there, -100 in the padding.
+        num_masked: ``(batch,)`` how many positions each row chose.
+    """
+
+    input_ids: Tensor
+    labels: Tensor
+    masked_positions: Tensor
+    masked_labels: Tensor
+    num_masked: Tensor
+
+
+@dataclass(frozen=True, eq=False)  # eq would compare the tensor field elementwise
+class MaskingIds:
+    """The vocabulary facts masking needs, for callers without a tokenizer object.
+
+    Attributes:
+        vocab_size: number of token ids.
+        mask_id: id of [MASK].
+        special_ids: ids never chosen and never drawn as random replacements
+            (typically [PAD], [CLS], [SEP], [MASK]).
+        pad_id: id used to pad ``input_ids`` in :class:`MLMCollator`.
+        continuation: optional ``(vocab,)`` bool table, True for ``##`` tokens; needed
+            for whole-word masking.
+    """
+
+    vocab_size: int
+    mask_id: int
+    special_ids: frozenset
+    pad_id: int = 0
+    continuation: Optional[Tensor] = None
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> "MaskingIds":
+        """Read ids from a :class:`ctxkit.tokenizers.WordPieceTokenizer`.
+
+        [UNK] stays a candidate, as in BERT: it is an ordinary token of the corpus.
+        """
+        special = frozenset({tokenizer.pad_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id})
+        return cls(tokenizer.vocab_size, tokenizer.mask_id, special, tokenizer.pad_id, continuation_table(tokenizer))
+
+
+def continuation_table(vocab_or_tokenizer: Union[Mapping[str, int], object]) -> Tensor:
+    """Bool lookup table over the vocabulary: True where the token starts with ``##``.
+
+    Args:
+        vocab_or_tokenizer: a token -> id mapping or anything with ``get_vocab()``.
+
+    Returns:
+        ``(vocab,)`` BoolTensor, indexed by token id.
+    """
+    vocab = vocab_or_tokenizer.get_vocab() if hasattr(vocab_or_tokenizer, "get_vocab") else vocab_or_tokenizer
+    table = torch.zeros(max(vocab.values()) + 1, dtype=torch.bool)
+    ids = [i for tok, i in vocab.items() if tok.startswith("##")]
+    table[torch.tensor(ids, dtype=torch.long)] = True
+    return table
+
+
+def word_start_mask(input_ids: Tensor, continuation_ids: Tensor) -> Tensor:
+    """Mark the tokens that begin a word, by table lookup.
+
+    Args:
+        input_ids: ``(batch, seq)`` token ids.
+        continuation_ids: ``(vocab,)`` bool, True for ``##`` tokens (:func:`continuation_table`).
+
+    Returns:
+        ``(batch, seq)`` BoolTensor, True where the token does not start with ``##``.
+    """
+    return ~continuation_ids.to(input_ids.device)[input_ids]
+
+
+def word_starts_from_tokens(tokens: Sequence) -> Tensor:
+    """Word starts from token strings: a token begins a word unless it starts with ``##``.
+
+    Args:
+        tokens: one list of token strings, or a list of equally long lists.
+
+    Returns:
+        ``(seq,)`` or ``(batch, seq)`` BoolTensor.
+    """
+    if tokens and not isinstance(tokens[0], str):
+        return torch.stack([word_starts_from_tokens(row) for row in tokens])
+    return torch.tensor([not t.startswith("##") for t in tokens], dtype=torch.bool)
+
+
+def _rand(shape, generator: Optional[torch.Generator], device) -> Tensor:
+    # Draw on the generator's device so a CPU generator can drive CUDA tensors (and vice
+    # versa); the stream of numbers then depends only on the generator, not the data's device.
+    gen_device = generator.device if generator is not None else device
+    return torch.rand(shape, generator=generator, device=gen_device).to(device)
+
+
+def _num_to_predict(n: Tensor, config: MaskingConfig) -> Tensor:
+    """BERT's count per row: ``min(cap, max(1, round(n * p)))``, and never more than ``n``.
+
+    ``torch.round`` rounds halves to even, like Python 3's ``round``.
+    """
+    k = torch.round(n.double() * config.mask_prob).long().clamp(min=1)
+    if config.max_predictions is not None:
+        k = k.clamp(max=config.max_predictions)
+    return torch.minimum(k, n)
+
+
+def _top_k_rows(scores: Tensor, k: Tensor) -> Tensor:
+    """Bool ``(batch, m)``: True at each row's ``k[row]`` highest scores."""
+    order = scores.argsort(dim=1, descending=True)
+    rank_ok = torch.arange(scores.size(1), device=scores.device)[None, :] < k[:, None]
+    return torch.zeros_like(rank_ok).scatter(1, order, rank_ok)
+
+
+def _choose_tokens(cand: Tensor, k: Tensor, generator, device) -> Tensor:
+    scores = _rand(cand.shape, generator, device).masked_fill(~cand, -1.0)  # non-candidates rank last
+    return _top_k_rows(scores, k) & cand
+
+
+def _choose_words(cand: Tensor, word_starts: Tensor, k: Tensor, config: MaskingConfig, generator, device):
+    """Whole-word choice. Returns (chosen tokens, word index of every token) both ``(batch, seq)``."""
+    batch, seq = cand.shape
+    prev_cand = torch.nn.functional.pad(cand[:, :-1], (1, 0), value=False)
+    # A stray "##" right after [CLS]/[SEP] still has to begin some word.
+    start = cand & (word_starts | ~prev_cand)
+    word = (start.long().cumsum(1) - 1).clamp(min=0)  # word slot of each token, 0..seq-1
+    word_len = torch.zeros(batch, seq, dtype=torch.long, device=device).scatter_add_(1, word, cand.long())
+    scores = _rand((batch, seq), generator, device).masked_fill(word_len == 0, -1.0)
+    order = scores.argsort(dim=1, descending=True)
+    len_sorted = word_len.gather(1, order)
+    taken_after = len_sorted.cumsum(1)
+    taken_before = taken_after - len_sorted
+    # Take words in random order while fewer than k tokens are taken, so the last word may
+    # overshoot k by up to its length minus one (BERT's script skips such a word instead,
+    # which is sequential). max_predictions, when set, stays a hard cap.
+    keep = (taken_before < k[:, None]) & (len_sorted > 0)
+    if config.max_predictions is not None:
+        keep &= taken_after <= config.max_predictions
+    chosen_word = torch.zeros_like(keep).scatter(1, order, keep)
+    return chosen_word.gather(1, word) & cand, word
+
+
+def mask_tokens(input_ids: Tensor, special_ids: Union[Iterable[int], Tensor], vocab_size: int, mask_id: int,
+                config: MaskingConfig = MaskingConfig(), generator: Optional[torch.Generator] = None,
+                word_starts: Optional[Tensor] = None) -> MaskedBatch:
+    """Choose and corrupt tokens for masked-LM training.
+
+    Args:
+        input_ids: ``(batch, seq)`` LongTensor; padding must use an id in ``special_ids``.
+        special_ids: ids never chosen (at least [CLS], [SEP], [PAD]); neither they nor
+            ``mask_id`` are ever drawn as random replacements.
+        vocab_size: random replacements are drawn from ``range(vocab_size)`` minus the
+            special ids, uniformly.
+        mask_id: id of [MASK].
+        config: the recipe.
+        generator: source of randomness (CPU or the tensors' device); the same
+            generator state gives the same result. ``None`` uses torch's global RNG.
+        word_starts: ``(batch, seq)`` bool, True where a token begins a word; required
+            when ``config.whole_word`` (see :func:`word_start_mask`).
+
+    Returns:
+        A :class:`MaskedBatch`. With whole-word masking a row chooses whole words in random
+        order until at least its target count is reached, so it may hold up to one word's
+        length minus one tokens more than the target (never more than ``max_predictions``).
+        The 80/10/10 decision is then drawn once per word, so a word is either all [MASK],
+        all random tokens (each drawn independently) or all unchanged.
+    """
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
+    device = input_ids.device
+    special = torch.as_tensor(sorted(special_ids) if not isinstance(special_ids, Tensor) else special_ids,
+                              dtype=torch.long, device=device).flatten()
+    cand = ~torch.isin(input_ids, special)
+    k = _num_to_predict(cand.sum(1), config)
+
+    if config.whole_word:
+        if word_starts is None:
+            raise ValueError("whole_word masking needs word_starts (see word_start_mask)")
+        if word_starts.shape != input_ids.shape:
+            raise ValueError(f"word_starts shape {tuple(word_starts.shape)} != input_ids shape {tuple(input_ids.shape)}")
+        chosen, word = _choose_words(cand, word_starts.to(device=device, dtype=torch.bool), k, config, generator, device)
+        # One draw per word slot, spread to the word's tokens.
+        u = _rand(input_ids.shape, generator, device).gather(1, word)
+    else:
+        chosen = _choose_tokens(cand, k, generator, device)
+        u = _rand(input_ids.shape, generator, device)
+
+    to_mask = chosen & (u < config.replace_mask)
+    to_random = chosen & (u >= config.replace_mask) & (u < config.replace_mask + config.replace_random)
+
+    # Uniform over the allowed ids: draw an index into the list of non-special ids.
+    allowed = torch.ones(vocab_size, dtype=torch.bool, device=device)
+    allowed[special[(special >= 0) & (special < vocab_size)]] = False
+    allowed[mask_id] = False
+    allowed_ids = allowed.nonzero().squeeze(1)
+    gen_device = generator.device if generator is not None else device
+    pick = torch.randint(allowed_ids.numel(), input_ids.shape, generator=generator, device=gen_device)
+    random_ids = allowed_ids[pick.to(device)]
+
+    masked = input_ids.clone()
+    masked[to_mask] = mask_id
+    masked[to_random] = random_ids[to_random]
+    labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+
+    num_masked = chosen.sum(1)
+    width = config.max_predictions if config.max_predictions is not None else int(num_masked.max().item()) if num_masked.numel() else 0
+    # Stable sort on "not chosen" lists a row's chosen positions first, in ascending order.
+    order = (~chosen).to(torch.int8).sort(dim=1, stable=True).indices[:, :width]
+    if order.size(1) < width:  # max_predictions longer than the sequence
+        order = torch.nn.functional.pad(order, (0, width - order.size(1)))
+    valid = torch.arange(width, device=device)[None, :] < num_masked[:, None]
+    positions = torch.where(valid, order, torch.zeros_like(order))
+    masked_labels = torch.where(valid, input_ids.gather(1, positions), torch.full_like(positions, IGNORE_INDEX))
+    return MaskedBatch(masked, labels, positions, masked_labels, num_masked)
+
+
+class MLMCollator:
+    """Pad a list of pretraining features and mask them, for a DataLoader's ``collate_fn``.
+
+    Features are dicts with ``input_ids``, ``token_type_ids``, ``attention_mask`` and
+    ``next_sentence_label`` (other list/int fields are padded and passed through).
+
+    Args:
+        tokenizer_or_ids: a :class:`ctxkit.tokenizers.WordPieceTokenizer` or a
+            :class:`MaskingIds`.
+        config: the masking recipe.
+        seed: seeds the collator's own CPU generator; successive calls draw new masks,
+            and :meth:`state_dict` / :meth:`load_state_dict` let a resumed run continue
+            the same sequence of masks.
+        multiple_of: pad the sequence length up to a multiple of this.
+
+    Returns (on call):
+        Dict of tensors: ``input_ids`` (masked), ``token_type_ids``, ``attention_mask``,
+        ``labels`` ``(batch, seq)``, ``masked_positions``, ``masked_labels``
+        ``(batch, max_masked)``, ``next_sentence_label`` ``(batch,)``.
+    """
+
+    def __init__(self, tokenizer_or_ids, config: MaskingConfig = MaskingConfig(), seed: int = 0, multiple_of: int = 1):
+        ids = tokenizer_or_ids if isinstance(tokenizer_or_ids, MaskingIds) else MaskingIds.from_tokenizer(tokenizer_or_ids)
+        if config.whole_word and ids.continuation is None:
+            raise ValueError("whole_word masking needs MaskingIds.continuation (the '##' table)")
+        self.ids = ids
+        self.config = config
+        self.multiple_of = multiple_of
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, features: Sequence[Mapping]) -> Dict[str, Tensor]:
+        batch = collate(features, pad_values={"input_ids": self.ids.pad_id}, multiple_of=self.multiple_of)
+        word_starts = word_start_mask(batch["input_ids"], self.ids.continuation) if self.config.whole_word else None
+        out = mask_tokens(batch["input_ids"], self.ids.special_ids, self.ids.vocab_size, self.ids.mask_id,
+                          self.config, self.generator, word_starts)
+        batch.update(input_ids=out.input_ids, labels=out.labels, masked_positions=out.masked_positions,
+                     masked_labels=out.masked_labels)
+        return batch
+
+    def state_dict(self) -> Dict[str, Tensor]:
+        """The generator state, for exact resume."""
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.generator.set_state(state["generator"])
