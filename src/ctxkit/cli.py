@@ -312,10 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_tokenize)
 
     from ctxkit.pretraining.cli import add_commands as add_pretraining_commands
+    from ctxkit.pretraining.cli import add_pretrain_command
     from ctxkit.tasks.cli import add_commands as add_task_commands
 
     add_task_commands(sub)
     add_pretraining_commands(sub)
+    add_pretrain_command(sub)
     return parser
 
 

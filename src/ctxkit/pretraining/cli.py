@@ -93,3 +93,51 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit-docs", type=int, default=None, metavar="N", help="use only the first N documents")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=cmd_pretrain_vocab)
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    """Handler of ``pretrain``; prints a JSON summary and returns 0."""
+    import logging
+
+    from ..training import TrainConfig
+    from .masking import MaskingConfig
+    from .train import pretrain
+
+    logging.getLogger("ctxkit").setLevel(logging.INFO)
+    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_ratio=args.warmup_ratio,
+                         weight_decay=args.weight_decay, max_steps=args.max_steps, save_every=args.save_every, seed=args.seed,
+                         device=args.device, precision=args.precision, log_every=args.log_every, peak_tflops=args.peak_tflops,
+                         grad_accum=args.grad_accum, progress=not args.no_progress, eval_each_epoch=False, group_factor=args.group_factor)
+    masking = MaskingConfig(whole_word=args.whole_word, max_predictions=args.max_predictions)
+    summary = pretrain(args.data, args.preset, args.out, config, args.tokenizer and _tokenizer_dir(args.tokenizer), masking, args.resume)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def add_pretrain_command(sub: argparse._SubParsersAction) -> None:
+    """Register ``pretrain`` (MLM + NSP from scratch on pretrain-data shards)."""
+    p = sub.add_parser("pretrain", help="pretrain BERT (MLM + NSP) from scratch on pretrain-data shards",
+                       description="Masked LM + next-sentence prediction with dynamic masking; writes RUN_DIR/final in the HF layout.")
+    p.add_argument("--data", required=True, metavar="SHARDS", help="folder written by pretrain-data")
+    p.add_argument("--preset", default="bert_4_256_4", help="architecture (default: bert_4_256_4)")
+    p.add_argument("--out", required=True, metavar="RUN_DIR")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder or checkpoint name (default: the one in the shards' meta.json)")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int, default=None, help="stop after N optimiser steps")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup-ratio", type=float, default=0.06)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--whole-word", action="store_true", help="whole-word masking")
+    p.add_argument("--max-predictions", type=int, default=20, help="masked positions per sequence at most (BERT: 20 at seq 128)")
+    p.add_argument("--group-factor", type=int, default=50, help="length grouping of batches (0 = plain shuffle)")
+    p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (and at epoch ends)")
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--peak-tflops", type=float, default=None, help="device bf16 peak for MFU in the log (e.g. 811 measured on H100)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_pretrain)

@@ -321,6 +321,11 @@ class PretrainDataset:
     def __len__(self) -> int:
         return int(self._offsets[-1])
 
+    @property
+    def lengths(self) -> np.ndarray:
+        """Token count of every instance, from the index (no token reads)."""
+        return np.concatenate([index[:, 1] for _, index, _ in self._shards]) if self._shards else np.zeros(0, np.int64)
+
     def __getitem__(self, i: int) -> dict:
         """Instance ``i`` as plain lists.
 

@@ -19,7 +19,7 @@ rate the scheduler updates in place.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Tuple  # noqa: F401
 
 import torch
 from torch import Tensor, nn
@@ -56,16 +56,17 @@ class GraphedTrainStep:
     def _key(batch: Dict[str, Tensor]) -> tuple:
         return tuple(sorted((k, tuple(v.shape), v.dtype) for k, v in batch.items()))
 
-    def _body(self, batch: Dict[str, Tensor]) -> Tensor:
+    def _body(self, batch: Dict[str, Tensor]) -> Dict[str, Tensor]:
         with self.autocast():
-            loss = self.model(**batch)["loss"]
-        loss.backward()
+            out = self.model(**batch)
+        out["loss"].backward()
         if self.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.optimizer.step()
-        return loss.detach()
+        # The loss and any other scalar the model reports (e.g. MLM accuracy).
+        return {k: v.detach() for k, v in out.items() if torch.is_tensor(v) and v.dim() == 0}
 
-    def eager(self, batch: Dict[str, Tensor]) -> Tensor:
+    def eager(self, batch: Dict[str, Tensor]) -> Dict[str, Tensor]:
         """One ordinary step (also used for shapes without a graph)."""
         self.optimizer.zero_grad(set_to_none=True)
         self.eager_steps += 1
@@ -79,11 +80,12 @@ class GraphedTrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         with torch.cuda.graph(graph):
-            loss = self._body(static)
-        self.graphs[key] = (graph, static, loss)
+            scalars = self._body(static)
+        self.graphs[key] = (graph, static, scalars)
 
-    def __call__(self, batch: Dict[str, Tensor]) -> Tensor:
-        """Train on ``batch`` (tensors already on the GPU); returns the loss (a fresh tensor)."""
+    def __call__(self, batch: Dict[str, Tensor]) -> Dict[str, Tensor]:
+        """Train on ``batch`` (tensors already on the GPU); returns the step's scalars
+        (``loss`` and any other 0-dim model outputs) as fresh tensors."""
         key = self._key(batch)
         count = self.seen.get(key, 0)
         self.seen[key] = count + 1
@@ -91,9 +93,9 @@ class GraphedTrainStep:
             return self.eager(batch)
         if key not in self.graphs:
             self._capture(key, batch)
-        graph, static, loss = self.graphs[key]
+        graph, static, scalars = self.graphs[key]
         for k, v in batch.items():
             static[k].copy_(v, non_blocking=True)
         graph.replay()
         self.replays += 1
-        return loss.clone()
+        return {k: v.clone() for k, v in scalars.items()}

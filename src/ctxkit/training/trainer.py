@@ -70,6 +70,7 @@ class TrainConfig:
         cuda_graphs: on CUDA without gradient accumulation or ``compile``, replay each
             training step as a CUDA graph (see :mod:`ctxkit.training.graphs`); sequence
             lengths are then padded to a multiple of ``max(pad_multiple, 16)``.
+        peak_tflops: the device's peak bf16 matmul TFLOP/s, for the MFU in the log.
     """
 
     epochs: float = 3.0
@@ -93,6 +94,7 @@ class TrainConfig:
     eval_each_epoch: bool = True
     save_checkpoints: bool = True
     cuda_graphs: bool = True
+    peak_tflops: Optional[float] = None
 
 
 @dataclass
@@ -200,6 +202,14 @@ class Trainer:
         main_metric: key of the metrics dict that picks the best epoch.
         greater_is_better: direction of ``main_metric``.
         save_best: ``save_best(model, folder)`` writes a loadable model.
+        collate_fn: turns a list of features into a batch of tensors (default: dynamic
+            padding); if it has ``state_dict``/``load_state_dict`` (e.g. a masking
+            collator's RNG), that state is checkpointed for exact resume.
+        flops_per_token: training FLOPs per token, given the mean sequence length; with
+            ``config.peak_tflops`` the log reports model FLOPs utilisation (MFU).
+
+    Examples may be any sequence with ``__len__``/``__getitem__`` (e.g. memory-mapped
+    shards); a ``lengths`` attribute, when present, saves reading every example.
     """
 
     def __init__(
@@ -212,16 +222,21 @@ class Trainer:
         main_metric: Optional[str] = None,
         greater_is_better: bool = True,
         save_best: Optional[Callable[[nn.Module, Path], None]] = None,
+        collate_fn: Optional[Callable[[list], Dict[str, torch.Tensor]]] = None,
+        flops_per_token: Optional[Callable[[float], float]] = None,
     ):
-        if not train_features:
+        if not len(train_features):
             raise ValueError("no training examples")
         if config.batch_size % config.grad_accum:
             raise ValueError(f"batch_size {config.batch_size} is not divisible by grad_accum {config.grad_accum}")
         self.config = config
         self.device = resolve_device(config.device)
         self.model = model.to(self.device)
-        self.features = list(train_features)
-        self.lengths = [len(f["input_ids"]) for f in self.features]
+        self.features = train_features if hasattr(train_features, "__getitem__") else list(train_features)
+        lengths = getattr(self.features, "lengths", None)
+        self.lengths = list(lengths) if lengths is not None else [len(f["input_ids"]) for f in self.features]
+        self.collate_fn = collate_fn
+        self.flops_per_token = flops_per_token
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.evaluate = evaluate
@@ -252,7 +267,10 @@ class Trainer:
         tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.", dir=self.out_dir))
         try:
             save_weights(self.model.state_dict(), tmp / "model.safetensors")
-            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "rng": _rng_state()}, tmp / "optimizer.pt")
+            extra = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "rng": _rng_state()}
+            if hasattr(self.collate_fn, "state_dict"):
+                extra["collator"] = self.collate_fn.state_dict()
+            torch.save(extra, tmp / "optimizer.pt")
             (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
             # Swap folders so a crash leaves either the old or the new checkpoint whole.
             old = self.out_dir / ".checkpoint.old"
@@ -278,6 +296,8 @@ class Trainer:
         self.optimizer.load_state_dict(extra["optimizer"])
         self.scheduler.load_state_dict(extra["scheduler"])
         _set_rng_state(extra["rng"])
+        if "collator" in extra and hasattr(self.collate_fn, "load_state_dict"):
+            self.collate_fn.load_state_dict(extra["collator"])
         logger.info("resumed from %s at epoch %d, batch %d (step %d)", folder, state["epoch"], state["batch_in_epoch"], state["step"])
         return state
 
@@ -326,8 +346,8 @@ class Trainer:
         losses: List[float] = state["losses"]
         n_epochs = math.ceil(cfg.epochs)
         step = state["step"]
-        running = torch.zeros((), device=self.device)
-        running_n = 0
+        running: Dict[str, torch.Tensor] = {}
+        running_n, seen, tokens, interval_start = 0, 0, 0, time.time()
         bar = tqdm(total=self.total_steps, initial=step, desc="train", disable=not cfg.progress, unit="step", dynamic_ncols=True)
         stopped = False
         for epoch in range(state["epoch"], n_epochs):
@@ -338,22 +358,30 @@ class Trainer:
             for b in range(first, usable, cfg.grad_accum):
                 group = batches[b : b + cfg.grad_accum]
                 if self.graphed is not None:
-                    batch = _to(collate([self.features[i] for i in group[0]], multiple_of=self.pad_multiple), self.device)
-                    loss_sum = self.graphed(batch) if len(group[0]) == self.micro_batch else self.graphed.eager(batch)
+                    cpu_batch = self._collate(group[0])
+                    seen += cpu_batch["input_ids"].shape[0]
+                    tokens += int(cpu_batch["attention_mask"].sum()) if "attention_mask" in cpu_batch else cpu_batch["input_ids"].numel()
+                    batch = _to(cpu_batch, self.device)
+                    scalars = self.graphed(batch) if len(group[0]) == self.micro_batch else self.graphed.eager(batch)
                     self.scheduler.step()
                 else:
-                    loss_sum = self._eager_step(group)
+                    scalars, n_seq, n_tok = self._eager_step(group)
+                    seen, tokens = seen + n_seq, tokens + n_tok
                 step += 1
-                running += loss_sum
+                for k, v in scalars.items():
+                    running[k] = running[k] + v if k in running else v
                 running_n += 1
-                losses.append(loss_sum)  # kept on device: no sync per step
+                losses.append(scalars["loss"])  # kept on device: no sync per step
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == self.total_steps:
-                    mean = (running / running_n).item()
-                    self._log({"event": "train", "step": step, "epoch": epoch, "loss": mean, "lr": float(self.scheduler.get_last_lr()[0]), "elapsed": round(time.time() - start, 2)})
-                    bar.set_postfix(loss=f"{mean:.4f}", lr=f"{float(self.scheduler.get_last_lr()[0]):.2e}")
-                    running.zero_()
-                    running_n = 0
+                    means = {k: (v / running_n).item() for k, v in running.items()}
+                    now = time.time()
+                    record = {"event": "train", "step": step, "epoch": epoch, **means, "lr": float(self.scheduler.get_last_lr()[0]),
+                              "elapsed": round(now - start, 2), **self._throughput(seen, tokens, now - interval_start)}
+                    self._log(record)
+                    bar.set_postfix(loss=f"{means['loss']:.4f}", lr=f"{record['lr']:.2e}", seq_s=f"{record['seq_per_s']:.0f}",
+                                    **({"mfu": f"{record['mfu']:.2f}"} if "mfu" in record else {}))
+                    running, running_n, seen, tokens, interval_start = {}, 0, 0, 0, now
                 if step >= self.total_steps:
                     if cfg.max_steps and step == cfg.max_steps and b + cfg.grad_accum < usable:
                         # Interrupted by max_steps mid-epoch: checkpoint the exact position
@@ -374,24 +402,49 @@ class Trainer:
         self._log({"event": "end", "steps": step, "best": state["best"], "best_epoch": state["best_epoch"], "wall_time": round(wall, 2)})
         return result
 
-    def _eager_step(self, group: List[List[int]]) -> torch.Tensor:
-        """Forward/backward over the micro-batches of one step, then clip and update."""
+    def _collate(self, idx: List[int]) -> Dict[str, torch.Tensor]:
+        feats = [self.features[i] for i in idx]
+        if self.collate_fn is not None:
+            return self.collate_fn(feats)
+        return collate(feats, multiple_of=self.pad_multiple)
+
+    def _throughput(self, seqs: int, tokens: int, seconds: float) -> dict:
+        """Sequences/s, tokens/s and (when FLOPs and peak are known) MFU over a log interval."""
+        seconds = max(seconds, 1e-9)
+        out = {"seq_per_s": round(seqs / seconds, 1), "tokens_per_s": round(tokens / seconds, 1)}
+        if self.flops_per_token is not None and self.config.peak_tflops and seqs:
+            achieved = self.flops_per_token(tokens / seqs) * tokens / seconds
+            out["mfu"] = round(achieved / (self.config.peak_tflops * 1e12), 4)
+        return out
+
+    def _eager_step(self, group: List[List[int]]):
+        """Forward/backward over the micro-batches of one step, then clip and update.
+
+        Returns ``(scalars, sequences, tokens)``; scalars are the loss and any other 0-dim
+        model outputs, averaged over the micro-batches by their sizes.
+        """
         cfg = self.config
         n_examples = sum(len(g) for g in group)
-        loss_sum = torch.zeros((), device=self.device)
+        sums: Dict[str, torch.Tensor] = {}
+        n_tokens = 0
         for idx in group:
-            batch = _to(collate([self.features[i] for i in idx], multiple_of=self.pad_multiple), self.device)
+            cpu_batch = self._collate(idx)
+            n_tokens += int(cpu_batch["attention_mask"].sum()) if "attention_mask" in cpu_batch else cpu_batch["input_ids"].numel()
+            batch = _to(cpu_batch, self.device)
             with autocast(self.device, cfg.precision):
-                loss = self.forward(**batch)["loss"]
+                out = self.forward(**batch)
+            weight = len(idx) / n_examples
             # Weight micro-batches by size so accumulation equals one big batch.
-            (loss * len(idx) / n_examples).backward()
-            loss_sum += loss.detach() * len(idx) / n_examples
+            (out["loss"] * weight).backward()
+            for k, v in out.items():
+                if torch.is_tensor(v) and v.dim() == 0:
+                    sums[k] = sums.get(k, 0) + v.detach() * weight
         if cfg.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum
+        return sums, n_examples, n_tokens
 
     def _checkpoint(self, state: dict, epoch: int, batch_in_epoch: int, step: int, losses: list) -> None:
         state.update(epoch=epoch, batch_in_epoch=batch_in_epoch, step=step, losses=[float(v) for v in losses])

@@ -1,0 +1,119 @@
+"""BERT pretraining: masked LM + next-sentence prediction on shards from ``pretrain-data``.
+
+The MLM head projects to the vocabulary only at the masked positions (the collator
+gathers them first), which saves most of the largest matrix product of the step. Training
+itself is the shared :class:`~ctxkit.training.Trainer` (warmup + linear decay, bf16,
+whole-step CUDA graphs, exact resume including the masking RNG).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..models.bert import BertForPreTraining, save_bert
+from ..models.presets import BertConfig, get_preset
+from ..training import TrainConfig, Trainer, set_seed
+from .masking import IGNORE_INDEX, MaskingConfig, MLMCollator
+from .shards import PretrainDataset, vocab_sha256
+
+__all__ = ["PretrainingModel", "training_flops_per_token", "pretrain"]
+
+logger = logging.getLogger("ctxkit")
+
+
+class PretrainingModel(nn.Module):
+    """:class:`BertForPreTraining` plus the two losses and their accuracies.
+
+    Args:
+        config: the architecture.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertForPreTraining(config)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor, masked_positions: Tensor,
+                masked_labels: Tensor, next_sentence_label: Tensor, **_) -> dict:
+        """Losses for one batch.
+
+        Args:
+            input_ids, token_type_ids, attention_mask: ``(batch, seq)``, masked inputs.
+            masked_positions: ``(batch, n_masked)`` positions to predict (padded with 0).
+            masked_labels: ``(batch, n_masked)`` original ids, -100 on padding.
+            next_sentence_label: ``(batch,)``, 0 = B follows A, 1 = random B.
+
+        Returns:
+            ``loss`` (MLM + NSP), ``mlm_loss``, ``nsp_loss``, ``mlm_acc``, ``nsp_acc``.
+        """
+        mlm_logits, nsp_logits = self.bert(input_ids, token_type_ids, attention_mask, masked_positions=masked_positions)
+        mlm_loss = F.cross_entropy(mlm_logits.float().flatten(0, 1), masked_labels.flatten(), ignore_index=IGNORE_INDEX)
+        nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label)
+        valid = masked_labels != IGNORE_INDEX
+        mlm_acc = ((mlm_logits.argmax(-1) == masked_labels) & valid).sum() / valid.sum().clamp(min=1)
+        nsp_acc = (nsp_logits.argmax(-1) == next_sentence_label).float().mean()
+        return {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss.detach(), "nsp_loss": nsp_loss.detach(),
+                "mlm_acc": mlm_acc.detach(), "nsp_acc": nsp_acc.detach()}
+
+
+def training_flops_per_token(config: BertConfig, seq_len: float, masked_fraction: float = 0.15) -> float:
+    """Training FLOPs per token (forward + backward = 3x forward), the usual MFU count.
+
+    ``6 * N`` for the Transformer weights (embeddings are lookups, not matmuls), ``12 * L
+    * H * seq`` for the attention scores and their use, and ``6 * H * V`` for the MLM
+    projection on the masked share of the tokens only.
+    """
+    h, layers, ffn = config.hidden_size, config.num_layers, config.ffn_size
+    per_layer = 4 * h * h + 2 * h * ffn  # q, k, v, out + two FFN matrices
+    dense = layers * per_layer + 2 * h * h  # + pooler-sized MLM transform
+    return 6 * dense + 12 * layers * h * seq_len + 6 * h * config.vocab_size * masked_fraction
+
+
+def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: TrainConfig, tokenizer_dir: Optional[os.PathLike] = None,
+             masking: MaskingConfig = MaskingConfig(max_predictions=20), resume: bool = False) -> dict:
+    """Pretrain a BERT preset from scratch on pretraining shards.
+
+    Args:
+        shards: folder written by ``ctxkit pretrain-data``.
+        preset: architecture (``bert_4_256_4``...); its vocabulary size comes from the shards.
+        out_dir: run folder (``log.jsonl``, ``curve.png``, ``checkpoint/``, ``final/``).
+        config: hyper-parameters (``max_steps`` bounds the run; epochs otherwise).
+        tokenizer_dir: the tokenizer the shards were built with (default: the path recorded
+            in their ``meta.json``); saved next to the final model so it can be fine-tuned.
+        masking: dynamic masking settings.
+        resume: continue from ``out_dir/checkpoint`` exactly.
+
+    Returns:
+        A summary dict (steps, final losses and accuracies, wall time).
+    """
+    from ..tokenizers import WordPieceTokenizer
+
+    data = PretrainDataset(shards)
+    tok_dir = Path(tokenizer_dir or data.meta["tokenizer"]["path"])
+    tokenizer = WordPieceTokenizer.from_dir(tok_dir)
+    recorded = data.meta["tokenizer"].get("vocab_sha256")
+    if recorded and recorded != vocab_sha256(tokenizer):
+        raise ValueError(f"{tok_dir}: not the vocabulary the shards in {shards} were built with (SHA-256 differs)")
+    arch = get_preset(preset).config.replace(vocab_size=tokenizer.vocab_size, max_position=max(512, data.meta["max_seq_len"]))
+    set_seed(config.seed)  # the initial weights depend on the seed alone
+    model = PretrainingModel(arch)
+    collator = MLMCollator(tokenizer, masking, seed=config.seed, multiple_of=max(config.pad_multiple, 1))
+    trainer = Trainer(model, data, config, out_dir, collate_fn=collator,
+                      flops_per_token=lambda seq: training_flops_per_token(arch, seq, masking.mask_prob))
+    result = trainer.train(resume=resume)
+    final = Path(out_dir) / "final"
+    save_bert(model.bert, final, tokenizer)
+    log = [json.loads(line) for line in (Path(out_dir) / "log.jsonl").read_text().splitlines()]
+    last = next((r for r in reversed(log) if r.get("event") == "train"), {})
+    summary = {"preset": preset, "steps": result.steps, "wall_time_s": round(result.wall_time, 1), "final": str(final),
+               **{k: last[k] for k in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "seq_per_s", "tokens_per_s", "mfu") if k in last}}
+    (Path(out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
