@@ -17,15 +17,19 @@ __all__ = ["SequenceClassificationHead", "TokenClassificationHead", "EncoderWith
 IGNORE_INDEX = -100
 
 
-def _dropout_dense(hidden_size: int, num_labels: int, dropout: float):
+class _DenseHead(nn.Module):
     """Dropout and a dense layer initialised as BERT's task heads (normal(0.02), zero bias)."""
-    dense = nn.Linear(hidden_size, num_labels)
-    nn.init.normal_(dense.weight, std=0.02)
-    nn.init.zeros_(dense.bias)
-    return nn.Dropout(dropout), dense
+
+    def __init__(self, hidden_size: int, num_labels: int, dropout: float = 0.1):
+        super().__init__()
+        self.num_labels = num_labels
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(hidden_size, num_labels)
+        nn.init.normal_(self.classifier.weight, std=0.02)
+        nn.init.zeros_(self.classifier.bias)
 
 
-class SequenceClassificationHead(nn.Module):
+class SequenceClassificationHead(_DenseHead):
     """Dropout + dense over the sentence vector.
 
     Args:
@@ -33,11 +37,6 @@ class SequenceClassificationHead(nn.Module):
         num_labels: classes; 1 means regression (MSE loss).
         dropout: dropout before the dense layer.
     """
-
-    def __init__(self, hidden_size: int, num_labels: int, dropout: float = 0.1):
-        super().__init__()
-        self.num_labels = num_labels
-        self.dropout, self.classifier = _dropout_dense(hidden_size, num_labels, dropout)
 
     def forward(self, encoder_output, attention_mask: Optional[Tensor] = None) -> Tensor:
         """Logits ``(batch, num_labels)`` (``(batch,)`` for regression).
@@ -59,7 +58,7 @@ class SequenceClassificationHead(nn.Module):
         return F.cross_entropy(logits.float(), labels)
 
 
-class TokenClassificationHead(nn.Module):
+class TokenClassificationHead(_DenseHead):
     """Dropout + dense over every token vector (NER tagging).
 
     Args:
@@ -67,11 +66,6 @@ class TokenClassificationHead(nn.Module):
         num_labels: tag set size.
         dropout: dropout before the dense layer.
     """
-
-    def __init__(self, hidden_size: int, num_labels: int, dropout: float = 0.1):
-        super().__init__()
-        self.num_labels = num_labels
-        self.dropout, self.classifier = _dropout_dense(hidden_size, num_labels, dropout)
 
     def forward(self, encoder_output, attention_mask: Optional[Tensor] = None) -> Tensor:
         """Logits ``(batch, seq, num_labels)``."""
