@@ -125,3 +125,28 @@ def test_schedule_and_batching():
     assert batch["input_ids"].tolist() == [[1, 2, 3, 0], [4, 0, 0, 0]]
     assert batch["labels"].tolist() == [[0, 1, 2, -100], [1, -100, -100, -100]]
     assert batch["score"].dtype == torch.float32
+
+
+def test_lamb_step_matches_its_definition():
+    from ctxkit.training.optim import Lamb
+
+    w = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+    opt = Lamb([w], lr=0.1, weight_decay=0.5, eps=0.0)
+    w.grad = torch.tensor([1.0, -2.0])
+    opt.step()
+    # step 1: m_hat = g, v_hat = g^2 -> adam part = sign(g) = [1, -1]; + 0.5 * w = [2.5, 1.0]
+    update = torch.tensor([2.5, 1.0])
+    trust = 5.0 / update.norm()  # ||w|| = 5
+    assert torch.allclose(w.detach(), torch.tensor([3.0, 4.0]) - 0.1 * trust * update, atol=1e-6)
+
+
+def test_lamb_trains_and_keep_last_checkpoints(tmp_path):
+    feats = _toy_features(64)
+    cfg = TrainConfig(epochs=3, batch_size=16, lr=5e-3, device="cpu", progress=False, optimizer="lamb", keep_last=2, log_every=1)
+    result = Trainer(_model(0.0), feats, cfg, tmp_path).train()
+    assert result.losses[-1] < result.losses[0]
+    kept = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("checkpoint"))
+    assert kept == ["checkpoint", "checkpoint-step8"]  # latest (step 12) + the one before
+    assert json.loads((tmp_path / "checkpoint" / "trainer_state.json").read_text())["step"] == 12
+    with pytest.raises(ValueError, match="optimizer must be"):
+        Trainer(_model(), feats, TrainConfig(optimizer="sgd"), tmp_path / "x")

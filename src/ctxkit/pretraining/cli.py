@@ -107,7 +107,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_ratio=args.warmup_ratio,
                          weight_decay=args.weight_decay, max_steps=args.max_steps, save_every=args.save_every, seed=args.seed,
                          device=args.device, precision=args.precision, log_every=args.log_every, peak_tflops=args.peak_tflops,
-                         grad_accum=args.grad_accum, progress=not args.no_progress, eval_each_epoch=False, group_factor=args.group_factor)
+                         grad_accum=args.grad_accum, progress=not args.no_progress, eval_each_epoch=False, group_factor=args.group_factor,
+                         optimizer=args.optimizer, keep_last=args.keep_last)
     masking = MaskingConfig(whole_word=args.whole_word, max_predictions=args.max_predictions)
     summary = pretrain(args.data, args.preset, args.out, config, args.tokenizer and _tokenizer_dir(args.tokenizer), masking, args.resume)
     print(json.dumps(summary, indent=2))
@@ -129,6 +130,8 @@ def add_pretrain_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup-ratio", type=float, default=0.06)
     p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw", help="LAMB for very large batches")
+    p.add_argument("--keep-last", type=int, default=1, help="checkpoints to keep (the latest is checkpoint/)")
     p.add_argument("--whole-word", action="store_true", help="whole-word masking")
     p.add_argument("--max-predictions", type=int, default=20, help="masked positions per sequence at most (BERT: 20 at seq 128)")
     p.add_argument("--group-factor", type=int, default=50, help="length grouping of batches (0 = plain shuffle)")

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-__all__ = ["build_adamw", "linear_warmup_decay", "polynomial_warmup_decay"]
+__all__ = ["Lamb", "build_adamw", "build_lamb", "linear_warmup_decay", "polynomial_warmup_decay"]
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list:
@@ -61,3 +61,54 @@ def polynomial_warmup_decay(optimizer: torch.optim.Optimizer, warmup_steps: int,
         return end_ratio + (1.0 - end_ratio) * math.pow(1.0 - progress, power)
 
     return LambdaLR(optimizer, factor)
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al. 2020): Adam's update rescaled per tensor by the trust ratio
+    ``||w|| / ||update||``, so very large batches can use large learning rates.
+
+    ``update = m_hat / (sqrt(v_hat) + eps) + weight_decay * w``;
+    ``w -= lr * (||w|| / ||update||) * update`` (ratio 1 when either norm is 0).
+
+    Args:
+        params: parameters or groups.
+        lr: learning rate.
+        betas: Adam's moment decay rates.
+        eps: denominator term.
+        weight_decay: decoupled decay added to the update.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                m_hat = m / (1 - beta1 ** state["step"])
+                v_hat = v / (1 - beta2 ** state["step"])
+                update = m_hat / (v_hat.sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update.add_(p, alpha=group["weight_decay"])
+                w_norm, u_norm = p.norm(), update.norm()
+                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                p.sub_(update * (trust * float(group["lr"])))
+        return loss
+
+
+def build_lamb(model: nn.Module, lr: float, weight_decay: float = 0.01) -> Lamb:
+    """LAMB with the same no-decay groups as :func:`build_adamw`."""
+    return Lamb(_param_groups(model, weight_decay), lr=lr)

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from ..checkpoint import read_weights, save_weights
 from ..data.batching import collate, length_grouped_batches, sequential_batches
 from .graphs import GraphedTrainStep, graphs_supported
-from .optim import build_adamw, linear_warmup_decay
+from .optim import build_adamw, build_lamb, linear_warmup_decay
 
 __all__ = ["TrainConfig", "Trainer", "TrainResult", "predict", "resolve_device", "autocast", "set_seed"]
 
@@ -71,6 +71,9 @@ class TrainConfig:
             training step as a CUDA graph (see :mod:`ctxkit.training.graphs`); sequence
             lengths are then padded to a multiple of ``max(pad_multiple, 16)``.
         peak_tflops: the device's peak bf16 matmul TFLOP/s, for the MFU in the log.
+        keep_last: checkpoints to keep: ``checkpoint/`` (the latest, used by resume) plus
+            ``checkpoint-step{N}/`` folders for the previous ``keep_last - 1``.
+        optimizer: ``"adamw"`` or ``"lamb"`` (layer-wise trust ratio, for large batches).
     """
 
     epochs: float = 3.0
@@ -95,6 +98,8 @@ class TrainConfig:
     save_checkpoints: bool = True
     cuda_graphs: bool = True
     peak_tflops: Optional[float] = None
+    keep_last: int = 1
+    optimizer: str = "adamw"
 
 
 @dataclass
@@ -251,7 +256,13 @@ class Trainer:
         # stopped-then-resumed run follows the same learning-rate curve.
         self.graphed = None
         use_graphs = config.cuda_graphs and not config.compile and graphs_supported(self.device, config.grad_accum)
-        self.optimizer = build_adamw(self.model, config.lr, config.weight_decay, capturable=use_graphs)
+        if config.optimizer == "lamb":
+            use_graphs = False  # LAMB's per-tensor norms are plain Python here, not capturable
+            self.optimizer = build_lamb(self.model, config.lr, config.weight_decay)
+        elif config.optimizer == "adamw":
+            self.optimizer = build_adamw(self.model, config.lr, config.weight_decay, capturable=use_graphs)
+        else:
+            raise ValueError(f"optimizer must be 'adamw' or 'lamb', got {config.optimizer!r}")
         self.scheduler = linear_warmup_decay(self.optimizer, int(config.warmup_ratio * total), total)
         self.forward = torch.compile(self.model, dynamic=True) if config.compile else self.model
         self.pad_multiple = config.pad_multiple
@@ -278,9 +289,22 @@ class Trainer:
             if final.exists():
                 os.replace(final, old)
             os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
+            self._retire(old)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def _retire(self, old: Path) -> None:
+        """Keep the previous checkpoint as ``checkpoint-step{N}`` when ``keep_last`` > 1,
+        dropping the oldest beyond the limit; otherwise delete it."""
+        if self.config.keep_last > 1 and (old / "trainer_state.json").is_file():
+            step = json.loads((old / "trainer_state.json").read_text())["step"]
+            archived = self.out_dir / f"checkpoint-step{step}"
+            shutil.rmtree(archived, ignore_errors=True)
+            os.replace(old, archived)
+            kept = sorted(self.out_dir.glob("checkpoint-step*"), key=lambda p: int(p.name[len("checkpoint-step"):]))
+            for stale in kept[: max(0, len(kept) - (self.config.keep_last - 1))]:
+                shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
 
     def _load_checkpoint(self) -> dict:
         folder = self.out_dir / "checkpoint"
