@@ -11,6 +11,7 @@ The model is any module whose ``forward(**batch)`` returns a dict with ``"loss"`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -30,6 +31,7 @@ from tqdm.auto import tqdm
 
 from ..checkpoint import read_weights, save_weights
 from ..data.batching import collate, length_grouped_batches, sequential_batches
+from .distributed import all_reduce_mean, setup
 from .graphs import GraphedTrainStep, graphs_supported
 from .optim import build_adamw, build_lamb, linear_warmup_decay
 
@@ -248,14 +250,21 @@ class Trainer:
         self.main_metric = main_metric
         self.greater_is_better = greater_is_better
         self.save_best = save_best
+        self.rank, self.world = setup(self.device.type)
+        if self.device.type == "cuda" and self.world > 1:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            self.model = self.model.to(self.device)
         self.micro_batch = config.batch_size // config.grad_accum
+        if self.micro_batch % self.world:
+            raise ValueError(f"batch_size {config.batch_size} / grad_accum {config.grad_accum} is not divisible by {self.world} ranks")
         self.steps_per_epoch = math.ceil(len(self.features) / config.batch_size)
         total = math.ceil(self.steps_per_epoch * config.epochs)
         self.total_steps = min(total, config.max_steps) if config.max_steps else total
         # The schedule spans the full run even when max_steps stops it early, so a
         # stopped-then-resumed run follows the same learning-rate curve.
         self.graphed = None
-        use_graphs = config.cuda_graphs and not config.compile and graphs_supported(self.device, config.grad_accum)
+        # Graph capture of DDP's gradient all-reduce is not wired up yet: eager steps on several ranks.
+        use_graphs = config.cuda_graphs and not config.compile and self.world == 1 and graphs_supported(self.device, config.grad_accum)
         if config.optimizer == "lamb":
             use_graphs = False  # LAMB's per-tensor norms are plain Python here, not capturable
             self.optimizer = build_lamb(self.model, config.lr, config.weight_decay)
@@ -264,7 +273,13 @@ class Trainer:
         else:
             raise ValueError(f"optimizer must be 'adamw' or 'lamb', got {config.optimizer!r}")
         self.scheduler = linear_warmup_decay(self.optimizer, int(config.warmup_ratio * total), total)
-        self.forward = torch.compile(self.model, dynamic=True) if config.compile else self.model
+        self.forward = self.model
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.forward = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        if config.compile:
+            self.forward = torch.compile(self.forward, dynamic=True)
         self.pad_multiple = config.pad_multiple
         if use_graphs:
             self.graphed = GraphedTrainStep(self.model, self.optimizer, config.max_grad_norm,
@@ -328,6 +343,8 @@ class Trainer:
     # -- logging ----------------------------------------------------------------------
 
     def _log(self, record: dict) -> None:
+        if self.rank != 0:
+            return
         with open(self.out_dir / "log.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -363,7 +380,8 @@ class Trainer:
             state = self._load_checkpoint()
         else:
             set_seed(cfg.seed)
-            (self.out_dir / "log.jsonl").unlink(missing_ok=True)
+            if self.rank == 0:
+                (self.out_dir / "log.jsonl").unlink(missing_ok=True)
             self._log({"event": "start", "config": asdict(cfg), "examples": len(self.features), "total_steps": self.total_steps})
         self.model.train()
         start = time.time()
@@ -376,6 +394,8 @@ class Trainer:
         stopped = False
         for epoch in range(state["epoch"], n_epochs):
             batches = length_grouped_batches(self.lengths, self.micro_batch, cfg.seed, epoch, group_factor=50 if cfg.group_factor is None else cfg.group_factor)
+            if self.world > 1:  # every rank sees the same global batches and takes its share
+                batches = [b[self.rank :: self.world] for b in batches]
             first = state["batch_in_epoch"] if epoch == state["epoch"] else 0
             # Whole optimiser steps only, so a partial final accumulation group is dropped.
             usable = len(batches) - len(batches) % cfg.grad_accum if len(batches) >= cfg.grad_accum else len(batches)
@@ -398,7 +418,8 @@ class Trainer:
                 losses.append(scalars["loss"])  # kept on device: no sync per step
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == self.total_steps:
-                    means = {k: (v / running_n).item() for k, v in running.items()}
+                    means = {k: all_reduce_mean(v / running_n).item() for k, v in running.items()}
+                    seen, tokens = seen * self.world, tokens * self.world
                     now = time.time()
                     record = {"event": "train", "step": step, "epoch": epoch, **means, "lr": float(self.scheduler.get_last_lr()[0]),
                               "elapsed": round(now - start, 2), **self._throughput(seen, tokens, now - interval_start)}
@@ -421,6 +442,8 @@ class Trainer:
             if step >= self.total_steps:
                 break
         bar.close()
+        if self.world > 1:
+            torch.distributed.barrier()  # rank 0's best/ and checkpoint/ are complete for everyone
         wall = time.time() - start
         result = TrainResult(state["best"], state["best_epoch"], state["history"], [float(v) for v in losses], wall, step)
         self._log({"event": "end", "steps": step, "best": state["best"], "best_epoch": state["best_epoch"], "wall_time": round(wall, 2)})
@@ -451,15 +474,19 @@ class Trainer:
         n_examples = sum(len(g) for g in group)
         sums: Dict[str, torch.Tensor] = {}
         n_tokens = 0
-        for idx in group:
+        for j, idx in enumerate(group):
             cpu_batch = self._collate(idx)
             n_tokens += int(cpu_batch["attention_mask"].sum()) if "attention_mask" in cpu_batch else cpu_batch["input_ids"].numel()
             batch = _to(cpu_batch, self.device)
-            with autocast(self.device, cfg.precision):
-                out = self.forward(**batch)
-            weight = len(idx) / n_examples
-            # Weight micro-batches by size so accumulation equals one big batch.
-            (out["loss"] * weight).backward()
+            # DDP: all-reduce gradients only after the last micro-batch of the step.
+            no_sync = getattr(self.forward, "no_sync", None)
+            quiet = no_sync() if no_sync is not None and j < len(group) - 1 else contextlib.nullcontext()
+            with quiet:
+                with autocast(self.device, cfg.precision):
+                    out = self.forward(**batch)
+                weight = len(idx) / n_examples
+                # Weight micro-batches by size so accumulation equals one big batch.
+                (out["loss"] * weight).backward()
             for k, v in out.items():
                 if torch.is_tensor(v) and v.dim() == 0:
                     sums[k] = sums.get(k, 0) + v.detach() * weight
@@ -472,10 +499,13 @@ class Trainer:
 
     def _checkpoint(self, state: dict, epoch: int, batch_in_epoch: int, step: int, losses: list) -> None:
         state.update(epoch=epoch, batch_in_epoch=batch_in_epoch, step=step, losses=[float(v) for v in losses])
-        if self.config.save_checkpoints:
+        if self.config.save_checkpoints and self.rank == 0:
             self._save_checkpoint(state)
 
     def _end_epoch(self, state: dict, epoch: int, step: int, losses: list, start: float) -> None:
+        if self.rank != 0:  # evaluation, best model and plots belong to rank 0
+            self._checkpoint(state, epoch + 1, 0, step, losses)
+            return
         last = step >= self.total_steps or epoch + 1 >= math.ceil(self.config.epochs)
         if not self.config.eval_each_epoch:
             if last and self.save_best is not None:
