@@ -4,7 +4,6 @@ import json
 import sys
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_trainer import _model, _toy_features  # noqa: E402
