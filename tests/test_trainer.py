@@ -150,3 +150,12 @@ def test_lamb_trains_and_keep_last_checkpoints(tmp_path):
     assert json.loads((tmp_path / "checkpoint" / "trainer_state.json").read_text())["step"] == 12
     with pytest.raises(ValueError, match="optimizer must be"):
         Trainer(_model(), feats, TrainConfig(optimizer="sgd"), tmp_path / "x")
+
+
+def test_time_budget_stops_with_a_resumable_checkpoint(tmp_path):
+    feats = _toy_features(64)
+    cfg = TrainConfig(epochs=50, batch_size=16, lr=1e-3, device="cpu", progress=False, max_minutes=0.0)
+    result = Trainer(_model(), feats, cfg, tmp_path).train()
+    assert result.steps == 1  # the first step already exceeds a zero budget
+    state = json.loads((tmp_path / "checkpoint" / "trainer_state.json").read_text())
+    assert state["step"] == 1 and state["batch_in_epoch"] == 1

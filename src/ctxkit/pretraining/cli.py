@@ -108,7 +108,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
                          weight_decay=args.weight_decay, max_steps=args.max_steps, save_every=args.save_every, seed=args.seed,
                          device=args.device, precision=args.precision, log_every=args.log_every, peak_tflops=args.peak_tflops,
                          grad_accum=args.grad_accum, progress=not args.no_progress, eval_each_epoch=False, group_factor=args.group_factor,
-                         optimizer=args.optimizer, keep_last=args.keep_last)
+                         optimizer=args.optimizer, keep_last=args.keep_last, max_minutes=args.max_minutes)
     masking = MaskingConfig(whole_word=args.whole_word, max_predictions=args.max_predictions)
     summary = pretrain(args.data, args.preset, args.out, config, args.tokenizer and _tokenizer_dir(args.tokenizer), masking, args.resume)
     print(json.dumps(summary, indent=2))
@@ -125,6 +125,7 @@ def add_pretrain_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", default=None, help="tokenizer folder or checkpoint name (default: the one in the shards' meta.json)")
     p.add_argument("--epochs", type=float, default=1.0)
     p.add_argument("--max-steps", type=int, default=None, help="stop after N optimiser steps")
+    p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget; stops with a resumable checkpoint")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--lr", type=float, default=1e-3)

@@ -76,6 +76,8 @@ class TrainConfig:
         keep_last: checkpoints to keep: ``checkpoint/`` (the latest, used by resume) plus
             ``checkpoint-step{N}/`` folders for the previous ``keep_last - 1``.
         optimizer: ``"adamw"`` or ``"lamb"`` (layer-wise trust ratio, for large batches).
+        max_minutes: wall-clock budget; training stops (with a resumable checkpoint) at the
+            first step past it. The schedule still spans the full run.
     """
 
     epochs: float = 3.0
@@ -102,6 +104,7 @@ class TrainConfig:
     peak_tflops: Optional[float] = None
     keep_last: int = 1
     optimizer: str = "adamw"
+    max_minutes: Optional[float] = None
 
 
 @dataclass
@@ -427,6 +430,11 @@ class Trainer:
                     bar.set_postfix(loss=f"{means['loss']:.4f}", lr=f"{record['lr']:.2e}", seq_s=f"{record['seq_per_s']:.0f}",
                                     **({"mfu": f"{record['mfu']:.2f}"} if "mfu" in record else {}))
                     running, running_n, seen, tokens, interval_start = {}, 0, 0, 0, now
+                if cfg.max_minutes is not None and time.time() - start > 60 * cfg.max_minutes and step < self.total_steps:
+                    logger.info("time budget of %.1f min reached at step %d", cfg.max_minutes, step)
+                    self._checkpoint(state, epoch, b + cfg.grad_accum, step, losses)
+                    stopped = True
+                    break
                 if step >= self.total_steps:
                     if cfg.max_steps and step == cfg.max_steps and b + cfg.grad_accum < usable:
                         # Interrupted by max_steps mid-epoch: checkpoint the exact position
