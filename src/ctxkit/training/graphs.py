@@ -51,6 +51,10 @@ class GraphedTrainStep:
         self.graphs: Dict[tuple, Tuple[torch.cuda.CUDAGraph, Dict[str, Tensor], Tensor]] = {}
         self.replays = 0
         self.eager_steps = 0
+        # One memory pool for all shapes: graphs never run concurrently, and what a replay
+        # leaves behind (the scalars) is cloned at once, so their temporaries may overlap.
+        # Separate pools ran out of memory with ~8 shapes of a batch-256 pretraining step.
+        self.pool = None
 
     @staticmethod
     def _key(batch: Dict[str, Tensor]) -> tuple:
@@ -79,7 +83,9 @@ class GraphedTrainStep:
         # each graph's optimiser update reads the gradients its own backward wrote.
         self.optimizer.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
-        with torch.cuda.graph(graph):
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool):
             scalars = self._body(static)
         self.graphs[key] = (graph, static, scalars)
 
