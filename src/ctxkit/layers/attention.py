@@ -230,6 +230,32 @@ class MultiHeadAttention(nn.Module):
         batch, seq, _ = x.shape
         return x.view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
 
+    def _project(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        """Per-head q, k, v, each ``(batch, heads, len, head_dim)``.
+
+        One GEMM over the concatenated weights does the work of the roles that share an
+        input (q, k, v in self-attention; k, v when keys and values are one tensor): a
+        3x wider matrix product keeps the GPU busier than three narrow ones, and the
+        parameters stay separate so checkpoints keep their per-role layout.
+        """
+        key = query if key is None else key
+        value = key if value is None else value
+        groups: list = []  # [(input, [projections reading it])], in q, k, v order
+        for proj, x in ((self.q_proj, query), (self.k_proj, key), (self.v_proj, value)):
+            if groups and groups[-1][0] is x:
+                groups[-1][1].append(proj)
+            else:
+                groups.append((x, [proj]))
+        out = []
+        for x, projs in groups:
+            if len(projs) == 1:
+                y = projs[0](x)
+            else:
+                bias = torch.cat([p.bias for p in projs]) if projs[0].bias is not None else None
+                y = F.linear(x, torch.cat([p.weight for p in projs]), bias)
+            out.extend(self._split_heads(t) for t in y.split([p.out_features for p in projs], dim=-1))
+        return out[0], out[1], out[2]
+
     def forward(
         self,
         query: Tensor,
@@ -250,11 +276,7 @@ class MultiHeadAttention(nn.Module):
         Returns:
             ``(output (batch, query_len, embed_dim), weights (batch, heads, query_len, key_len) or None)``.
         """
-        key = query if key is None else key
-        value = key if value is None else value
-        q = self._split_heads(self.q_proj(query))
-        k = self._split_heads(self.k_proj(key))
-        v = self._split_heads(self.v_proj(value))
+        q, k, v = self._project(query, key, value)
         dropout_p = self.dropout if self.training else 0.0
         out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p, need_weights=need_weights)
         batch, _, query_len, _ = out.shape

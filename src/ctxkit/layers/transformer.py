@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
+import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from .attention import MultiHeadAttention, causal_mask
 from .ffn import PositionwiseFFN
@@ -79,22 +81,33 @@ class TransformerEncoderLayer(nn.Module):
         self.ffn = PositionwiseFFN(dim, ffn_dim, activation)
         self.ffn_res = AddNorm(dim, dropout, norm_first, eps)
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None, need_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None, need_weights: bool = False,
+                query_index: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
         """Encode.
 
         Args:
             x: ``(batch, seq, dim)``.
-            mask: bool broadcastable to ``(batch, heads, seq, seq)``; True = attend.
+            mask: bool broadcastable to ``(batch, heads, seq, seq)``; True = attend. With
+                ``query_index`` it must broadcast over the query axis (a key-padding mask).
             need_weights: also return the attention weights.
+            query_index: ``(batch, n)`` positions whose outputs are wanted. Every position
+                still serves as key and value, but queries, the FFN and the norms run
+                only at these ``n`` positions (the same values as the full layer there).
+                A pretraining loss that reads only the masked positions and [CLS] needs
+                nothing else from the last layer.
 
         Returns:
-            ``(x (batch, seq, dim), weights (batch, heads, seq, seq) or None)``.
+            ``(x (batch, seq or n, dim), weights (batch, heads, seq or n, seq) or None)``.
         """
         weights = None
+        keys = None  # None: self-attention over x itself
+        if query_index is not None:
+            keys = self.self_attn_res.norm(x) if self.self_attn_res.norm_first else x
+            x = x.gather(1, query_index[..., None].expand(-1, -1, x.size(-1)))
 
         def attend(h: Tensor) -> Tensor:
             nonlocal weights
-            out, weights = self.self_attn(h, mask=mask, need_weights=need_weights)
+            out, weights = self.self_attn(h, keys, mask=mask, need_weights=need_weights)
             return out
 
         x = self.self_attn_res(x, attend)
@@ -213,6 +226,9 @@ class TransformerEncoder(nn.Module):
         )
         # Pre-norm leaves the residual stream un-normalised; one last norm fixes its scale.
         self.final_norm = nn.LayerNorm(dim, eps=eps) if norm_first else None
+        # Activation checkpointing: keep only each layer's input and recompute the layer
+        # in the backward pass (about a third more compute for a fraction of the memory).
+        self.checkpoint_layers = False
 
     def forward(
         self,
@@ -220,6 +236,7 @@ class TransformerEncoder(nn.Module):
         mask: Optional[Tensor] = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        output_positions: Optional[Tensor] = None,
     ) -> EncoderOutput:
         """Run every layer.
 
@@ -228,11 +245,19 @@ class TransformerEncoder(nn.Module):
             mask: bool broadcastable to ``(batch, heads, seq, seq)``.
             output_hidden_states: collect the input and each layer's output.
             output_attentions: collect attention weights (eager path; slower).
+            output_positions: ``(batch, n)``; compute the last layer only at these
+                positions (see ``TransformerEncoderLayer``), so ``last_hidden_state`` is
+                ``(batch, n, dim)``.
         """
         hidden: List[Tensor] = [x] if output_hidden_states else []
         attentions: List[Tensor] = []
-        for layer in self.layers:
-            x, weights = layer(x, mask=mask, need_weights=output_attentions)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            index = output_positions if i == last else None
+            if self.checkpoint_layers and self.training and torch.is_grad_enabled():
+                x, weights = checkpoint(layer, x, mask, output_attentions, index, use_reentrant=False)
+            else:
+                x, weights = layer(x, mask=mask, need_weights=output_attentions, query_index=index)
             if output_hidden_states:
                 hidden.append(x)
             if output_attentions:

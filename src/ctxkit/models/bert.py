@@ -137,6 +137,7 @@ class BertModel(nn.Module):
         position_ids: Optional[Tensor] = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        output_positions: Optional[Tensor] = None,
     ) -> BertOutput:
         """Encode a batch.
 
@@ -147,6 +148,9 @@ class BertModel(nn.Module):
             position_ids: ``(batch, seq)``; ``0..seq-1`` when None.
             output_hidden_states: return every layer's output.
             output_attentions: return attention weights (eager attention; slower).
+            output_positions: ``(batch, n)``; run the last layer only at these positions, so
+                ``last_hidden_state`` is ``(batch, n, hidden)`` and the pooler reads the
+                first of them (put 0 first for the usual [CLS] pooling).
 
         Raises:
             ValueError: when ``seq`` exceeds ``config.max_position`` (truncate or window first).
@@ -160,7 +164,8 @@ class BertModel(nn.Module):
             )
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         mask = padding_mask(attention_mask) if attention_mask is not None else None
-        enc = self.encoder(x, mask=mask, output_hidden_states=output_hidden_states, output_attentions=output_attentions)
+        enc = self.encoder(x, mask=mask, output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                           output_positions=output_positions)
         pooled = self.pooler(enc.last_hidden_state) if self.pooler is not None else None
         return BertOutput(enc.last_hidden_state, pooled, enc.hidden_states, enc.attentions)
 
@@ -227,10 +232,15 @@ class BertForPreTraining(nn.Module):
             masked_positions: optional ``(batch, n_masked)`` indices; when given, the
                 vocabulary projection runs only there and logits are ``(batch, n_masked, vocab)``.
         """
-        out = self.bert(input_ids, token_type_ids, attention_mask)
-        hidden = out.last_hidden_state
-        if masked_positions is not None:
-            hidden = hidden.gather(1, masked_positions[..., None].expand(-1, -1, hidden.size(-1)))
+        if masked_positions is None:
+            out = self.bert(input_ids, token_type_ids, attention_mask)
+            hidden = out.last_hidden_state
+        else:
+            # The losses read [CLS] and the masked positions only, so the last layer runs
+            # just there (same values; about 8 % less work for BERT-base at seq 128).
+            positions = torch.cat([masked_positions.new_zeros(masked_positions.size(0), 1), masked_positions], dim=1)
+            out = self.bert(input_ids, token_type_ids, attention_mask, output_positions=positions)
+            hidden = out.last_hidden_state[:, 1:]
         return self.mlm(hidden, self.bert.embeddings.word_embeddings.weight), self.nsp(out.pooler_output)
 
 

@@ -108,7 +108,9 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
                          weight_decay=args.weight_decay, max_steps=args.max_steps, save_every=args.save_every, seed=args.seed,
                          device=args.device, precision=args.precision, log_every=args.log_every, peak_tflops=args.peak_tflops,
                          grad_accum=args.grad_accum, progress=not args.no_progress, eval_each_epoch=False, group_factor=args.group_factor,
-                         optimizer=args.optimizer, keep_last=args.keep_last, max_minutes=args.max_minutes)
+                         optimizer=args.optimizer, keep_last=args.keep_last, max_minutes=args.max_minutes, compile=args.compile,
+                         activation_checkpointing=args.activation_checkpointing, schedule=args.schedule,
+                         schedule_power=args.schedule_power)
     masking = MaskingConfig(whole_word=args.whole_word, max_predictions=args.max_predictions)
     summary = pretrain(args.data, args.preset, args.out, config, args.tokenizer and _tokenizer_dir(args.tokenizer), masking, args.resume)
     print(json.dumps(summary, indent=2))
@@ -132,6 +134,12 @@ def add_pretrain_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup-ratio", type=float, default=0.06)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw", help="LAMB for very large batches")
+    p.add_argument("--schedule", choices=("linear", "polynomial"), default="linear",
+                   help="learning-rate decay after warmup (default: linear)")
+    p.add_argument("--schedule-power", type=float, default=2.0, help="exponent of the polynomial decay (default: 2.0)")
+    p.add_argument("--compile", action="store_true", help="torch.compile each Transformer layer (fused kernels; first steps slower)")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="recompute each layer in the backward pass: less memory for bigger batches, ~1/3 more compute")
     p.add_argument("--keep-last", type=int, default=1, help="checkpoints to keep (the latest is checkpoint/)")
     p.add_argument("--whole-word", action="store_true", help="whole-word masking")
     p.add_argument("--max-predictions", type=int, default=20, help="masked positions per sequence at most (BERT: 20 at seq 128)")

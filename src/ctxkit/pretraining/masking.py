@@ -306,8 +306,8 @@ class MLMCollator:
         multiple_of: pad the sequence length up to a multiple of this.
 
     Returns (on call):
-        Dict of tensors: ``input_ids`` (masked), ``token_type_ids``, ``attention_mask``,
-        ``labels`` ``(batch, seq)``, ``masked_positions``, ``masked_labels``
+        Dict of tensors: ``input_ids`` (masked), ``token_type_ids``, ``attention_mask``
+        (left out when the batch has no padding), ``labels`` ``(batch, seq)``, ``masked_positions``, ``masked_labels``
         ``(batch, max_masked)``, ``next_sentence_label`` ``(batch,)``.
     """
 
@@ -327,6 +327,10 @@ class MLMCollator:
                           self.config, self.generator, word_starts)
         batch.update(input_ids=out.input_ids, labels=out.labels, masked_positions=out.masked_positions,
                      masked_labels=out.masked_labels)
+        if bool(batch["attention_mask"].all()):
+            # No padding: without a mask SDPA may pick the flash kernel (a boolean mask
+            # rules it out), and the model attends everywhere exactly as the mask says.
+            del batch["attention_mask"]
         return batch
 
     def state_dict(self) -> Dict[str, Tensor]:

@@ -40,12 +40,13 @@ class PretrainingModel(nn.Module):
         self.config = config
         self.bert = BertForPreTraining(config)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor, masked_positions: Tensor,
-                masked_labels: Tensor, next_sentence_label: Tensor, **_) -> dict:
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor, masked_positions: Tensor, masked_labels: Tensor,
+                next_sentence_label: Tensor, attention_mask: Optional[Tensor] = None, **_) -> dict:
         """Losses for one batch.
 
         Args:
-            input_ids, token_type_ids, attention_mask: ``(batch, seq)``, masked inputs.
+            input_ids, token_type_ids: ``(batch, seq)``, masked inputs.
+            attention_mask: ``(batch, seq)``, 1 for real tokens; None when nothing is padded.
             masked_positions: ``(batch, n_masked)`` positions to predict (padded with 0).
             masked_labels: ``(batch, n_masked)`` original ids, -100 on padding.
             next_sentence_label: ``(batch,)``, 0 = B follows A, 1 = random B.

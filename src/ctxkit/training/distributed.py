@@ -14,7 +14,7 @@ from typing import Tuple
 import torch
 import torch.distributed as dist
 
-__all__ = ["setup", "rank_and_world", "is_main", "all_reduce_mean"]
+__all__ = ["setup", "rank_and_world", "is_main", "all_reduce_mean", "broadcast_parameters"]
 
 
 def setup(device_type: str) -> Tuple[int, int]:
@@ -48,3 +48,12 @@ def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
     value = value.clone()
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value / world
+
+
+def broadcast_parameters(model: torch.nn.Module) -> None:
+    """Copy rank 0's parameters and buffers to every rank (what DDP does at start-up)."""
+    if rank_and_world()[1] == 1:
+        return
+    with torch.no_grad():
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(tensor.data, src=0)

@@ -11,6 +11,9 @@ runs eagerly with the same optimiser. Each shape is first run once eagerly (whic
 warms up cuBLAS and the attention kernels) and captured on its second occurrence, so no
 step is ever computed twice or skipped: every batch trains the model exactly once.
 
+With several ranks the gradient average is one flat NCCL all-reduce inside the graph
+(``grad_sync``), every rank capturing the same shapes in the same order.
+
 Requirements, checked by :func:`graphs_supported`: a CUDA device, no gradient
 accumulation, and an AdamW built with ``capturable=True`` and tensor learning rates
 (:func:`ctxkit.training.optim.build_adamw` with ``capturable=True``), whose learning
@@ -19,7 +22,7 @@ rate the scheduler updates in place.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Tuple  # noqa: F401
+from typing import Callable, Dict, Optional, Tuple  # noqa: F401
 
 import torch
 from torch import Tensor, nn
@@ -40,9 +43,13 @@ class GraphedTrainStep:
         optimizer: capturable AdamW with tensor learning rates.
         max_grad_norm: clip threshold (0 disables).
         autocast: ``autocast()`` context factory for the forward pass.
+        grad_sync: called between backward and clipping, e.g. the data-parallel gradient
+            average of :func:`ctxkit.training.speed.all_reduce_gradients` (captured too).
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float, autocast: Callable):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float, autocast: Callable,
+                 grad_sync: Optional[Callable[[], None]] = None):
+        self.grad_sync = grad_sync
         self.model = model
         self.optimizer = optimizer
         self.max_grad_norm = max_grad_norm
@@ -64,6 +71,8 @@ class GraphedTrainStep:
         with self.autocast():
             out = self.model(**batch)
         out["loss"].backward()
+        if self.grad_sync is not None:
+            self.grad_sync()
         if self.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.optimizer.step()

@@ -63,6 +63,19 @@ def polynomial_warmup_decay(optimizer: torch.optim.Optimizer, warmup_steps: int,
     return LambdaLR(optimizer, factor)
 
 
+def build_schedule(config, optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> LambdaLR:
+    """The schedule a :class:`~ctxkit.training.TrainConfig` names (``schedule``, ``schedule_power``).
+
+    Raises:
+        ValueError: for an unknown schedule name.
+    """
+    if config.schedule == "linear":
+        return linear_warmup_decay(optimizer, warmup_steps, total_steps)
+    if config.schedule == "polynomial":
+        return polynomial_warmup_decay(optimizer, warmup_steps, total_steps, power=config.schedule_power)
+    raise ValueError(f"schedule must be 'linear' or 'polynomial', got {config.schedule!r}")
+
+
 class Lamb(torch.optim.Optimizer):
     """LAMB (You et al. 2020): Adam's update rescaled per tensor by the trust ratio
     ``||w|| / ||update||``, so very large batches can use large learning rates.

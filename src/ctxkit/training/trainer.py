@@ -31,9 +31,10 @@ from tqdm.auto import tqdm
 
 from ..checkpoint import read_weights, save_weights
 from ..data.batching import collate, length_grouped_batches, sequential_batches
-from .distributed import all_reduce_mean, setup
+from .distributed import all_reduce_mean, broadcast_parameters, setup
 from .graphs import GraphedTrainStep, graphs_supported
-from .optim import build_adamw, build_lamb, linear_warmup_decay
+from .optim import build_adamw, build_lamb, build_schedule
+from .speed import all_reduce_gradients, compile_blocks, enable_activation_checkpointing
 
 __all__ = ["TrainConfig", "Trainer", "TrainResult", "predict", "resolve_device", "autocast", "set_seed"]
 
@@ -63,13 +64,19 @@ class TrainConfig:
         group_factor: batches are formed inside shuffled groups of ``batch_size *
             group_factor`` examples sorted by length (less padding); 0 = plain shuffling;
             None = the task's choice (:func:`ctxkit.tasks.finetune`), else 50.
-        compile: wrap the model in ``torch.compile``.
+        compile: ``torch.compile`` each Transformer layer (regional compilation; fused
+            elementwise kernels, still inside the CUDA graphs).
+        activation_checkpointing: recompute each encoder layer in the backward pass
+            (less memory, about a third more compute).
+        schedule: ``"linear"`` warmup + linear decay, or ``"polynomial"`` warmup +
+            ``(1 - progress) ** schedule_power`` decay.
+        schedule_power: exponent of the polynomial decay.
         progress: show tqdm progress bars.
         eval_each_epoch: evaluate (and keep the best epoch) after every epoch; when False
             only the final model is saved as ``best/`` (the caller evaluates it).
         save_checkpoints: write the resumable ``checkpoint/`` at epoch ends (and every
             ``save_every`` steps); when False a run cannot be resumed.
-        cuda_graphs: on CUDA without gradient accumulation or ``compile``, replay each
+        cuda_graphs: on CUDA without gradient accumulation, replay each
             training step as a CUDA graph (see :mod:`ctxkit.training.graphs`); sequence
             lengths are then padded to a multiple of ``max(pad_multiple, 16)``.
         peak_tflops: the device's peak bf16 matmul TFLOP/s, for the MFU in the log.
@@ -105,6 +112,9 @@ class TrainConfig:
     keep_last: int = 1
     optimizer: str = "adamw"
     max_minutes: Optional[float] = None
+    activation_checkpointing: bool = False
+    schedule: str = "linear"
+    schedule_power: float = 2.0
 
 
 @dataclass
@@ -266,8 +276,7 @@ class Trainer:
         # The schedule spans the full run even when max_steps stops it early, so a
         # stopped-then-resumed run follows the same learning-rate curve.
         self.graphed = None
-        # Graph capture of DDP's gradient all-reduce is not wired up yet: eager steps on several ranks.
-        use_graphs = config.cuda_graphs and not config.compile and self.world == 1 and graphs_supported(self.device, config.grad_accum)
+        use_graphs = config.cuda_graphs and graphs_supported(self.device, config.grad_accum)
         if config.optimizer == "lamb":
             use_graphs = False  # LAMB's per-tensor norms are plain Python here, not capturable
             self.optimizer = build_lamb(self.model, config.lr, config.weight_decay)
@@ -275,18 +284,24 @@ class Trainer:
             self.optimizer = build_adamw(self.model, config.lr, config.weight_decay, capturable=use_graphs)
         else:
             raise ValueError(f"optimizer must be 'adamw' or 'lamb', got {config.optimizer!r}")
-        self.scheduler = linear_warmup_decay(self.optimizer, int(config.warmup_ratio * total), total)
+        self.scheduler = build_schedule(config, self.optimizer, int(config.warmup_ratio * total), total)
+        if config.activation_checkpointing:
+            enable_activation_checkpointing(self.model)
+        if config.compile:
+            compile_blocks(self.model)
         self.forward = self.model
-        if self.world > 1:
+        if self.world > 1 and use_graphs:
+            broadcast_parameters(self.model)  # DDP's start-up sync, done by hand
+        elif self.world > 1:
             from torch.nn.parallel import DistributedDataParallel
 
             self.forward = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        if config.compile:
-            self.forward = torch.compile(self.forward, dynamic=True)
         self.pad_multiple = config.pad_multiple
         if use_graphs:
+            # Several ranks: the gradient average is a flat all-reduce inside the graph.
             self.graphed = GraphedTrainStep(self.model, self.optimizer, config.max_grad_norm,
-                                            lambda: autocast(self.device, config.precision, cache_enabled=False))
+                                            lambda: autocast(self.device, config.precision, cache_enabled=False),
+                                            grad_sync=(lambda: all_reduce_gradients(self.model.parameters())) if self.world > 1 else None)
             self.pad_multiple = max(config.pad_multiple, 16)  # few shapes -> few graphs
 
     # -- checkpoints ------------------------------------------------------------------
@@ -397,7 +412,7 @@ class Trainer:
         stopped = False
         for epoch in range(state["epoch"], n_epochs):
             batches = length_grouped_batches(self.lengths, self.micro_batch, cfg.seed, epoch, group_factor=50 if cfg.group_factor is None else cfg.group_factor)
-            if self.world > 1:  # every rank sees the same global batches and takes its share
+            if self.world > 1 and self.graphed is None:  # every rank sees the same global batches and takes its share
                 batches = [b[self.rank :: self.world] for b in batches]
             first = state["batch_in_epoch"] if epoch == state["epoch"] else 0
             # Whole optimiser steps only, so a partial final accumulation group is dropped.
@@ -406,6 +421,10 @@ class Trainer:
                 group = batches[b : b + cfg.grad_accum]
                 if self.graphed is not None:
                     cpu_batch = self._collate(group[0])
+                    if self.world > 1:
+                        # Collating the global batch and taking this rank's rows gives every
+                        # rank the same shapes, so all replay graphs captured together.
+                        cpu_batch = {k: v[self.rank :: self.world] for k, v in cpu_batch.items()}
                     seen += cpu_batch["input_ids"].shape[0]
                     tokens += int(cpu_batch["attention_mask"].sum()) if "attention_mask" in cpu_batch else cpu_batch["input_ids"].numel()
                     batch = _to(cpu_batch, self.device)

@@ -1,0 +1,47 @@
+"""Run under torchrun (gloo): the hand-written gradient average equals DDP's.
+
+Usage: python -m torch.distributed.run --nproc_per_node 2 grad_sync.py OUT.json
+"""
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from ctxkit.training.distributed import broadcast_parameters, setup
+from ctxkit.training.speed import all_reduce_gradients
+
+
+def main(out: str) -> None:
+    rank, world = setup("cpu")
+    torch.manual_seed(rank)  # different weights per rank: broadcast must fix that
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    broadcast_parameters(model)
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+    gathered = [torch.empty_like(weights) for _ in range(world)]
+    dist.all_gather(gathered, weights)
+    torch.manual_seed(100 + rank)  # each rank its own data
+    x = torch.randn(4, 6)
+    model(x).square().sum().backward()
+    manual = [p.grad.clone() for p in model.parameters()]
+    all_reduce_gradients(model.parameters())
+    synced = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp(x).square().sum().backward()
+    reference = [p.grad for p in model.parameters()]
+    if rank == 0:
+        result = {
+            "world": world,
+            "same_weights": all(torch.equal(g, gathered[0]) for g in gathered),
+            "max_diff_vs_ddp": max((a - b).abs().max().item() for a, b in zip(synced, reference)),
+            "local_differs": max((a - b).abs().max().item() for a, b in zip(manual, reference)) > 1e-3,
+        }
+        with open(out, "w") as f:
+            json.dump(result, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

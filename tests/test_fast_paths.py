@@ -1,0 +1,201 @@
+"""The speed paths compute the same numbers as the plain ones.
+
+Fused q/k/v projections, the sparse last layer of the pretraining model, the mask-free
+attention of unpadded batches and activation checkpointing are all exact rewrites; these
+tests hold them to that (values and gradients).
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from ctxkit.layers import MultiHeadAttention, TransformerEncoder
+from ctxkit.models import BertForPreTraining, get_preset
+from ctxkit.pretraining.masking import IGNORE_INDEX, MaskingConfig, MaskingIds, MLMCollator
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_fused_projections_equal_separate_ones():
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(32, 4).eval()
+    x, mem = torch.randn(2, 7, 32), torch.randn(2, 5, 32)
+
+    def reference(q_in, k_in, v_in):
+        split = attn._split_heads
+        q, k, v = split(attn.q_proj(q_in)), split(attn.k_proj(k_in)), split(attn.v_proj(v_in))
+        w = (q @ k.transpose(-1, -2) / 8 ** 0.5).softmax(-1)
+        return attn.out_proj((w @ v).transpose(1, 2).reshape(q_in.size(0), q_in.size(1), 32))
+
+    torch.testing.assert_close(attn(x)[0], reference(x, x, x), atol=1e-6, rtol=1e-5)  # q, k, v in one GEMM
+    torch.testing.assert_close(attn(x, mem)[0], reference(x, mem, mem), atol=1e-6, rtol=1e-5)  # k, v in one GEMM
+    other = torch.randn(2, 5, 32)
+    torch.testing.assert_close(attn(x, mem, other)[0], reference(x, mem, other), atol=1e-6, rtol=1e-5)
+
+
+def test_sparse_last_layer_equals_full_layer_values_and_grads():
+    torch.manual_seed(0)
+    for norm_first in (False, True):
+        enc = TransformerEncoder(3, 32, 4, 64, dropout=0.0, attention_dropout=0.0, norm_first=norm_first)
+        x = torch.randn(3, 10, 32, requires_grad=True)
+        mask = torch.tensor([[1] * 10, [1] * 6 + [0] * 4, [1] * 8 + [0] * 2]).bool()[:, None, None, :]
+        index = torch.tensor([[0, 3, 9], [0, 1, 5], [0, 7, 2]])
+        full = enc(x, mask).last_hidden_state
+        picked = full.gather(1, index[..., None].expand(-1, -1, 32))
+        sparse = enc(x, mask, output_positions=index).last_hidden_state
+        torch.testing.assert_close(sparse, picked, atol=1e-5, rtol=1e-5)
+        (g_full,) = torch.autograd.grad((picked * torch.arange(32.0)).sum(), x)
+        (g_sparse,) = torch.autograd.grad((sparse * torch.arange(32.0)).sum(), x)
+        torch.testing.assert_close(g_sparse, g_full, atol=1e-5, rtol=1e-4)
+        assert g_full.abs().sum() > 0
+
+
+def test_pretraining_losses_and_grads_with_sparse_last_layer_equal_dense_ones():
+    torch.manual_seed(0)
+    config = get_preset("bert_2_128_2").config.replace(vocab_size=300, max_position=64)
+    model = BertForPreTraining(config).eval()
+    ids = torch.randint(5, 300, (4, 16))
+    mask = torch.ones_like(ids)
+    mask[1, 11:] = 0
+    positions = torch.tensor([[1, 4, 7], [2, 3, 10], [5, 6, 15], [1, 2, 3]])
+    labels = ids.gather(1, positions)
+    labels[1, 2] = IGNORE_INDEX  # a padded prediction slot
+    ce = torch.nn.functional.cross_entropy
+
+    mlm, nsp = model(ids, torch.zeros_like(ids), mask, masked_positions=positions)
+    (ce(mlm.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX) + nsp.logsumexp(-1).sum()).backward()
+    sparse = _grads(model)
+    model.zero_grad()
+    mlm_full, nsp_full = model(ids, torch.zeros_like(ids), mask)
+    picked = mlm_full.gather(1, positions[..., None].expand(-1, -1, config.vocab_size))
+    (ce(picked.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX) + nsp_full.logsumexp(-1).sum()).backward()
+    dense = _grads(model)
+    torch.testing.assert_close(mlm, picked, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(nsp, nsp_full, atol=1e-5, rtol=1e-5)
+    assert sparse.keys() == dense.keys()
+    for name in dense:
+        torch.testing.assert_close(sparse[name], dense[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_collator_drops_the_mask_only_when_nothing_is_padded():
+    ids = MaskingIds(vocab_size=50, mask_id=3, special_ids=frozenset({0, 1, 2, 3}), pad_id=0)
+    collator = MLMCollator(ids, MaskingConfig(max_predictions=3), seed=0)
+
+    def feature(n):
+        return {"input_ids": [1] + list(range(10, 10 + n)) + [2], "token_type_ids": [0] * (n + 2),
+                "attention_mask": [1] * (n + 2), "next_sentence_label": 0}
+
+    assert "attention_mask" not in collator([feature(6), feature(6)])
+    padded = collator([feature(6), feature(4)])
+    assert padded["attention_mask"].tolist() == [[1] * 8, [1] * 6 + [0] * 2]
+
+    config = get_preset("bert_2_128_2").config.replace(vocab_size=50, max_position=16)
+    model = BertForPreTraining(config).eval()
+    x = torch.randint(4, 50, (2, 8))
+    torch.testing.assert_close(model(x, attention_mask=None)[0], model(x, attention_mask=torch.ones_like(x))[0])
+
+
+def test_activation_checkpointing_gives_the_same_gradients_with_dropout():
+    torch.manual_seed(0)
+    enc = TransformerEncoder(2, 32, 4, 64, dropout=0.1, attention_dropout=0.1).train()
+    x = torch.randn(2, 9, 32)
+    results = []
+    for ckpt in (False, True):
+        enc.checkpoint_layers = ckpt
+        enc.zero_grad()
+        torch.manual_seed(1)  # the same dropout masks; checkpointing replays them in backward
+        out = enc(x).last_hidden_state
+        (out * torch.linspace(-1, 1, 32)).sum().backward()
+        results.append((out.detach(), _grads(enc)))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    for name, g in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], g, msg=name)
+
+
+def test_flat_gradient_all_reduce_equals_ddp(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent / "helpers" / "grad_sync.py"
+    out = tmp_path / "sync.json"
+    import socket
+
+    with socket.socket() as sock:  # a free port, not a guessed one
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port), str(script), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["world"] == 2 and result["same_weights"]
+    assert result["local_differs"]  # the ranks' own gradients really differed before the average
+    assert result["max_diff_vs_ddp"] < 1e-6
+
+
+def _pretrain_steps(shards_dir, out, **config):
+    from ctxkit.pretraining.train import pretrain
+    from ctxkit.training import TrainConfig
+
+    cfg = TrainConfig(**{**dict(batch_size=8, lr=1e-3, warmup_ratio=0.25, device="cpu", progress=False, log_every=1,
+                                 eval_each_epoch=False, seed=3, max_steps=4, epochs=1), **config})
+    pretrain(shards_dir, "bert_2_128_2", out, cfg, masking=MaskingConfig(max_predictions=6))
+    import json
+
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return [r for r in records if r.get("event") == "train"]
+
+
+@pytest.fixture(scope="module")
+def small_shards(shared_data, minilm_dir, tmp_path_factory):
+    from ctxkit.pretraining import build_shards
+
+    out = tmp_path_factory.mktemp("shards")
+    build_shards([shared_data / "wikipedia-en-extract" / "AA" / "wiki_00.xz"], minilm_dir, out, max_seq_len=32,
+                 limit_docs=30, workers=1, show_progress=False)
+    return out
+
+
+def test_compiled_layers_and_checkpointing_train_like_eager(small_shards, tmp_path, monkeypatch):
+    from ctxkit.models import presets
+
+    # No dropout, so the compiled kernels (with their own RNG) must give the eager losses.
+    base = presets.get_preset("bert_2_128_2")
+    quiet = dataclasses.replace(base, config=base.config.replace(dropout=0.0, attention_dropout=0.0))
+    monkeypatch.setitem(presets.PRESETS, "bert_2_128_2", quiet)
+    eager = [r["loss"] for r in _pretrain_steps(small_shards, tmp_path / "eager")]
+    compiled = [r["loss"] for r in _pretrain_steps(small_shards, tmp_path / "compiled", compile=True)]
+    ckpt = [r["loss"] for r in _pretrain_steps(small_shards, tmp_path / "ckpt", activation_checkpointing=True)]
+    assert len(eager) == 4 and eager[0] > eager[-1]
+    assert compiled == pytest.approx(eager, abs=2e-4)
+    assert ckpt == pytest.approx(eager, abs=1e-5)
+
+
+def test_polynomial_schedule_from_config_and_cli(small_shards, tmp_path, capsys):
+    import json
+
+    from ctxkit.cli import main
+    from ctxkit.training import TrainConfig
+    from ctxkit.training.optim import build_schedule
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_schedule(TrainConfig(schedule="polynomial", schedule_power=2.0), opt, warmup_steps=2, total_steps=10)
+    lrs = []
+    for _ in range(10):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([0.5, 1.0] + [(1 - i / 8) ** 2 for i in range(8)])
+    with pytest.raises(ValueError, match="schedule must be"):
+        build_schedule(TrainConfig(schedule="cosine"), opt, 1, 10)
+    rc = main(["pretrain", "--data", str(small_shards), "--preset", "bert_2_128_2", "--out", str(tmp_path / "run"), "--max-steps", "2",
+               "--batch-size", "4", "--device", "cpu", "--no-progress", "--schedule", "polynomial", "--schedule-power", "3",
+               "--activation-checkpointing"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["steps"] == 2
+    start = json.loads((tmp_path / "run" / "log.jsonl").read_text().splitlines()[0])["config"]
+    assert (start["schedule"], start["schedule_power"], start["activation_checkpointing"]) == ("polynomial", 3.0, True)
