@@ -1,27 +1,51 @@
-"""DDP under torchrun on CPU (gloo, 2 processes) trains exactly like one process on the
-same global batches: same logged losses, same weights."""
+"""Data parallelism under torchrun on CPU (gloo, 2 processes).
+
+DDP and FSDP2 (``parallel="fsdp"``) train exactly like one process on the same global
+batches: same logged losses, same weights. Under FSDP, checkpoints hold the gathered
+(unsharded) state in the single-process layout, resume is exact, and ``pretrain`` writes
+the gathered model.
+"""
 
 import json
 import os
+import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-SCRIPT = Path(__file__).resolve().parent / "helpers" / "ddp_train.py"
+HELPERS = Path(__file__).resolve().parent / "helpers"
+SCRIPT = HELPERS / "ddp_train.py"
+FSDP_SCRIPT = HELPERS / "fsdp_train.py"
+
+
+def _free_port() -> int:
+    # The OS picks a port nobody holds; torchrun binds it a moment later.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(script: Path, args: list, nproc: int) -> None:
+    cmd = [sys.executable, str(script), *map(str, args)]
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(_free_port())] + cmd[1:]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _losses(run: Path) -> list:
+    return [r["loss"] for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["event"] == "train"]
 
 
 def _run(tmp_path, name, nproc, grad_accum):
     out = tmp_path / name
-    cmd = [sys.executable, str(SCRIPT), str(out), str(grad_accum)]
-    if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(29500 + os.getpid() % 1000)] + cmd[1:]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in log if r["event"] == "train"], json.loads((out / "result.json").read_text())
+    _launch(SCRIPT, [out, grad_accum], nproc)
+    return _losses(out), json.loads((out / "result.json").read_text())
 
 
 @pytest.mark.parametrize("grad_accum", [1, 2])
@@ -34,3 +58,134 @@ def test_ddp_two_processes_equal_one_process(tmp_path, grad_accum):
     for key, w in single["weights"].items():
         flat = [x for row in w for x in row]
         assert [x for row in ddp["weights"][key] for x in row] == pytest.approx(flat, abs=1e-5)
+
+
+# -- FSDP2 ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fsdp_toy(tmp_path_factory):
+    """The toy runs of helpers/fsdp_train.py in 1 process and in 2 FSDP processes."""
+    root = tmp_path_factory.mktemp("fsdp_toy")
+    _launch(FSDP_SCRIPT, ["toy", root / "one"], 1)
+    _launch(FSDP_SCRIPT, ["toy", root / "two", root / "one"], 2)
+    return root / "one", root / "two"
+
+
+def _result(run: Path) -> dict:
+    return json.loads((run / "result.json").read_text())
+
+
+def _assert_same_weights(a: dict, b: dict, abs_tol: float) -> None:
+    assert set(a) == set(b)
+    for key in a:
+        assert b[key] == pytest.approx(a[key], abs=abs_tol), key
+
+
+def test_unknown_parallel_value_is_rejected(tmp_path):
+    sys.path.insert(0, str(HELPERS.parent))
+    from test_trainer import _model, _toy_features
+
+    from ctxkit.training import TrainConfig, Trainer
+
+    with pytest.raises(ValueError, match="parallel must be 'ddp' or 'fsdp', got 'zero3'"):
+        Trainer(_model(), _toy_features(8), TrainConfig(device="cpu", parallel="zero3"), tmp_path)
+
+
+def test_fsdp_two_processes_equal_one_process(fsdp_toy):
+    one, two = fsdp_toy
+    single, sharded = _result(one), _result(two)
+    assert single["world"] == 1 and sharded["world"] == 2
+    # full: AdamW with gradient accumulation; lamb: LAMB with activation checkpointing.
+    for run in ("full", "lamb"):
+        assert len(_losses(two / run)) == len(_losses(one / run)) == 8
+        assert _losses(two / run) == pytest.approx(_losses(one / run), abs=1e-5)
+        _assert_same_weights(single[run], sharded[run], 1e-5)
+    # The comparison means something only if training moved the weights well past 1e-5.
+    sys.path.insert(0, str(HELPERS.parent))
+    from test_trainer import _model
+
+    init = {k: v.flatten() for k, v in _model(0.0).state_dict().items()}
+    assert max((torch.tensor(sharded["full"][k]) - init[k]).abs().max().item() for k in init) > 1e-3
+
+
+def test_fsdp_checkpoint_and_best_hold_the_gathered_state(fsdp_toy):
+    from ctxkit.checkpoint import read_weights
+
+    one, two = fsdp_toy
+    # Same files, same layout as one process (integer optimiser ids): interchangeable.
+    w1, w2 = read_weights(one / "full" / "checkpoint"), read_weights(two / "full" / "checkpoint")
+    assert set(w1) == set(w2)
+    assert all(torch.allclose(w1[k], w2[k], atol=1e-5) for k in w1)
+    o1, o2 = (torch.load(run / "full" / "checkpoint" / "optimizer.pt", weights_only=True) for run in (one, two))
+    assert o1["scheduler"] == o2["scheduler"]
+    assert [g["params"] for g in o1["optimizer"]["param_groups"]] == [g["params"] for g in o2["optimizer"]["param_groups"]]
+    assert set(o1["optimizer"]["state"]) == set(o2["optimizer"]["state"])
+    for i, state in o1["optimizer"]["state"].items():
+        for name, value in state.items():
+            assert torch.allclose(value, o2["optimizer"]["state"][i][name], atol=1e-6), (i, name)
+    # save_best received the unsharded model with the gathered weights.
+    best, gathered = read_weights(two / "full" / "best"), _result(two)["full"]
+    assert {k: v.flatten().tolist() for k, v in best.items()} == gathered
+    assert _result(two)["evaluate_error"] == ("fsdp is supported for runs without per-epoch evaluation, e.g. pretrain; "
+                                              "use --parallel ddp for fine-tuning")
+
+
+def test_fsdp_resume_equals_uninterrupted(fsdp_toy):
+    _, two = fsdp_toy
+    state = json.loads((two / "cut" / "checkpoint" / "trainer_state.json").read_text())
+    assert state["step"] == 8
+    assert len(_losses(two / "full")) == 8
+    # Stopped mid-epoch at step 3, resumed by a fresh sharded model and optimiser.
+    assert _losses(two / "cut") == pytest.approx(_losses(two / "full"), abs=1e-6)
+    _assert_same_weights(_result(two)["full"], _result(two)["cut"], 1e-6)
+
+
+def test_fsdp_resumes_a_single_process_checkpoint(fsdp_toy):
+    one, two = fsdp_toy
+    # cross: one process stopped at step 3, two FSDP ranks took over from its checkpoint.
+    assert _losses(two / "cross")[:3] == _losses(one / "cut3")
+    assert _losses(two / "cross") == pytest.approx(_losses(one / "full"), abs=1e-5)
+    _assert_same_weights(_result(one)["full"], _result(two)["cross"], 1e-5)
+
+
+def test_time_budget_stops_every_rank_at_the_same_step(fsdp_toy):
+    # Budget spent at once: the stop decision (rank 0's, broadcast under torchrun) comes at
+    # the first step, and the checkpoint gathered there is complete.
+    for run in fsdp_toy:
+        state = json.loads((run / "budget" / "checkpoint" / "trainer_state.json").read_text())
+        assert (state["step"], state["batch_in_epoch"]) == (1, 2)
+
+
+def _synthetic_shards(root: Path) -> Path:
+    """A small random-word corpus, its WordPiece vocabulary and pretraining shards."""
+    from ctxkit.pretraining import build_shards
+    from ctxkit.pretraining.shards import train_vocab
+
+    rng = random.Random(0)
+    words = [f"w{a}{b}" for a in "abcdefgh" for b in "klmnop"] + ["the", "a", "river", "bank", "money", "runs"]
+    docs = ["\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))) + "." for _ in range(rng.randint(3, 8)))
+            for _ in range(60)]
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n\n".join(docs), encoding="utf-8")
+    train_vocab([corpus], 150, root / "vocab", show_progress=False)
+    build_shards([corpus], root / "vocab", root / "shards", max_seq_len=32, workers=1, show_progress=False, format="blank")
+    return root / "shards"
+
+
+def test_fsdp_pretrain_writes_the_gathered_model(tmp_path):
+    from ctxkit.checkpoint import read_weights
+    from ctxkit.models import BertForPreTraining, load_bert
+
+    _launch(FSDP_SCRIPT, ["pretrain", tmp_path, _synthetic_shards(tmp_path)], 2)
+    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
+    assert len(_losses(fsdp)) == 5
+    assert _losses(fsdp) == pytest.approx(_losses(ddp), abs=1e-5)
+    assert json.loads((fsdp / "summary.json").read_text())["steps"] == 5
+    model = load_bert(fsdp / "final", with_heads=True)
+    assert isinstance(model, BertForPreTraining)
+    final, gathered = model.state_dict(), read_weights(fsdp / "checkpoint")  # checkpoint: gathered at the last step
+    assert {"bert." + k for k in final} == set(gathered)
+    assert all(torch.equal(final[k], gathered["bert." + k]) for k in final)
+    reference = load_bert(ddp / "final", with_heads=True).state_dict()
+    assert all(torch.allclose(final[k], reference[k], atol=1e-5) for k in final)

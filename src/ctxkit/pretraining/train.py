@@ -3,7 +3,8 @@
 The MLM head projects to the vocabulary only at the masked positions (the collator
 gathers them first), which saves most of the largest matrix product of the step. Training
 itself is the shared :class:`~ctxkit.training.Trainer` (warmup + linear decay, bf16,
-whole-step CUDA graphs, exact resume including the masking RNG).
+whole-step CUDA graphs, exact resume including the masking RNG, DDP or FSDP2 under
+torchrun).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -85,7 +87,9 @@ def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: Tra
         shards: folder written by ``ctxkit pretrain-data``.
         preset: architecture (``bert_4_256_4``...); its vocabulary size comes from the shards.
         out_dir: run folder (``log.jsonl``, ``curve.png``, ``checkpoint/``, ``final/``).
-        config: hyper-parameters (``max_steps`` bounds the run; epochs otherwise).
+        config: hyper-parameters (``max_steps`` bounds the run; epochs otherwise). Under
+            ``torchrun`` with ``config.parallel="fsdp"`` the model is sharded over the
+            ranks and gathered onto rank 0 to write ``final/``.
         tokenizer_dir: the tokenizer the shards were built with (default: the path recorded
             in their ``meta.json``); saved next to the final model so it can be fine-tuned.
         masking: dynamic masking settings.
@@ -110,10 +114,22 @@ def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: Tra
                       flops_per_token=lambda seq: training_flops_per_token(arch, seq, masking.mask_prob))
     result = trainer.train(resume=resume)
     final = Path(out_dir) / "final"
-    save_bert(model.bert, final, tokenizer)
+    if trainer.sharded:
+        # Under FSDP each rank holds only shards of ``model``: gather the weights (every
+        # rank takes part) into an unsharded copy on rank 0, which alone writes.
+        state = trainer.full_state_dict()
+        model = None
+        if trainer.rank == 0:
+            model = PretrainingModel(arch)
+            model.load_state_dict(state)
+    if model is not None:
+        save_bert(model.bert, final, tokenizer)
     log = [json.loads(line) for line in (Path(out_dir) / "log.jsonl").read_text().splitlines()]
     last = next((r for r in reversed(log) if r.get("event") == "train"), {})
     summary = {"preset": preset, "steps": result.steps, "wall_time_s": round(result.wall_time, 1), "final": str(final),
                **{k: last[k] for k in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "seq_per_s", "tokens_per_s", "mfu") if k in last}}
-    (Path(out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if model is not None:
+        (Path(out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if trainer.sharded:
+        torch.distributed.barrier()  # final/ is complete when any rank returns
     return summary

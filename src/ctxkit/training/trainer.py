@@ -31,7 +31,8 @@ from tqdm.auto import tqdm
 
 from ..checkpoint import read_weights, save_weights
 from ..data.batching import collate, length_grouped_batches, sequential_batches
-from .distributed import all_reduce_mean, broadcast_parameters, setup
+from .distributed import (agree, all_reduce_mean, broadcast_parameters, cpu_copy, full_model_state, full_optimizer_state, load_full_state,
+                          setup, shard_model)
 from .graphs import GraphedTrainStep, graphs_supported
 from .optim import build_adamw, build_lamb, build_schedule
 from .speed import all_reduce_gradients, compile_blocks, enable_activation_checkpointing
@@ -84,7 +85,12 @@ class TrainConfig:
             ``checkpoint-step{N}/`` folders for the previous ``keep_last - 1``.
         optimizer: ``"adamw"`` or ``"lamb"`` (layer-wise trust ratio, for large batches).
         max_minutes: wall-clock budget; training stops (with a resumable checkpoint) at the
-            first step past it. The schedule still spans the full run.
+            first step past it (first log step with several ranks). The schedule still
+            spans the full run.
+        parallel: several ranks under ``torchrun``: ``"ddp"`` replicates the model;
+            ``"fsdp"`` shards weights, gradients and optimiser state (FSDP2 ``fully_shard``
+            per Transformer layer, then the whole model; no CUDA graphs, no ``evaluate``).
+            Checkpoints hold the same unsharded files either way. Ignored in one process.
     """
 
     epochs: float = 3.0
@@ -115,6 +121,7 @@ class TrainConfig:
     activation_checkpointing: bool = False
     schedule: str = "linear"
     schedule_power: float = 2.0
+    parallel: str = "ddp"
 
 
 @dataclass
@@ -228,6 +235,10 @@ class Trainer:
         flops_per_token: training FLOPs per token, given the mean sequence length; with
             ``config.peak_tflops`` the log reports model FLOPs utilisation (MFU).
 
+    Raises:
+        ValueError: for inconsistent settings, e.g. FSDP on several ranks with ``evaluate``
+            (rank 0 alone would evaluate a model whose weights are spread over all ranks).
+
     Examples may be any sequence with ``__len__``/``__getitem__`` (e.g. memory-mapped
     shards); a ``lengths`` attribute, when present, saves reading every example.
     """
@@ -247,6 +258,8 @@ class Trainer:
     ):
         if not len(train_features):
             raise ValueError("no training examples")
+        if config.parallel not in ("ddp", "fsdp"):
+            raise ValueError(f"parallel must be 'ddp' or 'fsdp', got {config.parallel!r}")
         if config.batch_size % config.grad_accum:
             raise ValueError(f"batch_size {config.batch_size} is not divisible by grad_accum {config.grad_accum}")
         self.config = config
@@ -264,6 +277,9 @@ class Trainer:
         self.greater_is_better = greater_is_better
         self.save_best = save_best
         self.rank, self.world = setup(self.device.type)
+        self.sharded = config.parallel == "fsdp" and self.world > 1
+        if self.sharded and evaluate is not None:
+            raise ValueError("fsdp is supported for runs without per-epoch evaluation, e.g. pretrain; use --parallel ddp for fine-tuning")
         if self.device.type == "cuda" and self.world > 1:
             self.device = torch.device("cuda", torch.cuda.current_device())
             self.model = self.model.to(self.device)
@@ -276,23 +292,28 @@ class Trainer:
         # The schedule spans the full run even when max_steps stops it early, so a
         # stopped-then-resumed run follows the same learning-rate curve.
         self.graphed = None
-        use_graphs = config.cuda_graphs and graphs_supported(self.device, config.grad_accum)
-        if config.optimizer == "lamb":
-            use_graphs = False  # LAMB's per-tensor norms are plain Python here, not capturable
-            self.optimizer = build_lamb(self.model, config.lr, config.weight_decay)
-        elif config.optimizer == "adamw":
-            self.optimizer = build_adamw(self.model, config.lr, config.weight_decay, capturable=use_graphs)
-        else:
+        if config.optimizer not in ("adamw", "lamb"):
             raise ValueError(f"optimizer must be 'adamw' or 'lamb', got {config.optimizer!r}")
-        self.scheduler = build_schedule(config, self.optimizer, int(config.warmup_ratio * total), total)
+        # Not capturable: LAMB's per-tensor norms (plain Python here) and FSDP's collectives
+        # (issued from Python hooks).
+        use_graphs = (config.cuda_graphs and config.optimizer == "adamw" and not self.sharded
+                      and graphs_supported(self.device, config.grad_accum))
+        # Under FSDP rank 0 keeps an unsharded CPU twin to hand gathered weights to save_best.
+        self._twin = cpu_copy(self.model) if self.sharded and save_best is not None and self.rank == 0 else None
         if config.activation_checkpointing:
             enable_activation_checkpointing(self.model)
         if config.compile:
-            compile_blocks(self.model)
-        self.forward = self.model
+            compile_blocks(self.model)  # before sharding, as FSDP2 expects of compiled blocks
+        if self.sharded:
+            shard_model(self.model, self.device)
+        # Built after sharding: the optimiser must hold FSDP's DTensor shards.
+        self.optimizer = (build_lamb(self.model, config.lr, config.weight_decay) if config.optimizer == "lamb"
+                          else build_adamw(self.model, config.lr, config.weight_decay, capturable=use_graphs))
+        self.scheduler = build_schedule(config, self.optimizer, int(config.warmup_ratio * total), total)
+        self.forward = self.model  # fully_shard works in place: no wrapper
         if self.world > 1 and use_graphs:
             broadcast_parameters(self.model)  # DDP's start-up sync, done by hand
-        elif self.world > 1:
+        elif self.world > 1 and not self.sharded:
             from torch.nn.parallel import DistributedDataParallel
 
             self.forward = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
@@ -306,12 +327,22 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------
 
-    def _save_checkpoint(self, state: dict) -> None:
+    def full_state_dict(self) -> Optional[Dict[str, torch.Tensor]]:
+        """The model's full (unsharded) weights as CPU tensors (sharing memory with a CPU model).
+
+        Under FSDP a collective that every rank must call: rank 0 gets the dict, others None.
+        """
+        if self.sharded:
+            state = full_model_state(self.model)
+            return state if self.rank == 0 else None
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+
+    def _save_checkpoint(self, state: dict, weights: Dict[str, torch.Tensor], optimizer_state: dict) -> None:
         final = self.out_dir / "checkpoint"
         tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.", dir=self.out_dir))
         try:
-            save_weights(self.model.state_dict(), tmp / "model.safetensors")
-            extra = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "rng": _rng_state()}
+            save_weights(weights, tmp / "model.safetensors")
+            extra = {"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(), "rng": _rng_state()}
             if hasattr(self.collate_fn, "state_dict"):
                 extra["collator"] = self.collate_fn.state_dict()
             torch.save(extra, tmp / "optimizer.pt")
@@ -348,9 +379,13 @@ class Trainer:
             else:
                 raise FileNotFoundError(f"{self.out_dir}: no checkpoint to resume from")
         state = json.loads((folder / "trainer_state.json").read_text())
-        self.model.load_state_dict(read_weights(folder))
+        weights = read_weights(folder)
         extra = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
-        self.optimizer.load_state_dict(extra["optimizer"])
+        if self.sharded:  # every rank read the whole checkpoint and keeps its shard
+            load_full_state(self.model, self.optimizer, weights, extra["optimizer"])
+        else:
+            self.model.load_state_dict(weights)
+            self.optimizer.load_state_dict(extra["optimizer"])
         self.scheduler.load_state_dict(extra["scheduler"])
         _set_rng_state(extra["rng"])
         if "collator" in extra and hasattr(self.collate_fn, "load_state_dict"):
@@ -449,7 +484,10 @@ class Trainer:
                     bar.set_postfix(loss=f"{means['loss']:.4f}", lr=f"{record['lr']:.2e}", seq_s=f"{record['seq_per_s']:.0f}",
                                     **({"mfu": f"{record['mfu']:.2f}"} if "mfu" in record else {}))
                     running, running_n, seen, tokens, interval_start = {}, 0, 0, 0, now
-                if cfg.max_minutes is not None and time.time() - start > 60 * cfg.max_minutes and step < self.total_steps:
+                # Several ranks: rank 0's clock decides, so all stop at the same step, and only at
+                # log steps, which sync anyway (a broadcast per step would stall the GPU queue).
+                due = cfg.max_minutes is not None and (self.world == 1 or step % cfg.log_every == 0)
+                if due and agree(time.time() - start > 60 * cfg.max_minutes and step < self.total_steps, self.device):
                     logger.info("time budget of %.1f min reached at step %d", cfg.max_minutes, step)
                     self._checkpoint(state, epoch, b + cfg.grad_accum, step, losses)
                     stopped = True
@@ -505,9 +543,11 @@ class Trainer:
             cpu_batch = self._collate(idx)
             n_tokens += int(cpu_batch["attention_mask"].sum()) if "attention_mask" in cpu_batch else cpu_batch["input_ids"].numel()
             batch = _to(cpu_batch, self.device)
-            # DDP: all-reduce gradients only after the last micro-batch of the step.
+            # DDP / FSDP: all-reduce (reduce-scatter) gradients only after the last micro-batch.
             no_sync = getattr(self.forward, "no_sync", None)
             quiet = no_sync() if no_sync is not None and j < len(group) - 1 else contextlib.nullcontext()
+            if self.sharded:
+                self.model.set_requires_gradient_sync(j == len(group) - 1)
             with quiet:
                 with autocast(self.device, cfg.precision):
                     out = self.forward(**batch)
@@ -526,17 +566,29 @@ class Trainer:
 
     def _checkpoint(self, state: dict, epoch: int, batch_in_epoch: int, step: int, losses: list) -> None:
         state.update(epoch=epoch, batch_in_epoch=batch_in_epoch, step=step, losses=[float(v) for v in losses])
-        if self.config.save_checkpoints and self.rank == 0:
-            self._save_checkpoint(state)
+        if self.config.save_checkpoints and (self.sharded or self.rank == 0):
+            # Under FSDP every rank sends its shards and rank 0 receives the whole state.
+            weights = full_model_state(self.model) if self.sharded else self.model.state_dict()
+            optimizer_state = full_optimizer_state(self.model, self.optimizer) if self.sharded else self.optimizer.state_dict()
+            if self.rank == 0:
+                self._save_checkpoint(state, weights, optimizer_state)
 
     def _end_epoch(self, state: dict, epoch: int, step: int, losses: list, start: float) -> None:
+        last = step >= self.total_steps or epoch + 1 >= math.ceil(self.config.epochs)
+        best_model = self.model
+        if self.sharded and self.save_best is not None and (last or self.config.eval_each_epoch):
+            # Exactly when the branches below save without evaluating (FSDP has no evaluate):
+            # every rank gathers before rank 0 goes its own way; rank 0's CPU twin takes the weights.
+            full = self.full_state_dict()
+            if full is not None:
+                self._twin.load_state_dict(full)
+            best_model = self._twin
         if self.rank != 0:  # evaluation, best model and plots belong to rank 0
             self._checkpoint(state, epoch + 1, 0, step, losses)
             return
-        last = step >= self.total_steps or epoch + 1 >= math.ceil(self.config.epochs)
         if not self.config.eval_each_epoch:
             if last and self.save_best is not None:
-                self.save_best(self.model, self.out_dir / "best")
+                self.save_best(best_model, self.out_dir / "best")
                 state["best_epoch"] = epoch
         elif self.evaluate is not None:
             metrics = self.evaluate(self.model)
@@ -554,6 +606,6 @@ class Trainer:
                 if self.save_best is not None:
                     self.save_best(self.model, self.out_dir / "best")
         elif self.save_best is not None:
-            self.save_best(self.model, self.out_dir / "best")
+            self.save_best(best_model, self.out_dir / "best")
         self._checkpoint(state, epoch + 1, 0, step, losses)
         self._plot([(i + 1, float(v)) for i, v in enumerate(losses)], state["history"])
