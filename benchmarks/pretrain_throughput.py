@@ -15,8 +15,10 @@ Writes speed records to benchmarks/results/pretrain_throughput.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
+import os
 import shlex
 import sys
 import time
@@ -31,6 +33,7 @@ from ctxkit.models import get_preset  # noqa: E402
 from ctxkit.pretraining.train import PretrainingModel, training_flops_per_token  # noqa: E402
 from ctxkit.training import build_adamw  # noqa: E402
 from ctxkit.training.graphs import GraphedTrainStep  # noqa: E402
+from ctxkit.training.speed import all_reduce_gradients, compile_blocks, set_stream_dtype  # noqa: E402
 
 
 def measured_peak_tflops(n: int = 8192, reps: int = 20) -> float:
@@ -56,7 +59,9 @@ def make_batch(cfg, batch: int, seq: int, n_masked: int, seed: int = 0) -> dict:
     labels = torch.full_like(ids, -100).scatter(1, positions, masked_labels)
     nsp = torch.randint(0, 2, (batch,), generator=g)
     common = {"input_ids": ids, "token_type_ids": types, "attention_mask": torch.ones_like(ids)}
-    ours = {**common, "masked_positions": positions, "masked_labels": masked_labels, "next_sentence_label": nsp}
+    # ctxkit's collator leaves the mask out of batches without padding (HF drops an
+    # all-ones mask itself in eager mode); both then run mask-free flash attention.
+    ours = {"input_ids": ids, "token_type_ids": types, "masked_positions": positions, "masked_labels": masked_labels, "next_sentence_label": nsp}
     hf = {**common, "labels": labels, "next_sentence_label": nsp}
     return {k: {n: t.cuda() for n, t in v.items()} for k, v in (("ours", ours), ("hf", hf))}
 
@@ -72,15 +77,74 @@ def time_steps(step, warmup: int, steps: int) -> float:
     return (time.perf_counter() - t) / steps
 
 
-def run_ctxkit(cfg, batch) -> float:
+# A ctxkit configuration is "graphs" plus options joined by "+":
+#   compile        torch.compile each Transformer layer (what `--compile` of the trainer does)
+#   compile-model  torch.compile the whole model (embeddings, heads and losses fused too)
+#   bf16res        bf16 residual stream under autocast (ctxkit.training.speed.set_stream_dtype)
+#   flash|cudnn|efficient  force one SDPA backend (default: PyTorch's choice)
+#   nodrop         dropout off -- diagnostic only, never recorded against the peers
+#   coordesc       with compile: Inductor's coordinate-descent tuning of its Triton kernels
+#   autotune       with compile-model: mode="max-autotune-no-cudagraphs" (GEMM templates with
+#                  fused epilogues compete with cuBLAS; minutes of autotuning)
+#   bf16grad       with --scaling: all-reduce the gradients in bf16 (TrainConfig.grad_reduce_dtype)
+OPTIONS = ("compile", "compile-model", "bf16res", "flash", "cudnn", "efficient", "nodrop", "coordesc", "autotune", "bf16grad")
+
+
+def parse_variant(name: str) -> set:
+    head, *opts = name.split("+")
+    if head != "graphs" or any(o not in OPTIONS for o in opts):
+        raise SystemExit(f"unknown variant {name!r}: 'graphs' then '+'-joined options from {OPTIONS}")
+    return set(opts)
+
+
+def build_ctxkit(cfg, variant: str, grad_sync=None):
+    opts = parse_variant(variant)
+    if "nodrop" in opts:
+        cfg = cfg.replace(dropout=0.0, attention_dropout=0.0)
     torch.manual_seed(0)
     model = PretrainingModel(cfg).cuda().train()
+    if "bf16res" in opts:
+        set_stream_dtype(model, torch.bfloat16)
+    torch._inductor.config.coordinate_descent_tuning = "coordesc" in opts
+    if "compile" in opts:
+        compile_blocks(model)
+    elif "compile-model" in opts:
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        model.compile(mode="max-autotune-no-cudagraphs" if "autotune" in opts else "default")
     opt = build_adamw(model, 1e-4, 0.01, capturable=True)
-    step = GraphedTrainStep(model, opt, 1.0, lambda: torch.autocast("cuda", torch.bfloat16, cache_enabled=False))
-    return time_steps(lambda: step(batch), 3, args_steps)
+    return GraphedTrainStep(model, opt, 1.0, lambda: torch.autocast("cuda", torch.bfloat16, cache_enabled=False), grad_sync=grad_sync)
 
 
-def run_hf(cfg, batch, compile_model: bool) -> float:
+def sdpa_backend(variant: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = parse_variant(variant) & {"flash", "cudnn", "efficient"}
+    names = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    return sdpa_kernel([names[c] for c in chosen]) if chosen else contextlib.nullcontext()
+
+
+def run_ctxkit(cfg, batch, variant: str = "graphs") -> float:
+    with sdpa_backend(variant):
+        step = build_ctxkit(cfg, variant)
+        return time_steps(lambda: step(batch), 3, args_steps)
+
+
+def profile_ctxkit(cfg, batch, variant: str, rows: int = 30) -> str:
+    """Kernel time table of eager (un-graphed) steps, to see where a step goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step = build_ctxkit(cfg, variant)
+    for _ in range(3):  # (the SDPA backend is PyTorch's choice here)
+        step.eager(batch)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step.eager(batch)
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=90)
+
+
+def run_hf(cfg, batch, compile_model: bool, ddp: bool = False) -> float:
     import transformers
 
     hf_cfg = transformers.BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
@@ -88,7 +152,8 @@ def run_hf(cfg, batch, compile_model: bool) -> float:
     torch.manual_seed(0)
     model = transformers.BertForPreTraining(hf_cfg).cuda().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
-    fwd = torch.compile(model) if compile_model else model
+    fwd = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
+    fwd = torch.compile(fwd) if compile_model else fwd
 
     def step():
         with torch.autocast("cuda", torch.bfloat16):
@@ -104,6 +169,58 @@ def run_hf(cfg, batch, compile_model: bool) -> float:
 args_steps = 20
 
 
+def scaling(cfg, args, command: str) -> int:
+    """Under torchrun: 1-GPU throughput on rank 0, then all ranks with the gradient all-reduce
+    (weak scaling: --batch sequences per GPU). Writes one ``scaling`` record."""
+    import torch.distributed as dist
+    import transformers
+
+    from ctxkit.training.distributed import setup
+
+    rank, world = setup("cuda")
+    batch = make_batch(cfg, args.batch, args.seq, args.masked, seed=rank)
+    measured = {}
+    for side in ("ctxkit", "hf") if args.hf_scaling_peer else ("ctxkit",):
+        if rank == 0:
+            one = run_ctxkit(cfg, batch["ours"], args.scaling_variant) if side == "ctxkit" else run_hf(cfg, batch["hf"], False)
+            print(f"{side} 1 GPU: {args.batch / one:.0f} seq/s", flush=True)
+        dist.barrier()
+        if side == "ctxkit":
+            holder = {}
+            backend = sdpa_backend(args.scaling_variant)
+            backend.__enter__()
+            reduce_dtype = torch.bfloat16 if "bf16grad" in parse_variant(args.scaling_variant) else None
+            step = build_ctxkit(cfg, args.scaling_variant, grad_sync=lambda: all_reduce_gradients(holder["model"].parameters(), reduce_dtype))
+            holder["model"] = step.model
+            many = time_steps(lambda: step(batch["ours"]), 3, args_steps)
+            backend.__exit__(None, None, None)
+        else:
+            many = run_hf(cfg, batch["hf"], False, ddp=True)
+        if rank == 0:
+            measured[side] = (args.batch / one, world * args.batch / many)
+            print(f"{side} {world} GPUs: {world * args.batch / many:.0f} seq/s ({measured[side][1] / measured[side][0]:.3f}x)", flush=True)
+        dist.barrier()
+    if rank == 0:
+        ours = measured["ctxkit"][1] / measured["ctxkit"][0]
+        record = {
+            "benchmark": "pretrain_scaling", "case": f"{args.preset}, seq {args.seq}, {args.batch} seq per GPU, bf16, {world} GPUs vs 1 ({args.scaling_variant})",
+            "metric": "scaling", "unit": "x (N-GPU / 1-GPU seq/s)", "ctxkit": round(ours, 3),
+            "ctxkit_seq_per_s": [round(v, 1) for v in measured["ctxkit"]],
+            "device": f"{world}x {torch.cuda.get_device_name(0)}", "date": datetime.date.today().isoformat(), "command": command,
+        }
+        if "hf" in measured:
+            theirs = measured["hf"][1] / measured["hf"][0]
+            record.update(peer_name=f"transformers {transformers.__version__} BertForPreTraining + DDP (sdpa, eager)", peer=round(theirs, 3),
+                          speedup=round(ours / theirs, 3), peer_seq_per_s=[round(v, 1) for v in measured["hf"]])
+        print(json.dumps(record, indent=1))
+        Path(args.results).write_text(json.dumps([record], indent=1) + "\n")
+    dist.barrier()
+    # destroy_process_group() hung here once the communicator had been used inside CUDA
+    # graphs that are still alive; everything is written, so leave at once.
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def main(argv=None) -> int:
     global args_steps
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -113,7 +230,14 @@ def main(argv=None) -> int:
     parser.add_argument("--masked", type=int, default=20)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--no-compile", action="store_true", help="skip the HF + torch.compile peer")
-    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "pretrain_throughput.json"))
+    parser.add_argument("--variants", default="graphs,graphs+compile-model+bf16res",
+                        help="ctxkit configurations to time, comma-separated (see OPTIONS); the fastest one with "
+                             "dropout is recorded against the peers")
+    parser.add_argument("--profile", default=None, metavar="VARIANT", help="also print a kernel-time table for this variant")
+    parser.add_argument("--scaling", action="store_true", help="under torchrun: N-GPU vs 1-GPU scaling record instead")
+    parser.add_argument("--scaling-variant", default="graphs+compile-model+bf16res")
+    parser.add_argument("--hf-scaling-peer", action="store_true", help="with --scaling: also measure HF + DDP scaling")
+    parser.add_argument("--results", default=None, help="JSON output (default: benchmarks/results/pretrain_{throughput,scaling}.json)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a GPU", file=sys.stderr)
@@ -122,35 +246,54 @@ def main(argv=None) -> int:
 
     args_steps = args.steps
     cfg = get_preset(args.preset).config
+    command = "python benchmarks/pretrain_throughput.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    if args.scaling:
+        args.results = args.results or str(REPO / "benchmarks" / "results" / "pretrain_scaling.json")
+        return scaling(cfg, args, command.replace("python ", "torchrun --nproc_per_node N ", 1))
+    args.results = args.results or str(REPO / "benchmarks" / "results" / "pretrain_throughput.json")
     peak = measured_peak_tflops()
     batches = make_batch(cfg, args.batch, args.seq, args.masked)
     flops_per_seq = training_flops_per_token(cfg, args.seq, args.masked / args.seq) * args.seq
-    rows = {"ctxkit": run_ctxkit(cfg, batches["ours"])}
-    print(f"ctxkit: {args.batch / rows['ctxkit']:.0f} seq/s", flush=True)
-    rows["hf_eager"] = run_hf(cfg, batches["hf"], False)
+    # Peers first, then each ctxkit variant; the table and records are rewritten after every
+    # variant, so a run cut short (e.g. by a slow autotuning compile) keeps what it measured.
+    rows = {"hf_eager": run_hf(cfg, batches["hf"], False)}
     print(f"HF eager: {args.batch / rows['hf_eager']:.0f} seq/s", flush=True)
     if not args.no_compile:
         rows["hf_compile"] = run_hf(cfg, batches["hf"], True)
         print(f"HF compile: {args.batch / rows['hf_compile']:.0f} seq/s", flush=True)
+    for variant in args.variants.split(","):
+        rows[f"ctxkit {variant}"] = run_ctxkit(cfg, batches["ours"], variant)
+        print(f"ctxkit {variant}: {args.batch / rows[f'ctxkit {variant}']:.0f} seq/s", flush=True)
+        report(rows, args, peak, flops_per_seq, command, transformers.__version__)
+    if args.profile:
+        print(profile_ctxkit(cfg, batches["ours"], args.profile), flush=True)
+    return 0
+
+
+def report(rows: dict, args, peak: float, flops_per_seq: float, command: str, hf_version: str) -> None:
+    """Print the table and write one record per peer for the fastest eligible variant."""
     device, date = torch.cuda.get_device_name(0), datetime.date.today().isoformat()
-    command = "python benchmarks/pretrain_throughput.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     print(f"\nmeasured bf16 matmul peak: {peak:.0f} TFLOP/s on {device}")
-    print(f"{'side':<12}{'seq/s':>9}{'tokens/s':>11}{'MFU':>7}")
+    print(f"{'side':<50}{'seq/s':>9}{'tokens/s':>11}{'MFU':>7}")
     for name, sec in rows.items():
-        print(f"{name:<12}{args.batch / sec:>9.0f}{args.batch * args.seq / sec:>11.0f}{flops_per_seq * args.batch / sec / peak / 1e12:>7.2f}")
+        print(f"{name:<50}{args.batch / sec:>9.0f}{args.batch * args.seq / sec:>11.0f}{flops_per_seq * args.batch / sec / peak / 1e12:>7.2f}")
+    eligible = [k for k in rows if k.startswith("ctxkit ") and "nodrop" not in parse_variant(k[len("ctxkit "):])]
+    if not eligible:
+        return
+    best = min(eligible, key=rows.get)
     records = []
-    for peer in [k for k in rows if k != "ctxkit"]:
-        ours, theirs = args.batch / rows["ctxkit"], args.batch / rows[peer]
+    for peer in [k for k in rows if k.startswith("hf_")]:
+        ours, theirs = args.batch / rows[best], args.batch / rows[peer]
+        print(f"{best} / {peer}: {ours / theirs:.2f}x")
         records.append({
-            "benchmark": "pretrain_throughput", "case": f"{args.preset}, seq {args.seq}, batch {args.batch}, bf16, 1 GPU",
+            "benchmark": "pretrain_throughput", "case": f"{args.preset}, seq {args.seq}, batch {args.batch}, bf16, 1 GPU ({best})",
             "metric": "sequences per second", "unit": "seq/s", "ctxkit": round(ours, 1),
-            "peer_name": f"transformers {transformers.__version__} BertForPreTraining (sdpa{', torch.compile' if peer == 'hf_compile' else ', eager'})",
+            "peer_name": f"transformers {hf_version} BertForPreTraining (sdpa{', torch.compile' if peer == 'hf_compile' else ', eager'})",
             "peer": round(theirs, 1), "speedup": round(ours / theirs, 3),
             "ctxkit_mfu": round(flops_per_seq * ours / peak / 1e12, 3), "peer_mfu": round(flops_per_seq * theirs / peak / 1e12, 3),
             "peak_tflops_measured": round(peak, 1), "device": device, "date": date, "command": command,
         })
     Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
-    return 0
 
 
 if __name__ == "__main__":

@@ -136,6 +136,30 @@ def test_flat_gradient_all_reduce_equals_ddp(tmp_path):
     assert result["world"] == 2 and result["same_weights"]
     assert result["local_differs"]  # the ranks' own gradients really differed before the average
     assert result["max_diff_vs_ddp"] < 1e-6
+    assert result["bf16_is_rounded"] and result["bf16_max_rel_err"] < 1e-2  # bf16: ~3 significant digits
+
+
+def test_bf16_residual_stream_under_autocast():
+    from ctxkit.training.speed import set_stream_dtype
+
+    torch.manual_seed(0)
+    config = get_preset("bert_2_128_2").config.replace(vocab_size=300, max_position=64)
+    model = BertForPreTraining(config).eval()
+    ids = torch.randint(5, 300, (3, 12))
+    seen = []
+    hook = model.bert.encoder.layers[0].register_forward_hook(lambda m, i, o: seen.append((i[0].dtype, o[0].dtype)))
+    with torch.autocast("cpu", torch.bfloat16):
+        reference = model(ids)[0].float()
+        assert seen[-1] == (torch.float32, torch.float32)  # autocast's LayerNorm returns float32
+        assert set_stream_dtype(model, torch.bfloat16) == 1 + 2 * config.num_layers
+        lowp = model(ids)[0].float()
+        assert seen[-1] == (torch.bfloat16, torch.bfloat16)
+    hook.remove()
+    assert not torch.equal(lowp, reference)
+    torch.testing.assert_close(lowp, reference, atol=0.1, rtol=0.05)  # bf16 rounding, same model
+    fp32 = model(ids)[0]  # no autocast: the setting is inert
+    set_stream_dtype(model, None)
+    torch.testing.assert_close(model(ids)[0], fp32)
 
 
 def _pretrain_steps(shards_dir, out, **config):

@@ -27,6 +27,10 @@ def main(out: str) -> None:
     manual = [p.grad.clone() for p in model.parameters()]
     all_reduce_gradients(model.parameters())
     synced = [p.grad.clone() for p in model.parameters()]
+    for p, g in zip(model.parameters(), manual):
+        p.grad = g.clone()
+    all_reduce_gradients(model.parameters(), torch.bfloat16)
+    in_bf16 = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     ddp(x).square().sum().backward()
@@ -36,10 +40,13 @@ def main(out: str) -> None:
             "world": world,
             "same_weights": all(torch.equal(g, gathered[0]) for g in gathered),
             "max_diff_vs_ddp": max((a - b).abs().max().item() for a, b in zip(synced, reference)),
+            "bf16_max_rel_err": max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(in_bf16, reference)),
+            "bf16_is_rounded": any(not torch.equal(a, b) for a, b in zip(in_bf16, reference)),
             "local_differs": max((a - b).abs().max().item() for a, b in zip(manual, reference)) > 1e-3,
         }
         with open(out, "w") as f:
             json.dump(result, f)
+    dist.barrier()  # nobody tears gloo down while the other rank still talks
     dist.destroy_process_group()
 
 

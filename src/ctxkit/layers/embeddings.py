@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from .position import LearnedPositionalEmbedding
+from .precision import to_stream_dtype
 
 __all__ = ["TransformerEmbeddings"]
 
@@ -43,6 +44,7 @@ class TransformerEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(num_segments, dim) if num_segments > 0 else None
         self.norm = nn.LayerNorm(dim, eps=eps) if layer_norm else None
         self.dropout = nn.Dropout(dropout)
+        self.stream_dtype: Optional[torch.dtype] = None  # see ctxkit.layers.precision
 
     def forward(
         self,
@@ -68,4 +70,4 @@ class TransformerEmbeddings(nn.Module):
             x = x + self.token_type_embeddings(token_type_ids)
         if self.norm is not None:
             x = self.norm(x)
-        return self.dropout(x)
+        return self.dropout(to_stream_dtype(x, self.stream_dtype))

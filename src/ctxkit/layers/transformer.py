@@ -18,6 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import MultiHeadAttention, causal_mask
 from .ffn import PositionwiseFFN
+from .precision import to_stream_dtype
 
 __all__ = ["AddNorm", "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "EncoderOutput"]
 
@@ -37,6 +38,9 @@ class AddNorm(nn.Module):
         self.norm = nn.LayerNorm(dim, eps=eps)
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
+        # dtype of the residual stream under autocast (None: whatever autocast gives,
+        # float32 after LayerNorm); see ctxkit.layers.precision.to_stream_dtype.
+        self.stream_dtype: Optional[torch.dtype] = None
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         """Apply ``sublayer`` with the residual and the norm.
@@ -46,8 +50,8 @@ class AddNorm(nn.Module):
             sublayer: maps ``(batch, seq, dim)`` to the same shape.
         """
         if self.norm_first:
-            return x + self.dropout(sublayer(self.norm(x)))
-        return self.norm(x + self.dropout(sublayer(x)))
+            return to_stream_dtype(x + self.dropout(sublayer(self.norm(x))), self.stream_dtype)
+        return to_stream_dtype(self.norm(x + self.dropout(sublayer(x))), self.stream_dtype)
 
 
 class TransformerEncoderLayer(nn.Module):

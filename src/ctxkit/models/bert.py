@@ -198,6 +198,13 @@ class BertMLMHead(nn.Module):
             Logits ``(..., vocab)``.
         """
         h = self.norm(self.activation(self.transform(hidden)))
+        vocab = embedding_weight.size(0)
+        if h.is_cuda and vocab % 64:
+            # GPU matmuls with an output width like 30522 (not a multiple of 8) fall back
+            # to slow unaligned kernels; pad the vocabulary axis and drop the extra logits.
+            extra = -vocab % 64
+            weight = nn.functional.pad(embedding_weight, (0, 0, 0, extra))
+            return nn.functional.linear(h, weight, nn.functional.pad(self.bias, (0, extra)))[..., :vocab]
         return nn.functional.linear(h, embedding_weight, self.bias)
 
 

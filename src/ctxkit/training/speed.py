@@ -6,21 +6,25 @@
   The compiled layers still run inside the trainer's whole-step CUDA graphs.
 * :func:`enable_activation_checkpointing` -- recompute each layer in the backward pass
   instead of storing its activations.
+* :func:`set_stream_dtype` -- keep the residual stream in bf16 under autocast (half the
+  bytes for every norm, residual add and dropout).
 * :func:`all_reduce_gradients` -- data-parallel gradient averaging as one flat NCCL call,
   which (unlike DDP's hooks) can be captured inside a CUDA graph.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..layers.transformer import TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
+from ..layers.embeddings import TransformerEmbeddings
+from ..layers.transformer import AddNorm, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
 
-__all__ = ["compile_blocks", "enable_activation_checkpointing", "all_reduce_gradients"]
+__all__ = ["compile_blocks", "compile_model", "enable_activation_checkpointing", "set_stream_dtype", "apply_speed_options",
+           "all_reduce_gradients"]
 
 BLOCK_TYPES = (TransformerEncoderLayer, TransformerDecoderLayer)
 
@@ -57,13 +61,44 @@ def enable_activation_checkpointing(model: nn.Module) -> int:
     return sum(len(e.layers) for e in encoders)
 
 
-def all_reduce_gradients(parameters: Iterable[nn.Parameter]) -> None:
+def set_stream_dtype(model: nn.Module, dtype: Optional[torch.dtype] = torch.bfloat16) -> int:
+    """Set the residual-stream dtype used under autocast by every residual block and
+    embedding layer of ``model`` (None restores autocast's float32); returns how many.
+    See :func:`ctxkit.layers.precision.to_stream_dtype` for the trade-off."""
+    blocks = [m for m in model.modules() if isinstance(m, (AddNorm, TransformerEmbeddings))]
+    for block in blocks:
+        block.stream_dtype = dtype
+    return len(blocks)
+
+
+def compile_model(model: nn.Module) -> None:
+    """``torch.compile`` the whole model in place: unlike :func:`compile_blocks` the
+    embeddings, heads and losses are fused too (BERT-base pretraining: ~10 % faster)."""
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    model.compile()
+
+
+def apply_speed_options(model: nn.Module, config, whole_model: bool = True) -> None:
+    """Apply a :class:`~ctxkit.training.TrainConfig`'s ``activation_checkpointing``,
+    ``bf16_residual`` and ``compile`` (whole model, or per layer when ``whole_model`` is
+    False, as FSDP needs) to ``model`` in place."""
+    if config.activation_checkpointing:
+        enable_activation_checkpointing(model)
+    if config.bf16_residual:
+        set_stream_dtype(model, torch.bfloat16)
+    if config.compile:
+        compile_model(model) if whole_model else compile_blocks(model)
+
+
+def all_reduce_gradients(parameters: Iterable[nn.Parameter], reduce_dtype: Optional[torch.dtype] = None) -> None:
     """Average gradients over all ranks (no-op in a single process).
 
     The gradients are packed into one buffer per dtype, summed with one ``all_reduce``
     each, divided by the world size and copied back: a few large transfers, no Python
     hooks, so the whole thing can sit inside a captured CUDA graph. Every rank must hold
     gradients for the same parameters (true when all ranks run the same model code).
+    ``reduce_dtype`` (e.g. bf16) sends the gradients in that dtype: half the bytes, at the
+    cost of rounding the average (what DDP's ``bf16_compress_hook`` does).
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
@@ -74,7 +109,9 @@ def all_reduce_gradients(parameters: Iterable[nn.Parameter]) -> None:
             by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
     for grads in by_dtype.values():
         flat = torch._utils._flatten_dense_tensors(grads)
+        if reduce_dtype is not None and reduce_dtype != flat.dtype:
+            flat = flat.to(reduce_dtype)
+        flat.div_(world)  # before the sum, as DDP does: no overflow in low precision
         dist.all_reduce(flat)
-        flat.div_(world)
         for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
             grad.copy_(synced)
