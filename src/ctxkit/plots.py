@@ -1,4 +1,4 @@
-"""Figures for the lectures' demos: attention heatmaps and the sinusoidal position table.
+"""Figures: the lectures' attention heatmaps and sinusoidal position table, and training curves.
 
 Everything renders with matplotlib's Agg backend into PNG files, so it works on
 machines without a display.
@@ -124,3 +124,32 @@ def plot_positional_encoding(
 
 
 __all__ = ["plot_attention", "plot_positional_encoding"]
+
+
+def plot_training_curve(losses: Sequence[tuple], history: Sequence[dict], metric, path: PathLike, title: str = "") -> Path:
+    """Training loss per optimiser step, with a dev metric per evaluation on a second axis.
+
+    Args:
+        losses: ``(step, loss)`` pairs.
+        history: evaluation records with ``step`` and ``metric`` keys (may be empty).
+        metric: name of the dev metric to draw from ``history`` (None: loss only).
+        path: PNG file to write.
+        title: figure title.
+    """
+    path = _prepare(path)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if losses:
+        ax.plot([s for s, _ in losses], [v for _, v in losses], label="train loss", color="tab:blue")
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("loss")
+    if history and metric:
+        ax2 = ax.twinx()
+        ax2.plot([h["step"] for h in history], [h[metric] for h in history], "o-", color="tab:red", label=f"dev {metric}")
+        ax2.set_ylabel(f"dev {metric}")
+        ax2.legend(loc="upper right")
+    ax.legend(loc="upper left")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -413,28 +413,6 @@ class Trainer:
         with open(self.out_dir / "log.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
-    def _plot(self, losses: List[tuple], history: List[dict]) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4))
-        if losses:
-            ax.plot([s for s, _ in losses], [v for _, v in losses], label="train loss", color="tab:blue")
-        ax.set_xlabel("optimiser step")
-        ax.set_ylabel("loss")
-        if history and self.main_metric:
-            ax2 = ax.twinx()
-            ax2.plot([h["step"] for h in history], [h[self.main_metric] for h in history], "o-", color="tab:red", label=f"dev {self.main_metric}")
-            ax2.set_ylabel(f"dev {self.main_metric}")
-            ax2.legend(loc="upper right")
-        ax.legend(loc="upper left")
-        ax.set_title(self.out_dir.name)
-        fig.tight_layout()
-        fig.savefig(self.out_dir / "curve.png", dpi=100)
-        plt.close(fig)
-
     # -- the loop -----------------------------------------------------------------------
 
     def train(self, resume: bool = False) -> TrainResult:
@@ -620,4 +598,7 @@ class Trainer:
         elif self.save_best is not None:
             self.save_best(best_model, self.out_dir / "best")
         self._checkpoint(state, epoch + 1, 0, step, losses)
-        self._plot([(i + 1, float(v)) for i, v in enumerate(losses)], state["history"])
+        from ..plots import plot_training_curve  # matplotlib only when a curve is drawn
+
+        plot_training_curve([(i + 1, float(v)) for i, v in enumerate(losses)], state["history"], self.main_metric,
+                            self.out_dir / "curve.png", title=self.out_dir.name)
