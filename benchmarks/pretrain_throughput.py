@@ -1,15 +1,20 @@
-"""BERT pretraining throughput: ctxkit vs transformers.BertForPreTraining, one GPU, bf16.
+"""BERT pretraining throughput: ctxkit vs transformers.BertForPreTraining, bf16.
 
-    python benchmarks/pretrain_throughput.py --preset bert_12_768_12 --batch 256 --seq 128
+    python benchmarks/pretrain_throughput.py                       # 1 GPU: ctxkit vs HF eager and HF compiled
+    python benchmarks/pretrain_throughput.py --variants graphs,graphs+compile-model+bf16res --profile graphs+compile
+    torchrun --nproc_per_node 2 benchmarks/pretrain_throughput.py --scaling --hf-scaling-peer
 
-Every side trains the same architecture on the same random batches (seq 128, 20 masked
-positions per sequence, NSP labels) with bf16 autocast and fused AdamW, for --steps timed
-steps after --warmup steps. ctxkit: gather-first MLM head + whole-step CUDA graph
-(``ctxkit.training.graphs``). Peers: HF eager (sdpa) and HF + torch.compile. MFU uses the
-training FLOPs of ``ctxkit.pretraining.train.training_flops_per_token`` for every side
-(the same work is credited to all) and the bf16 matmul peak measured in this run.
+Every side trains the same architecture (BERT-base by default) on the same random batches
+(seq 128, no padding, 20 masked positions per sequence, NSP labels) with bf16 autocast
+and fused AdamW, for --steps timed steps after warm-up steps. ctxkit configurations are
+named "graphs+option+..." (see OPTIONS below; all use whole-step CUDA graphs, the sparse
+last layer and fused q/k/v); the fastest one with dropout is recorded against each peer.
+MFU uses the training FLOPs of ``ctxkit.pretraining.train.training_flops_per_token`` for
+every side (the same work is credited to all) and the bf16 matmul peak measured in the
+same run. --scaling (under torchrun) times one rank alone, then all ranks with the
+gradient all-reduce, and writes a ``scaling`` record.
 
-Writes speed records to benchmarks/results/pretrain_throughput.json.
+Writes benchmarks/results/pretrain_throughput.json (or pretrain_scaling.json).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from ctxkit.models import get_preset  # noqa: E402
 from ctxkit.pretraining.train import PretrainingModel, training_flops_per_token  # noqa: E402
 from ctxkit.training import build_adamw  # noqa: E402
 from ctxkit.training.graphs import GraphedTrainStep  # noqa: E402
+from ctxkit.training.reducer import OverlappedGradReducer  # noqa: E402
 from ctxkit.training.speed import all_reduce_gradients, compile_blocks, set_stream_dtype  # noqa: E402
 
 
@@ -87,7 +93,10 @@ def time_steps(step, warmup: int, steps: int) -> float:
 #   autotune       with compile-model: mode="max-autotune-no-cudagraphs" (GEMM templates with
 #                  fused epilogues compete with cuBLAS; minutes of autotuning)
 #   bf16grad       with --scaling: all-reduce the gradients in bf16 (TrainConfig.grad_reduce_dtype)
-OPTIONS = ("compile", "compile-model", "bf16res", "flash", "cudnn", "efficient", "nodrop", "coordesc", "autotune", "bf16grad")
+#   overlap        with --scaling: bucketed all-reduce during backward (OverlappedGradReducer;
+#                  pair with "compile", per layer, not "compile-model")
+OPTIONS = ("compile", "compile-model", "bf16res", "flash", "cudnn", "efficient", "nodrop", "coordesc", "autotune", "bf16grad",
+           "overlap")
 
 
 def parse_variant(name: str) -> set:
@@ -189,9 +198,12 @@ def scaling(cfg, args, command: str) -> int:
             holder = {}
             backend = sdpa_backend(args.scaling_variant)
             backend.__enter__()
-            reduce_dtype = torch.bfloat16 if "bf16grad" in parse_variant(args.scaling_variant) else None
+            opts = parse_variant(args.scaling_variant)
+            reduce_dtype = torch.bfloat16 if "bf16grad" in opts else None
             step = build_ctxkit(cfg, args.scaling_variant, grad_sync=lambda: all_reduce_gradients(holder["model"].parameters(), reduce_dtype))
             holder["model"] = step.model
+            if "overlap" in opts:
+                step.grad_sync = OverlappedGradReducer(step.model, reduce_dtype=reduce_dtype)
             many = time_steps(lambda: step(batch["ours"]), 3, args_steps)
             backend.__exit__(None, None, None)
         else:

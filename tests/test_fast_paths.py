@@ -115,7 +115,7 @@ def test_activation_checkpointing_gives_the_same_gradients_with_dropout():
         torch.testing.assert_close(results[1][1][name], g, msg=name)
 
 
-def test_flat_gradient_all_reduce_equals_ddp(tmp_path):
+def test_flat_and_overlapped_gradient_all_reduce_equal_ddp(tmp_path):
     import json
     import os
     import subprocess
@@ -137,6 +137,11 @@ def test_flat_gradient_all_reduce_equals_ddp(tmp_path):
     assert result["local_differs"]  # the ranks' own gradients really differed before the average
     assert result["max_diff_vs_ddp"] < 1e-6
     assert result["bf16_is_rounded"] and result["bf16_max_rel_err"] < 1e-2  # bf16: ~3 significant digits
+    # The overlapped reducer (buckets sent from gradient hooks during backward), two steps:
+    assert result["reducer_buckets"] >= 2
+    assert result["reducer_max_diff"] < 1e-6
+    assert result["reducer_unused_none"]  # a parameter without gradient stays None, as in one process
+    assert 0 < result["reducer_bf16_rel_err"] < 1e-2
 
 
 def test_bf16_residual_stream_under_autocast():

@@ -110,7 +110,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
                          grad_accum=args.grad_accum, progress=not args.no_progress, eval_each_epoch=False, group_factor=args.group_factor,
                          optimizer=args.optimizer, keep_last=args.keep_last, max_minutes=args.max_minutes, compile=args.compile,
                          activation_checkpointing=args.activation_checkpointing, schedule=args.schedule,
-                         schedule_power=args.schedule_power, bf16_residual=args.bf16_residual, grad_reduce_dtype=args.grad_reduce_dtype, parallel=args.parallel)
+                         schedule_power=args.schedule_power, bf16_residual=args.bf16_residual, grad_reduce_dtype=args.grad_reduce_dtype,
+                         overlap_grad_reduce=args.overlap_grad_reduce, parallel=args.parallel)
     masking = MaskingConfig(whole_word=args.whole_word, max_predictions=args.max_predictions)
     summary = pretrain(args.data, args.preset, args.out, config, args.tokenizer and _tokenizer_dir(args.tokenizer), masking, args.resume)
     print(json.dumps(summary, indent=2))
@@ -147,6 +148,8 @@ def add_pretrain_command(sub: argparse._SubParsersAction) -> None:
                    help="keep the residual stream in bf16 under autocast (faster; one bf16 rounding per sub-layer)")
     p.add_argument("--grad-reduce-dtype", choices=("float32", "bfloat16"), default="float32",
                    help="dtype of the multi-GPU gradient all-reduce (bfloat16: half the bytes, rounded average)")
+    p.add_argument("--overlap-grad-reduce", action="store_true",
+                   help="multi-GPU: all-reduce gradient buckets during the backward pass (compiles per layer)")
     p.add_argument("--keep-last", type=int, default=1, help="checkpoints to keep (the latest is checkpoint/)")
     p.add_argument("--whole-word", action="store_true", help="whole-word masking")
     p.add_argument("--max-predictions", type=int, default=20, help="masked positions per sequence at most (BERT: 20 at seq 128)")

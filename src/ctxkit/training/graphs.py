@@ -44,7 +44,9 @@ class GraphedTrainStep:
         max_grad_norm: clip threshold (0 disables).
         autocast: ``autocast()`` context factory for the forward pass.
         grad_sync: called between backward and clipping, e.g. the data-parallel gradient
-            average of :func:`ctxkit.training.speed.all_reduce_gradients` (captured too).
+            average of :func:`ctxkit.training.speed.all_reduce_gradients` (captured too);
+            or an :class:`~ctxkit.training.reducer.OverlappedGradReducer`, started before
+            the forward pass and finished after backward.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_grad_norm: float, autocast: Callable,
@@ -68,10 +70,15 @@ class GraphedTrainStep:
         return tuple(sorted((k, tuple(v.shape), v.dtype) for k, v in batch.items()))
 
     def _body(self, batch: Dict[str, Tensor]) -> Dict[str, Tensor]:
+        overlapped = hasattr(self.grad_sync, "start")  # an OverlappedGradReducer
+        if overlapped:
+            self.grad_sync.start()
         with self.autocast():
             out = self.model(**batch)
         out["loss"].backward()
-        if self.grad_sync is not None:
+        if overlapped:
+            self.grad_sync.finish()
+        elif self.grad_sync is not None:
             self.grad_sync()
         if self.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)

@@ -24,7 +24,7 @@ from ..layers.embeddings import TransformerEmbeddings
 from ..layers.transformer import AddNorm, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
 
 __all__ = ["compile_blocks", "compile_model", "enable_activation_checkpointing", "set_stream_dtype", "apply_speed_options",
-           "all_reduce_gradients"]
+           "graph_grad_sync", "all_reduce_gradients"]
 
 BLOCK_TYPES = (TransformerEncoderLayer, TransformerDecoderLayer)
 
@@ -88,6 +88,24 @@ def apply_speed_options(model: nn.Module, config, whole_model: bool = True) -> N
         set_stream_dtype(model, torch.bfloat16)
     if config.compile:
         compile_model(model) if whole_model else compile_blocks(model)
+
+
+def graph_grad_sync(model: nn.Module, config):
+    """The multi-rank gradient average a graphed step captures, per a
+    :class:`~ctxkit.training.TrainConfig` (``grad_reduce_dtype``, ``overlap_grad_reduce``):
+    an :class:`~ctxkit.training.reducer.OverlappedGradReducer` or a flat all-reduce callable.
+
+    Raises:
+        ValueError: for an unknown ``grad_reduce_dtype``.
+    """
+    if config.grad_reduce_dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"grad_reduce_dtype must be 'float32' or 'bfloat16', got {config.grad_reduce_dtype!r}")
+    reduce_dtype = torch.bfloat16 if config.grad_reduce_dtype == "bfloat16" else None
+    if config.overlap_grad_reduce:
+        from .reducer import OverlappedGradReducer
+
+        return OverlappedGradReducer(model, reduce_dtype=reduce_dtype)
+    return lambda: all_reduce_gradients(model.parameters(), reduce_dtype)
 
 
 def all_reduce_gradients(parameters: Iterable[nn.Parameter], reduce_dtype: Optional[torch.dtype] = None) -> None:

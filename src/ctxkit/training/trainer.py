@@ -35,7 +35,7 @@ from .distributed import (agree, all_reduce_mean, broadcast_parameters, cpu_copy
                           setup, shard_model)
 from .graphs import GraphedTrainStep, graphs_supported
 from .optim import build_adamw, build_lamb, build_schedule
-from .speed import all_reduce_gradients, apply_speed_options
+from .speed import apply_speed_options, graph_grad_sync
 
 __all__ = ["TrainConfig", "Trainer", "TrainResult", "predict", "resolve_device", "autocast", "set_seed"]
 
@@ -97,6 +97,9 @@ class TrainConfig:
         grad_reduce_dtype: ``"bfloat16"`` halves the bytes of the data-parallel gradient
             all-reduce (DDP's ``bf16_compress_hook`` or the graph-captured all-reduce);
             the average is then rounded to bf16. ``"float32"`` (default) is exact.
+        overlap_grad_reduce: on CUDA with several ranks, all-reduce gradient buckets while
+            the backward pass runs (:class:`~ctxkit.training.reducer.OverlappedGradReducer`;
+            ``compile`` then compiles per layer) instead of one flat all-reduce after it.
     """
 
     epochs: float = 3.0
@@ -130,6 +133,7 @@ class TrainConfig:
     parallel: str = "ddp"
     bf16_residual: bool = False
     grad_reduce_dtype: str = "float32"
+    overlap_grad_reduce: bool = False
 
 
 @dataclass
@@ -268,6 +272,8 @@ class Trainer:
             raise ValueError("no training examples")
         if config.parallel not in ("ddp", "fsdp"):
             raise ValueError(f"parallel must be 'ddp' or 'fsdp', got {config.parallel!r}")
+        if config.grad_reduce_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"grad_reduce_dtype must be 'float32' or 'bfloat16', got {config.grad_reduce_dtype!r}")
         if config.batch_size % config.grad_accum:
             raise ValueError(f"batch_size {config.batch_size} is not divisible by grad_accum {config.grad_accum}")
         self.config = config
@@ -308,7 +314,9 @@ class Trainer:
                       and graphs_supported(self.device, config.grad_accum))
         # Under FSDP rank 0 keeps an unsharded CPU twin to hand gathered weights to save_best.
         self._twin = cpu_copy(self.model) if self.sharded and save_best is not None and self.rank == 0 else None
-        apply_speed_options(self.model, config, whole_model=not self.sharded)  # (before sharding, as FSDP2 expects)
+        # Per-layer compilation under FSDP (before sharding, as FSDP2 expects) and for an
+        # overlapped all-reduce (a whole-model graph would deliver every gradient at the end).
+        apply_speed_options(self.model, config, whole_model=not (self.sharded or (config.overlap_grad_reduce and self.world > 1)))
         if self.sharded:
             shard_model(self.model, self.device)
         # Built after sharding: the optimiser must hold FSDP's DTensor shards.
@@ -327,14 +335,11 @@ class Trainer:
 
                 self.forward.register_comm_hook(None, bf16_compress_hook)
         self.pad_multiple = config.pad_multiple
-        if config.grad_reduce_dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"grad_reduce_dtype must be 'float32' or 'bfloat16', got {config.grad_reduce_dtype!r}")
-        reduce_dtype = torch.bfloat16 if config.grad_reduce_dtype == "bfloat16" else None
         if use_graphs:
-            # Several ranks: the gradient average is a flat all-reduce inside the graph.
+            # Several ranks: the gradient average is captured in the graph too.
             self.graphed = GraphedTrainStep(self.model, self.optimizer, config.max_grad_norm,
                                             lambda: autocast(self.device, config.precision, cache_enabled=False),
-                                            grad_sync=(lambda: all_reduce_gradients(self.model.parameters(), reduce_dtype)) if self.world > 1 else None)
+                                            grad_sync=graph_grad_sync(self.model, config) if self.world > 1 else None)
             self.pad_multiple = max(config.pad_multiple, 16)  # few shapes -> few graphs
 
     # -- checkpoints ------------------------------------------------------------------
