@@ -228,3 +228,25 @@ def test_polynomial_schedule_from_config_and_cli(small_shards, tmp_path, capsys)
     assert rc == 0 and json.loads(capsys.readouterr().out)["steps"] == 2
     start = json.loads((tmp_path / "run" / "log.jsonl").read_text().splitlines()[0])["config"]
     assert (start["schedule"], start["schedule_power"], start["activation_checkpointing"]) == ("polynomial", 3.0, True)
+
+
+def test_keyed_masks_depend_on_the_key_not_on_call_order():
+    ids = MaskingIds(vocab_size=500, mask_id=3, special_ids=frozenset({0, 1, 2, 3}), pad_id=0)
+    feats = [{"input_ids": [1] + list(range(10, 40)) + [2], "token_type_ids": [0] * 32, "attention_mask": [1] * 32,
+              "next_sentence_label": 0} for _ in range(8)]
+    a = MLMCollator(ids, MaskingConfig(max_predictions=5), seed=4)
+    b = MLMCollator(ids, MaskingConfig(max_predictions=5), seed=4)
+    first, second = a(feats, key=(0, 1)), a(feats, key=(0, 2))
+    b(feats)  # unkeyed calls in between move only the sequential generator
+    again_second, again_first = b(feats, key=(0, 2)), b(feats, key=(0, 1))
+    assert torch.equal(first["input_ids"], again_first["input_ids"]) and torch.equal(second["input_ids"], again_second["input_ids"])
+    assert not torch.equal(first["masked_positions"], second["masked_positions"])
+    other_seed = MLMCollator(ids, MaskingConfig(max_predictions=5), seed=5)(feats, key=(0, 1))
+    assert not torch.equal(other_seed["masked_positions"], first["masked_positions"])
+
+
+def test_worker_processes_prepare_the_same_batches(small_shards, tmp_path):
+    inline = [r["loss"] for r in _pretrain_steps(small_shards, tmp_path / "inline", data_workers=0)]
+    workers = [r["loss"] for r in _pretrain_steps(small_shards, tmp_path / "workers", data_workers=2)]
+    assert len(inline) == 4
+    assert workers == inline  # the same masks and batches, bit for bit

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, Mapping, Optional, Sequence, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -300,9 +301,12 @@ class MLMCollator:
         tokenizer_or_ids: a :class:`ctxkit.tokenizers.WordPieceTokenizer` or a
             :class:`MaskingIds`.
         config: the masking recipe.
-        seed: seeds the collator's own CPU generator; successive calls draw new masks,
-            and :meth:`state_dict` / :meth:`load_state_dict` let a resumed run continue
-            the same sequence of masks.
+        seed: seeds the masks. Called with a ``key`` (the trainer passes ``(epoch,
+            batch position[, rank])``), a batch's masks depend only on ``(seed, key)``, so
+            batches can be collated in any order, in worker processes, and a resumed run
+            draws the same masks without any saved state. Called without a key, successive
+            calls draw from one generator, and :meth:`state_dict` / :meth:`load_state_dict`
+            let a resumed run continue that sequence.
         multiple_of: pad the sequence length up to a multiple of this.
 
     Returns (on call):
@@ -318,13 +322,20 @@ class MLMCollator:
         self.ids = ids
         self.config = config
         self.multiple_of = multiple_of
+        self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, features: Sequence[Mapping]) -> Dict[str, Tensor]:
+    keyed = True  # the Trainer may pass ``key=`` (see ``seed``)
+
+    def __call__(self, features: Sequence[Mapping], key: Optional[Sequence[int]] = None) -> Dict[str, Tensor]:
         batch = collate(features, pad_values={"input_ids": self.ids.pad_id}, multiple_of=self.multiple_of)
         word_starts = word_start_mask(batch["input_ids"], self.ids.continuation) if self.config.whole_word else None
+        generator = self.generator
+        if key is not None:
+            # SeedSequence mixes (seed, *key) into well-separated streams, unlike seed + i.
+            generator = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, *map(int, key)]).generate_state(1)[0]))
         out = mask_tokens(batch["input_ids"], self.ids.special_ids, self.ids.vocab_size, self.ids.mask_id,
-                          self.config, self.generator, word_starts)
+                          self.config, generator, word_starts)
         batch.update(input_ids=out.input_ids, labels=out.labels, masked_positions=out.masked_positions,
                      masked_labels=out.masked_labels)
         if bool(batch["attention_mask"].all()):

@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from ..checkpoint import read_weights, save_weights
 from ..data.batching import collate, length_grouped_batches, sequential_batches
+from .data import CollatedBatches
 from .distributed import (agree, all_reduce_mean, broadcast_parameters, cpu_copy, full_model_state, full_optimizer_state, load_full_state,
                           setup, shard_model)
 from .graphs import GraphedTrainStep, graphs_supported
@@ -97,6 +98,9 @@ class TrainConfig:
         grad_reduce_dtype: ``"bfloat16"`` halves the bytes of the data-parallel gradient
             all-reduce (DDP's ``bf16_compress_hook`` or the graph-captured all-reduce);
             the average is then rounded to bf16. ``"float32"`` (default) is exact.
+        data_workers: processes that collate (and mask) batches ahead of the GPU; None =
+            0 on CPU, else up to 4 per rank. A collate function with sequential RNG state
+            and no ``keyed`` support always runs inline.
         overlap_grad_reduce: on CUDA with several ranks, all-reduce gradient buckets while
             the backward pass runs (:class:`~ctxkit.training.reducer.OverlappedGradReducer`;
             ``compile`` then compiles per layer) instead of one flat all-reduce after it.
@@ -134,6 +138,7 @@ class TrainConfig:
     bf16_residual: bool = False
     grad_reduce_dtype: str = "float32"
     overlap_grad_reduce: bool = False
+    data_workers: Optional[int] = None
 
 
 @dataclass
@@ -447,18 +452,15 @@ class Trainer:
             first = state["batch_in_epoch"] if epoch == state["epoch"] else 0
             # Whole optimiser steps only, so a partial final accumulation group is dropped.
             usable = len(batches) - len(batches) % cfg.grad_accum if len(batches) >= cfg.grad_accum else len(batches)
+            collated = self._collated(batches, epoch, first, usable)
             for b in range(first, usable, cfg.grad_accum):
-                group = batches[b : b + cfg.grad_accum]
+                group = [next(collated) for _ in range(cfg.grad_accum)]
                 if self.graphed is not None:
-                    cpu_batch = self._collate(group[0])
-                    if self.world > 1:
-                        # Collating the global batch and taking this rank's rows gives every
-                        # rank the same shapes, so all replay graphs captured together.
-                        cpu_batch = {k: v[self.rank :: self.world] for k, v in cpu_batch.items()}
+                    cpu_batch = group[0]
                     seen += cpu_batch["input_ids"].shape[0]
                     tokens += int(cpu_batch["attention_mask"].sum()) if "attention_mask" in cpu_batch else cpu_batch["input_ids"].numel()
                     batch = _to(cpu_batch, self.device)
-                    scalars = self.graphed(batch) if len(group[0]) == self.micro_batch else self.graphed.eager(batch)
+                    scalars = self.graphed(batch) if len(batches[b]) == self.micro_batch else self.graphed.eager(batch)
                     self.scheduler.step()
                 else:
                     scalars, n_seq, n_tok = self._eager_step(group)
@@ -509,11 +511,24 @@ class Trainer:
         self._log({"event": "end", "steps": step, "best": state["best"], "best_epoch": state["best_epoch"], "wall_time": round(wall, 2)})
         return result
 
-    def _collate(self, idx: List[int]) -> Dict[str, torch.Tensor]:
-        feats = [self.features[i] for i in idx]
-        if self.collate_fn is not None:
-            return self.collate_fn(feats)
-        return collate(feats, multiple_of=self.pad_multiple)
+    def _collated(self, batches: List[List[int]], epoch: int, first: int, usable: int) -> Iterator[Dict[str, torch.Tensor]]:
+        """The collated micro-batches ``batches[first:usable]`` in order, prepared ahead by
+        ``data_workers`` processes (pinned for asynchronous copies to the GPU) or inline."""
+        source = CollatedBatches(self.features, batches, self.collate_fn, self.pad_multiple, epoch,
+                                 self.rank, self.world, global_batches=self.graphed is not None)
+        workers = self.config.data_workers
+        if workers is None:
+            workers = 0 if self.device.type == "cpu" else min(4, max(1, (os.cpu_count() or 2) // self.world - 1))
+        if hasattr(self.collate_fn, "state_dict") and not getattr(self.collate_fn, "keyed", False):
+            workers = 0  # a collator with sequential state must run here, in order
+        if workers == 0 or usable <= first:
+            return (source[j] for j in range(first, usable))
+        loader = torch.utils.data.DataLoader(torch.utils.data.Subset(source, range(first, usable)), batch_size=None, shuffle=False,
+                                             num_workers=workers, prefetch_factor=4, pin_memory=self.device.type == "cuda",
+                                             # its own generator: worker seeding must not draw from the global
+                                             # RNG, which drives dropout (and resume restores)
+                                             generator=torch.Generator().manual_seed(0))
+        return iter(loader)
 
     def _throughput(self, seqs: int, tokens: int, seconds: float) -> dict:
         """Sequences/s, tokens/s and (when FLOPs and peak are known) MFU over a log interval."""
@@ -524,18 +539,17 @@ class Trainer:
             out["mfu"] = round(achieved / (self.config.peak_tflops * 1e12), 4)
         return out
 
-    def _eager_step(self, group: List[List[int]]):
+    def _eager_step(self, group: List[Dict[str, torch.Tensor]]):
         """Forward/backward over the micro-batches of one step, then clip and update.
 
         Returns ``(scalars, sequences, tokens)``; scalars are the loss and any other 0-dim
         model outputs, averaged over the micro-batches by their sizes.
         """
         cfg = self.config
-        n_examples = sum(len(g) for g in group)
+        n_examples = sum(g["input_ids"].shape[0] for g in group)
         sums: Dict[str, torch.Tensor] = {}
         n_tokens = 0
-        for j, idx in enumerate(group):
-            cpu_batch = self._collate(idx)
+        for j, cpu_batch in enumerate(group):
             n_tokens += int(cpu_batch["attention_mask"].sum()) if "attention_mask" in cpu_batch else cpu_batch["input_ids"].numel()
             batch = _to(cpu_batch, self.device)
             # DDP / FSDP: all-reduce (reduce-scatter) gradients only after the last micro-batch.
@@ -546,7 +560,7 @@ class Trainer:
             with quiet:
                 with autocast(self.device, cfg.precision):
                     out = self.forward(**batch)
-                weight = len(idx) / n_examples
+                weight = cpu_batch["input_ids"].shape[0] / n_examples
                 # Weight micro-batches by size so accumulation equals one big batch.
                 (out["loss"] * weight).backward()
             for k, v in out.items():
