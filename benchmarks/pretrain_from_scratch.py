@@ -4,6 +4,12 @@ next to the same architecture from random initialisation.
     python benchmarks/pretrain_from_scratch.py --shards SHARDS --tokenizer VOCAB_DIR \\
         --sst2 ../shared/data/glue/SST-2 --preset bert_4_256_4 --minutes 15 --out runs/scratch
 
+A budget longer than one sitting (e.g. the device tool's 10-minute calls) is spent in
+parts: ``--phase pretrain --budget 25 --minutes 9`` run repeatedly continues the same
+pretraining run (exact resume) until 25 minutes of pretraining are used, then
+``--phase finetune`` fine-tunes and writes the record. The time used so far is kept in
+OUT/pretrain_budget.json.
+
 Writes run folders (log.jsonl, curve.png) under --out and quality records to
 benchmarks/results/pretrain_from_scratch.json.
 """
@@ -36,7 +42,11 @@ def main(argv=None) -> int:
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--sst2", required=True)
     parser.add_argument("--preset", default="bert_4_256_4")
-    parser.add_argument("--minutes", type=float, default=15.0, help="pretraining wall-clock budget")
+    parser.add_argument("--minutes", type=float, default=15.0, help="pretraining minutes in this call")
+    parser.add_argument("--budget", type=float, default=None, help="total pretraining minutes over all calls (default: --minutes)")
+    parser.add_argument("--phase", choices=("all", "pretrain", "finetune"), default="all")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (see TrainConfig.compile)")
+    parser.add_argument("--bf16-residual", action="store_true", help="bf16 residual stream (see TrainConfig.bf16_residual)")
     parser.add_argument("--steps", type=int, default=40000, help="schedule length (the budget usually stops earlier)")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -47,15 +57,28 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     import torch
 
+    this_command = "python benchmarks/pretrain_from_scratch.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     out = Path(args.out)
-    t0 = time.time()
-    summary = pretrain(args.shards, args.preset, out / "pretrain",
-                       TrainConfig(epochs=1000, max_steps=args.steps, batch_size=args.batch, lr=args.lr, warmup_ratio=0.02,
-                                   progress=False, log_every=200, eval_each_epoch=False, max_minutes=args.minutes,
-                                   peak_tflops=None, save_every=2000),
-                       tokenizer_dir=args.tokenizer, masking=MaskingConfig(max_predictions=20))
-    pretrain_s = time.time() - t0
-    print("pretrain:", json.dumps(summary), flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    budget_file = out / "pretrain_budget.json"
+    used = json.loads(budget_file.read_text()) if budget_file.is_file() else {"minutes": 0.0, "calls": 0}
+    budget = args.budget if args.budget is not None else args.minutes
+    if args.phase in ("all", "pretrain") and used["minutes"] < budget:
+        t0 = time.time()
+        summary = pretrain(args.shards, args.preset, out / "pretrain",
+                           TrainConfig(epochs=1000, max_steps=args.steps, batch_size=args.batch, lr=args.lr, warmup_ratio=0.02,
+                                       progress=False, log_every=200, eval_each_epoch=False,
+                                       max_minutes=min(args.minutes, budget - used["minutes"]), peak_tflops=None, save_every=2000,
+                                       compile=args.compile, bf16_residual=args.bf16_residual),
+                           tokenizer_dir=args.tokenizer, masking=MaskingConfig(max_predictions=20), resume=used["calls"] > 0)
+        used = {"minutes": used["minutes"] + (time.time() - t0) / 60, "calls": used["calls"] + 1, "summary": summary,
+                "commands": used.get("commands", []) + [this_command]}
+        budget_file.write_text(json.dumps(used, indent=1) + "\n")
+        print("pretrain:", json.dumps(summary), f"({used['minutes']:.1f} of {budget} min used)", flush=True)
+    if args.phase == "pretrain":
+        return 0
+    summary = used["summary"]
+    pretrain_s = used["minutes"] * 60
     # The same architecture from random initialisation, saved in the same layout.
     tokenizer = WordPieceTokenizer.from_dir(args.tokenizer)
     set_seed(0)
@@ -69,7 +92,8 @@ def main(argv=None) -> int:
         scores[name] = res["results"]["dev"]["accuracy"]
         print(f"SST-2 dev accuracy, {name}: {scores[name]:.2f}", flush=True)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
-    command = "python benchmarks/pretrain_from_scratch.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    # Every call that spent pretraining time, then this one (when it is a separate call).
+    command = " && ".join(dict.fromkeys(used.get("commands", []) + [this_command]))
     record = {
         "task": "sst-2", "split": "dev", "metric": "accuracy", "value": round(scores["pretrained"], 2),
         "model": f"{args.preset} pretrained from scratch ({summary['steps']} steps x {args.batch}, {pretrain_s / 60:.1f} min, MLM+NSP)",
