@@ -54,3 +54,14 @@ def cached_get_model():
     mp.setattr(zoo, "get_model", cached)
     yield cached
     mp.undo()
+
+
+@pytest.fixture(scope="session")
+def wiki_shards(shared_data, minilm_dir, tmp_path_factory):
+    """Pretraining shards (seq 64) from the first 120 documents of the real Wikipedia extract."""
+    from ctxkit.pretraining import build_shards
+
+    out = tmp_path_factory.mktemp("shards")
+    build_shards([shared_data / "wikipedia-en-extract" / "AA" / "wiki_00.xz"], minilm_dir, out, max_seq_len=64,
+                 limit_docs=120, workers=1, show_progress=False)
+    return out

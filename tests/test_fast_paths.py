@@ -180,32 +180,22 @@ def _pretrain_steps(shards_dir, out, **config):
     return [r for r in records if r.get("event") == "train"]
 
 
-@pytest.fixture(scope="module")
-def small_shards(shared_data, minilm_dir, tmp_path_factory):
-    from ctxkit.pretraining import build_shards
-
-    out = tmp_path_factory.mktemp("shards")
-    build_shards([shared_data / "wikipedia-en-extract" / "AA" / "wiki_00.xz"], minilm_dir, out, max_seq_len=32,
-                 limit_docs=30, workers=1, show_progress=False)
-    return out
-
-
-def test_compiled_layers_and_checkpointing_train_like_eager(small_shards, tmp_path, monkeypatch):
+def test_compiled_layers_and_checkpointing_train_like_eager(wiki_shards, tmp_path, monkeypatch):
     from ctxkit.models import presets
 
     # No dropout, so the compiled kernels (with their own RNG) must give the eager losses.
     base = presets.get_preset("bert_2_128_2")
     quiet = dataclasses.replace(base, config=base.config.replace(dropout=0.0, attention_dropout=0.0))
     monkeypatch.setitem(presets.PRESETS, "bert_2_128_2", quiet)
-    eager = [r["loss"] for r in _pretrain_steps(small_shards, tmp_path / "eager")]
-    compiled = [r["loss"] for r in _pretrain_steps(small_shards, tmp_path / "compiled", compile=True)]
-    ckpt = [r["loss"] for r in _pretrain_steps(small_shards, tmp_path / "ckpt", activation_checkpointing=True)]
-    assert len(eager) == 4 and eager[0] > eager[-1]
+    eager = [r["loss"] for r in _pretrain_steps(wiki_shards, tmp_path / "eager")]
+    compiled = [r["loss"] for r in _pretrain_steps(wiki_shards, tmp_path / "compiled", compile=True)]
+    ckpt = [r["loss"] for r in _pretrain_steps(wiki_shards, tmp_path / "ckpt", activation_checkpointing=True)]
+    assert len(eager) == 4 and len(set(eager)) == 4  # four real steps on different batches
     assert compiled == pytest.approx(eager, abs=2e-4)
     assert ckpt == pytest.approx(eager, abs=1e-5)
 
 
-def test_polynomial_schedule_from_config_and_cli(small_shards, tmp_path, capsys):
+def test_polynomial_schedule_from_config_and_cli(wiki_shards, tmp_path, capsys):
     import json
 
     from ctxkit.cli import main
@@ -222,7 +212,7 @@ def test_polynomial_schedule_from_config_and_cli(small_shards, tmp_path, capsys)
     assert lrs == pytest.approx([0.5, 1.0] + [(1 - i / 8) ** 2 for i in range(8)])
     with pytest.raises(ValueError, match="schedule must be"):
         build_schedule(TrainConfig(schedule="cosine"), opt, 1, 10)
-    rc = main(["pretrain", "--data", str(small_shards), "--preset", "bert_2_128_2", "--out", str(tmp_path / "run"), "--max-steps", "2",
+    rc = main(["pretrain", "--data", str(wiki_shards), "--preset", "bert_2_128_2", "--out", str(tmp_path / "run"), "--max-steps", "2",
                "--batch-size", "4", "--device", "cpu", "--no-progress", "--schedule", "polynomial", "--schedule-power", "3",
                "--activation-checkpointing"])
     assert rc == 0 and json.loads(capsys.readouterr().out)["steps"] == 2
@@ -245,8 +235,8 @@ def test_keyed_masks_depend_on_the_key_not_on_call_order():
     assert not torch.equal(other_seed["masked_positions"], first["masked_positions"])
 
 
-def test_worker_processes_prepare_the_same_batches(small_shards, tmp_path):
-    inline = [r["loss"] for r in _pretrain_steps(small_shards, tmp_path / "inline", data_workers=0)]
-    workers = [r["loss"] for r in _pretrain_steps(small_shards, tmp_path / "workers", data_workers=2)]
+def test_worker_processes_prepare_the_same_batches(wiki_shards, tmp_path):
+    inline = [r["loss"] for r in _pretrain_steps(wiki_shards, tmp_path / "inline", data_workers=0)]
+    workers = [r["loss"] for r in _pretrain_steps(wiki_shards, tmp_path / "workers", data_workers=2)]
     assert len(inline) == 4
     assert workers == inline  # the same masks and batches, bit for bit

@@ -8,17 +8,14 @@ import torch
 
 from ctxkit.cli import main
 from ctxkit.models import BertForPreTraining, get_preset, load_bert
-from ctxkit.pretraining import MaskingConfig, build_shards
+from ctxkit.pretraining import MaskingConfig
 from ctxkit.pretraining.train import pretrain, training_flops_per_token
 from ctxkit.training import TrainConfig
 
 
-@pytest.fixture(scope="module")
-def shards(shared_data, minilm_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("shards")
-    build_shards([shared_data / "wikipedia-en-extract" / "AA" / "wiki_00.xz"], minilm_dir, out, max_seq_len=64,
-                 limit_docs=120, workers=1, show_progress=False)
-    return out
+@pytest.fixture
+def shards(wiki_shards):
+    return wiki_shards
 
 
 def _cfg(**kw):
