@@ -1,12 +1,12 @@
 """Fine-tuning: trainer, optimiser and schedules."""
 
 from .optim import build_adamw, linear_warmup_decay, polynomial_warmup_decay
+from .inference import predict
 from .trainer import (
     TrainConfig,
     Trainer,
     TrainResult,
     autocast,
-    predict,
     resolve_device,
     set_seed,
 )

@@ -30,7 +30,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..checkpoint import read_weights, save_weights
-from ..data.batching import collate, length_grouped_batches, sequential_batches
+from ..data.batching import length_grouped_batches
 from .data import CollatedBatches
 from .distributed import (agree, all_reduce_mean, broadcast_parameters, cpu_copy, full_model_state, full_optimizer_state, load_full_state,
                           setup, shard_model)
@@ -38,7 +38,7 @@ from .graphs import GraphedTrainStep, graphs_supported
 from .optim import build_adamw, build_lamb, build_schedule
 from .speed import apply_speed_options, graph_grad_sync
 
-__all__ = ["TrainConfig", "Trainer", "TrainResult", "predict", "resolve_device", "autocast", "set_seed"]
+__all__ = ["TrainConfig", "Trainer", "TrainResult", "resolve_device", "autocast", "set_seed"]
 
 logger = logging.getLogger("ctxkit")
 
@@ -195,42 +195,6 @@ def _set_rng_state(state: dict) -> None:
 
 def _to(batch: Dict[str, torch.Tensor], device: torch.device) -> Dict[str, torch.Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-
-
-@torch.inference_mode()
-def predict(model: nn.Module, features: Sequence[dict], batch_size: int = 128, device: str = "auto", precision: str = "auto", output: str = "logits") -> list:
-    """Run ``model`` over features (length-sorted batches) and return per-feature outputs.
-
-    Args:
-        model: module returning a dict; ``output`` names the entry to collect. Entries may
-            be a tensor or a tuple of tensors (e.g. start and end logits).
-        features: feature dicts as for training (labels are ignored).
-
-    Returns:
-        One float32 numpy array (or tuple of arrays) per feature, in input order, with
-        sequence outputs trimmed to the feature's own length.
-    """
-    dev = resolve_device(device)
-    was_training = model.training
-    model.eval()
-    lengths = [len(f["input_ids"]) for f in features]
-    results: list = [None] * len(features)
-    for idx in sequential_batches(lengths, batch_size):
-        batch = collate([{k: v for k, v in features[i].items() if k in ("input_ids", "token_type_ids", "attention_mask")} for i in idx])
-        with autocast(dev, precision):
-            out = model(**_to(batch, dev))[output]
-        parts = out if isinstance(out, tuple) else (out,)
-        parts = [p.float().cpu().numpy() for p in parts]
-        for row, i in enumerate(idx):
-            trimmed = tuple(p[row, : lengths[i]] if _is_seq(p, batch) else p[row] for p in parts)
-            results[i] = trimmed if isinstance(out, tuple) else trimmed[0]
-    model.train(was_training)
-    return results
-
-
-def _is_seq(array: np.ndarray, batch: Dict[str, torch.Tensor]) -> bool:
-    # A per-token output has the batch's padded length as its second axis.
-    return array.ndim >= 2 and array.shape[1] == batch["input_ids"].shape[1]
 
 
 class Trainer:

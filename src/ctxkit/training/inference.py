@@ -1,0 +1,50 @@
+"""Batched inference over feature dicts with a trained model (length-sorted batches)."""
+
+from __future__ import annotations
+
+from typing import Dict, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..data.batching import collate, sequential_batches
+from .trainer import _to, autocast, resolve_device
+
+__all__ = ["predict"]
+
+
+@torch.inference_mode()
+def predict(model: nn.Module, features: Sequence[dict], batch_size: int = 128, device: str = "auto", precision: str = "auto", output: str = "logits") -> list:
+    """Run ``model`` over features (length-sorted batches) and return per-feature outputs.
+
+    Args:
+        model: module returning a dict; ``output`` names the entry to collect. Entries may
+            be a tensor or a tuple of tensors (e.g. start and end logits).
+        features: feature dicts as for training (labels are ignored).
+
+    Returns:
+        One float32 numpy array (or tuple of arrays) per feature, in input order, with
+        sequence outputs trimmed to the feature's own length.
+    """
+    dev = resolve_device(device)
+    was_training = model.training
+    model.eval()
+    lengths = [len(f["input_ids"]) for f in features]
+    results: list = [None] * len(features)
+    for idx in sequential_batches(lengths, batch_size):
+        batch = collate([{k: v for k, v in features[i].items() if k in ("input_ids", "token_type_ids", "attention_mask")} for i in idx])
+        with autocast(dev, precision):
+            out = model(**_to(batch, dev))[output]
+        parts = out if isinstance(out, tuple) else (out,)
+        parts = [p.float().cpu().numpy() for p in parts]
+        for row, i in enumerate(idx):
+            trimmed = tuple(p[row, : lengths[i]] if _is_seq(p, batch) else p[row] for p in parts)
+            results[i] = trimmed if isinstance(out, tuple) else trimmed[0]
+    model.train(was_training)
+    return results
+
+
+def _is_seq(array: np.ndarray, batch: Dict[str, torch.Tensor]) -> bool:
+    # A per-token output has the batch's padded length as its second axis.
+    return array.ndim >= 2 and array.shape[1] == batch["input_ids"].shape[1]
