@@ -10,6 +10,7 @@ from .bert import (
     load_bert,
     save_bert,
 )
+from .gpt2 import GPT2_PRESETS, GPT2Config, GPT2LMHeadModel, GPT2Model, load_gpt2, save_gpt2
 from .presets import PRESETS, BertConfig, Preset, get_preset
 
 __all__ = [
@@ -20,9 +21,15 @@ __all__ = [
     "BertNSPHead",
     "BertOutput",
     "BertPooler",
+    "GPT2_PRESETS",
+    "GPT2Config",
+    "GPT2LMHeadModel",
+    "GPT2Model",
     "PRESETS",
     "Preset",
     "get_preset",
     "load_bert",
+    "load_gpt2",
     "save_bert",
+    "save_gpt2",
 ]

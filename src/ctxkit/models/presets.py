@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict
 
-__all__ = ["BertConfig", "Preset", "PRESETS", "get_preset"]
+__all__ = ["BertConfig", "Preset", "PRESETS", "get_preset", "GPT2Config", "GPT2_PRESETS"]
 
 
 @dataclass(frozen=True)
@@ -121,3 +121,48 @@ def get_preset(name: str) -> Preset:
         return PRESETS[name]
     except KeyError:
         raise KeyError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}") from None
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    """Architecture of a GPT-2 model.
+
+    Attributes:
+        num_layers, hidden_size, num_heads: depth, width and heads.
+        vocab_size: byte-level BPE vocabulary size (50257 for the released models).
+        max_position: learned positions (the context length).
+        ffn_size: FFN inner size (4 x hidden).
+        dropout: embedding and residual dropout.
+        attention_dropout: dropout on attention weights.
+        activation: FFN activation (``gelu_new``: the tanh approximation).
+        layer_norm_eps: LayerNorm epsilon.
+    """
+
+    num_layers: int = 12
+    hidden_size: int = 768
+    num_heads: int = 12
+    vocab_size: int = 50257
+    max_position: int = 1024
+    ffn_size: int = 3072
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation: str = "gelu_new"
+    layer_norm_eps: float = 1e-5
+
+    def replace(self, **changes) -> "GPT2Config":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+def _gpt2(layers: int, hidden: int, heads: int) -> GPT2Config:
+    return GPT2Config(num_layers=layers, hidden_size=hidden, num_heads=heads, ffn_size=4 * hidden)
+
+
+# The four released GPT-2 sizes. Kept apart from PRESETS (BERT-family encoders, which
+# the zoo and `ctxkit list-models` build) until the zoo learns byte-level BPE checkpoints.
+GPT2_PRESETS: Dict[str, GPT2Config] = {
+    "gpt2_117m": _gpt2(12, 768, 12),
+    "gpt2_345m": _gpt2(24, 1024, 16),
+    "gpt2_774m": _gpt2(36, 1280, 20),
+    "gpt2_1558m": _gpt2(48, 1600, 25),
+}

@@ -1,0 +1,218 @@
+"""GPT-2: a decoder-only, pre-norm Transformer language model (Radford et al. 2019).
+
+Token + learned position embeddings, a stack of pre-norm layers with causal
+self-attention (the shared :class:`~ctxkit.layers.TransformerEncoderLayer` with
+``norm_first=True`` and a causal mask), a final LayerNorm, and an output layer tied to the
+token embeddings.
+
+Checkpoints use the Hugging Face layout (``GPT2LMHeadModel``). Two differences from our
+modules are converted on load and save: HF's ``Conv1D`` stores weights as ``(in, out)``
+where ``nn.Linear`` stores ``(out, in)``, and HF packs the query, key and value
+projections into one ``c_attn`` matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..checkpoint import CheckpointError, KeyMap, load_state_dict_strict, read_config, read_weights, save_weights
+from ..layers import TransformerEncoder, causal_mask, padding_mask
+from .presets import GPT2_PRESETS, GPT2Config
+
+__all__ = ["GPT2Config", "GPT2_PRESETS", "GPT2Model", "GPT2LMHeadModel", "load_gpt2", "save_gpt2", "gpt2_config_from_hf"]
+
+
+class GPT2Model(nn.Module):
+    """The GPT-2 body: embeddings, pre-norm causal layers, final LayerNorm.
+
+    Args:
+        config: the architecture.
+    """
+
+    def __init__(self, config: GPT2Config):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.wpe = nn.Embedding(config.max_position, config.hidden_size)
+        self.drop = nn.Dropout(config.dropout)
+        self.encoder = TransformerEncoder(config.num_layers, config.hidden_size, config.num_heads, config.ffn_size,
+                                          dropout=config.dropout, attention_dropout=config.attention_dropout,
+                                          activation=config.activation, norm_first=True, eps=config.layer_norm_eps)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # GPT-2's initialisation: N(0, 0.02), and residual output projections scaled by
+        # 1/sqrt(2 * layers) so the residual stream's variance does not grow with depth.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for layer in getattr(module, "layers", []):
+            for proj in (layer.self_attn.out_proj, layer.ffn.fc2):
+                nn.init.normal_(proj.weight, std=0.02 / (2 * self.config.num_layers) ** 0.5)
+
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None) -> Tensor:
+        """Hidden states of the last layer.
+
+        Args:
+            input_ids: ``(batch, seq)``.
+            attention_mask: ``(batch, seq)``, 1 for real tokens, 0 for padding (keys only).
+            position_ids: ``(batch, seq)``; ``0..seq-1`` when None (pass explicit ones for
+                left-padded batches).
+
+        Returns:
+            ``(batch, seq, hidden)``.
+
+        Raises:
+            ValueError: when ``seq`` exceeds the model's context length.
+        """
+        seq = input_ids.size(1)
+        if seq > self.config.max_position and position_ids is None:
+            raise ValueError(f"input has {seq} tokens but the context length is {self.config.max_position}; "
+                             "truncate it or evaluate with a sliding window")
+        if position_ids is None:
+            position_ids = torch.arange(seq, device=input_ids.device)
+        x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
+        mask = causal_mask(seq, device=input_ids.device)
+        if attention_mask is not None:
+            # A padded query (e.g. at the start of a left-padded row) would see no key at
+            # all and turn NaN; letting every query see itself keeps it finite. Real
+            # queries are unaffected: their own position is real and already allowed.
+            mask = (mask & padding_mask(attention_mask)) | torch.eye(seq, dtype=torch.bool, device=input_ids.device)
+        return self.encoder(x, mask=mask).last_hidden_state
+
+
+class GPT2LMHeadModel(nn.Module):
+    """GPT-2 with its language-model head (tied to the token embeddings, no bias)."""
+
+    def __init__(self, config: GPT2Config):
+        super().__init__()
+        self.config = config
+        self.transformer = GPT2Model(config)
+
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None) -> Tensor:
+        """Next-token logits ``(batch, seq, vocab)``; see :meth:`GPT2Model.forward`."""
+        hidden = self.transformer(input_ids, attention_mask, position_ids)
+        return nn.functional.linear(hidden, self.transformer.wte.weight)
+
+
+# ---------------------------------------------------------------------------------
+# Hugging Face checkpoint layout
+# ---------------------------------------------------------------------------------
+
+_RENAMES = KeyMap([
+    ("wte.weight", "wte.weight"),
+    ("wpe.weight", "wpe.weight"),
+    ("encoder.layers.{i}.self_attn_res.norm.{p}", "h.{i}.ln_1.{p}"),
+    ("encoder.layers.{i}.self_attn.out_proj.{p}", "h.{i}.attn.c_proj.{p}"),
+    ("encoder.layers.{i}.ffn_res.norm.{p}", "h.{i}.ln_2.{p}"),
+    ("encoder.layers.{i}.ffn.fc1.{p}", "h.{i}.mlp.c_fc.{p}"),
+    ("encoder.layers.{i}.ffn.fc2.{p}", "h.{i}.mlp.c_proj.{p}"),
+    ("encoder.final_norm.{p}", "ln_f.{p}"),
+])
+_QKV = ("q_proj", "k_proj", "v_proj")
+# Conv1D weights, stored (in, out) by HF.
+_CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
+# Buffers and the tied output matrix that HF files may carry.
+_REDUNDANT = (".attn.bias", ".attn.masked_bias")
+
+
+def gpt2_config_from_hf(hf: dict) -> GPT2Config:
+    """Our config from an HF ``config.json`` dict.
+
+    Raises:
+        CheckpointError: for another model type or a variant we do not implement.
+    """
+    if hf.get("model_type") != "gpt2":
+        raise CheckpointError(f"config.json has model_type {hf.get('model_type')!r}; this loader reads 'gpt2'")
+    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"):
+        if hf.get(flag):
+            raise CheckpointError(f"config.json sets {flag}, which ctxkit's GPT-2 does not implement")
+    hidden = hf["n_embd"]
+    return GPT2Config(num_layers=hf["n_layer"], hidden_size=hidden, num_heads=hf["n_head"], vocab_size=hf["vocab_size"],
+                      max_position=hf["n_positions"], ffn_size=hf.get("n_inner") or 4 * hidden, dropout=hf.get("resid_pdrop", 0.1),
+                      attention_dropout=hf.get("attn_pdrop", 0.1), activation=hf.get("activation_function", "gelu_new"),
+                      layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5))
+
+
+def _gpt2_config_to_hf(config: GPT2Config) -> dict:
+    return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": config.num_layers, "n_embd": config.hidden_size,
+            "n_head": config.num_heads, "vocab_size": config.vocab_size, "n_positions": config.max_position,
+            "n_inner": config.ffn_size, "resid_pdrop": config.dropout, "embd_pdrop": config.dropout,
+            "attn_pdrop": config.attention_dropout, "activation_function": config.activation,
+            "layer_norm_epsilon": config.layer_norm_eps, "initializer_range": 0.02, "tie_word_embeddings": True,
+            "bos_token_id": 50256, "eos_token_id": 50256}
+
+
+def _from_hf_state(hf_state: Dict[str, Tensor]) -> Dict[str, Tensor]:
+    state: Dict[str, Tensor] = {}
+    for key, value in hf_state.items():
+        body = key[len("transformer."):] if key.startswith("transformer.") else key
+        if body.endswith(_REDUNDANT) or key == "lm_head.weight":
+            continue  # causal-mask buffers; the output layer is the tied embedding
+        if body.endswith(_CONV1D):
+            value = value.t()
+        if ".attn.c_attn." in body:
+            layer = body.split(".")[1]
+            for role, part in zip(_QKV, value.chunk(3, dim=0)):
+                state[f"transformer.encoder.layers.{layer}.self_attn.{role}.{body.rsplit('.', 1)[1]}"] = part.contiguous()
+            continue
+        ours = _RENAMES.to_ours(body)
+        state[f"transformer.{ours}" if ours else f"<unmapped> {key}"] = value.contiguous() if ours else torch.empty(0)
+    return state
+
+
+def load_gpt2(directory: os.PathLike) -> GPT2LMHeadModel:
+    """Load an HF-format GPT-2 checkpoint folder (``config.json`` + safetensors or .bin).
+
+    Returns:
+        :class:`GPT2LMHeadModel` in eval mode.
+
+    Raises:
+        CheckpointError: unreadable files, another model type, or (as
+            :class:`~ctxkit.checkpoint.CheckpointMismatchError`) every missing, unexpected
+            and misshaped key.
+    """
+    directory = Path(directory)
+    config = gpt2_config_from_hf(read_config(directory))
+    hf_state = read_weights(directory)
+    if "lm_head.weight" in hf_state and "transformer.wte.weight" in hf_state:
+        if not torch.equal(hf_state["lm_head.weight"], hf_state["transformer.wte.weight"]):
+            raise CheckpointError(f"{directory}: lm_head.weight differs from the token embeddings; ctxkit's GPT-2 ties them")
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(config)
+    load_state_dict_strict(model, _from_hf_state(hf_state), source=str(directory), assign=True)
+    return model.eval()
+
+
+def save_gpt2(model: GPT2LMHeadModel, directory: os.PathLike) -> Path:
+    """Save in the HF ``GPT2LMHeadModel`` layout (``config.json`` + ``model.safetensors``),
+    loadable by ``transformers``; both files are written atomically."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    hf: Dict[str, Tensor] = {}
+    qkv: Dict[str, Dict[str, Tensor]] = {}
+    for key, value in model.state_dict().items():
+        body = key[len("transformer."):]
+        if ".self_attn." in body and body.split(".")[4] in _QKV:
+            layer, role, p = body.split(".")[2], body.split(".")[4], body.split(".")[5]
+            qkv.setdefault(f"h.{layer}.attn.c_attn.{p}", {})[role] = value
+            continue
+        theirs = _RENAMES.to_theirs(body)
+        if theirs is None:
+            raise CheckpointError(f"no HF name for parameter {key!r}")
+        hf["transformer." + theirs] = value.t().contiguous() if theirs.endswith(_CONV1D) else value.contiguous()
+    for name, parts in qkv.items():
+        packed = torch.cat([parts[r] for r in _QKV], dim=0)
+        hf["transformer." + name] = packed.t().contiguous() if name.endswith("weight") else packed
+    save_weights(hf, directory / "model.safetensors")
+    tmp = directory / ".config.json.tmp"
+    tmp.write_text(json.dumps(_gpt2_config_to_hf(model.config), indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, directory / "config.json")
+    return directory

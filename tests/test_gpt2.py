@@ -1,0 +1,90 @@
+"""GPT-2: parity with transformers.GPT2LMHeadModel from the same checkpoint (both ways),
+strict loading, and the presets' sizes."""
+
+import json
+
+import pytest
+import torch
+
+from ctxkit.checkpoint import CheckpointError, CheckpointMismatchError
+from ctxkit.models.gpt2 import GPT2_PRESETS, GPT2Config, GPT2LMHeadModel, load_gpt2, save_gpt2
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32, bos_token_id=0, eos_token_id=0)
+
+
+def _batch():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 100, (3, 20), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 13:] = 0  # right padding
+    mask[2, 7:] = 0
+    return ids, mask
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**TINY)).eval()
+    folder = tmp_path_factory.mktemp("gpt2")
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def test_logits_match_transformers(hf_dir):
+    folder, hf = hf_dir
+    ours = load_gpt2(folder)
+    ids, mask = _batch()
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask).logits
+        got = ours(ids, mask)
+    real = mask.bool()
+    assert got.shape == expected.shape == (3, 20, 100)
+    diff = (got - expected)[real].abs().max().item()
+    assert diff < 1e-5, diff
+    assert torch.isfinite(got).all()  # padded positions stay finite too
+    # Unpadded rows need no mask at all.
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids[:1]), expected[:1], atol=1e-5, rtol=1e-5)
+
+
+def test_saved_model_loads_in_transformers_with_equal_logits(tmp_path):
+    torch.manual_seed(1)
+    ours = GPT2LMHeadModel(GPT2Config(num_layers=2, hidden_size=64, num_heads=4, vocab_size=100, max_position=32, ffn_size=256)).eval()
+    save_gpt2(ours, tmp_path)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    ids, mask = _batch()
+    with torch.no_grad():
+        diff = (ours(ids, mask) - hf(input_ids=ids, attention_mask=mask).logits)[mask.bool()].abs().max().item()
+    assert diff < 1e-5, diff
+    again = load_gpt2(tmp_path)
+    for (k, a), b in zip(ours.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+def test_strict_loading_names_the_problem(hf_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder, _ = hf_dir
+    state = load_file(folder / "model.safetensors")
+    del state["transformer.h.1.mlp.c_fc.bias"]
+    state["transformer.h.0.extra.weight"] = torch.zeros(2)
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointMismatchError) as err:
+        load_gpt2(tmp_path)
+    assert "encoder.layers.1.ffn.fc1.bias" in str(err.value) and "transformer.h.0.extra.weight" in str(err.value)
+    config = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "bert"}))
+    with pytest.raises(CheckpointError, match="model_type 'bert'"):
+        load_gpt2(tmp_path)
+
+
+def test_presets_have_the_published_sizes():
+    # 124M / 355M / 774M / 1.558B parameters (the tied output layer counted once).
+    expected = {"gpt2_117m": 124_439_808, "gpt2_345m": 354_823_168, "gpt2_774m": 774_030_080, "gpt2_1558m": 1_557_611_200}
+    for name, config in GPT2_PRESETS.items():
+        with torch.device("meta"):
+            model = GPT2LMHeadModel(config)
+        assert sum(p.numel() for p in model.parameters()) == expected[name], name
