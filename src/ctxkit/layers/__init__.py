@@ -11,6 +11,7 @@ from .attention import (
 )
 from .embeddings import TransformerEmbeddings
 from .ffn import PositionwiseFFN, get_activation
+from .kv_cache import KVCache, LayerKVCache
 from .position import (
     LearnedPositionalEmbedding,
     SinusoidalPositionalEncoding,
@@ -33,6 +34,8 @@ __all__ = [
     "padding_mask",
     "scaled_dot_product_attention",
     "TransformerEmbeddings",
+    "KVCache",
+    "LayerKVCache",
     "PositionwiseFFN",
     "get_activation",
     "LearnedPositionalEmbedding",

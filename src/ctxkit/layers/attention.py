@@ -263,6 +263,7 @@ class MultiHeadAttention(nn.Module):
         value: Optional[Tensor] = None,
         mask: Optional[Tensor] = None,
         need_weights: bool = False,
+        cache=None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """Attend from ``query`` to ``key``/``value`` (self-attention when they are None).
 
@@ -272,11 +273,16 @@ class MultiHeadAttention(nn.Module):
             value: ``(batch, key_len, value_dim)``; defaults to ``key``.
             mask: bool broadcastable to ``(batch, heads, query_len, key_len)``; True = attend.
             need_weights: run the eager path and return per-head weights.
+            cache: a :class:`~ctxkit.layers.kv_cache.LayerKVCache` for incremental
+                decoding: the new keys/values are stored and the queries attend to every
+                cached position too (``mask`` then spans ``past + key_len`` keys).
 
         Returns:
             ``(output (batch, query_len, embed_dim), weights (batch, heads, query_len, key_len) or None)``.
         """
         q, k, v = self._project(query, key, value)
+        if cache is not None:
+            k, v = cache.update(k, v)  # keys/values of the earlier positions join the new ones
         dropout_p = self.dropout if self.training else 0.0
         out, weights = scaled_dot_product_attention(q, k, v, mask=mask, dropout_p=dropout_p, need_weights=need_weights)
         batch, _, query_len, _ = out.shape

@@ -86,7 +86,7 @@ class TransformerEncoderLayer(nn.Module):
         self.ffn_res = AddNorm(dim, dropout, norm_first, eps)
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None, need_weights: bool = False,
-                query_index: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+                query_index: Optional[Tensor] = None, cache=None) -> Tuple[Tensor, Optional[Tensor]]:
         """Encode.
 
         Args:
@@ -99,6 +99,7 @@ class TransformerEncoderLayer(nn.Module):
                 only at these ``n`` positions (the same values as the full layer there).
                 A pretraining loss that reads only the masked positions and [CLS] needs
                 nothing else from the last layer.
+            cache: this layer's :class:`~ctxkit.layers.kv_cache.LayerKVCache` (decoding).
 
         Returns:
             ``(x (batch, seq or n, dim), weights (batch, heads, seq or n, seq) or None)``.
@@ -111,7 +112,7 @@ class TransformerEncoderLayer(nn.Module):
 
         def attend(h: Tensor) -> Tensor:
             nonlocal weights
-            out, weights = self.self_attn(h, keys, mask=mask, need_weights=need_weights)
+            out, weights = self.self_attn(h, keys, mask=mask, need_weights=need_weights, cache=cache)
             return out
 
         x = self.self_attn_res(x, attend)
@@ -241,6 +242,7 @@ class TransformerEncoder(nn.Module):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         output_positions: Optional[Tensor] = None,
+        cache=None,
     ) -> EncoderOutput:
         """Run every layer.
 
@@ -252,20 +254,27 @@ class TransformerEncoder(nn.Module):
             output_positions: ``(batch, n)``; compute the last layer only at these
                 positions (see ``TransformerEncoderLayer``), so ``last_hidden_state`` is
                 ``(batch, n, dim)``.
+            cache: a :class:`~ctxkit.layers.kv_cache.KVCache` (causal decoding): ``x``
+                holds only the new positions, ``mask`` spans cached + new keys, and the
+                cache advances by ``x.size(1)``.
         """
         hidden: List[Tensor] = [x] if output_hidden_states else []
         attentions: List[Tensor] = []
         last = len(self.layers) - 1
+        new_positions = x.size(1)
         for i, layer in enumerate(self.layers):
             index = output_positions if i == last else None
             if self.checkpoint_layers and self.training and torch.is_grad_enabled():
                 x, weights = checkpoint(layer, x, mask, output_attentions, index, use_reentrant=False)
             else:
-                x, weights = layer(x, mask=mask, need_weights=output_attentions, query_index=index)
+                x, weights = layer(x, mask=mask, need_weights=output_attentions, query_index=index,
+                                   cache=cache.layer(i) if cache is not None else None)
             if output_hidden_states:
                 hidden.append(x)
             if output_attentions:
                 attentions.append(weights)
+        if cache is not None:
+            cache.advance(new_positions)
         if self.final_norm is not None:
             x = self.final_norm(x)
             if output_hidden_states:

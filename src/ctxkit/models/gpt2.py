@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checkpoint import CheckpointError, KeyMap, load_state_dict_strict, read_config, read_weights, save_weights
-from ..layers import TransformerEncoder, causal_mask, padding_mask
+from ..layers import KVCache, TransformerEncoder, causal_mask, padding_mask
 from .presets import GPT2_PRESETS, GPT2Config
 
 __all__ = ["GPT2Config", "GPT2_PRESETS", "GPT2Model", "GPT2LMHeadModel", "load_gpt2", "save_gpt2", "gpt2_config_from_hf"]
@@ -57,35 +57,49 @@ class GPT2Model(nn.Module):
             for proj in (layer.self_attn.out_proj, layer.ffn.fc2):
                 nn.init.normal_(proj.weight, std=0.02 / (2 * self.config.num_layers) ** 0.5)
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
+                cache: Optional[KVCache] = None) -> Tensor:
         """Hidden states of the last layer.
 
         Args:
-            input_ids: ``(batch, seq)``.
-            attention_mask: ``(batch, seq)``, 1 for real tokens, 0 for padding (keys only).
-            position_ids: ``(batch, seq)``; ``0..seq-1`` when None (pass explicit ones for
-                left-padded batches).
+            input_ids: ``(batch, seq)``; with a ``cache``, only the new tokens.
+            attention_mask: 1 for real tokens, 0 for padding (keys only): ``(batch, seq)``,
+                or ``(batch, past + seq)`` with a cache.
+            position_ids: ``(batch, seq)``; ``past..past+seq-1`` when None (pass explicit
+                ones for left-padded batches).
+            cache: a :class:`~ctxkit.layers.KVCache` from :meth:`new_cache`; the new
+                tokens attend to everything cached, and the cache advances by ``seq``.
 
         Returns:
             ``(batch, seq, hidden)``.
 
         Raises:
-            ValueError: when ``seq`` exceeds the model's context length.
+            ValueError: when the sequence exceeds the model's context length.
         """
         seq = input_ids.size(1)
-        if seq > self.config.max_position and position_ids is None:
-            raise ValueError(f"input has {seq} tokens but the context length is {self.config.max_position}; "
+        past = cache.length if cache is not None else 0
+        total = past + seq
+        if total > self.config.max_position and position_ids is None:
+            raise ValueError(f"input has {total} tokens but the context length is {self.config.max_position}; "
                              "truncate it or evaluate with a sliding window")
         if position_ids is None:
-            position_ids = torch.arange(seq, device=input_ids.device)
+            position_ids = torch.arange(past, total, device=input_ids.device)
         x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
-        mask = causal_mask(seq, device=input_ids.device)
+        mask = causal_mask(seq, total, device=input_ids.device)
         if attention_mask is not None:
             # A padded query (e.g. at the start of a left-padded row) would see no key at
             # all and turn NaN; letting every query see itself keeps it finite. Real
             # queries are unaffected: their own position is real and already allowed.
-            mask = (mask & padding_mask(attention_mask)) | torch.eye(seq, dtype=torch.bool, device=input_ids.device)
-        return self.encoder(x, mask=mask).last_hidden_state
+            own = torch.arange(total, device=input_ids.device)[None, :] == torch.arange(past, total, device=input_ids.device)[:, None]
+            mask = (mask & padding_mask(attention_mask)) | own
+        return self.encoder(x, mask=mask, cache=cache).last_hidden_state
+
+    def new_cache(self, batch: int, max_len: int, dtype: Optional[torch.dtype] = None, device=None) -> KVCache:
+        """An empty :class:`~ctxkit.layers.KVCache` for ``batch`` sequences of up to ``max_len`` tokens."""
+        c = self.config
+        weight = self.wte.weight
+        return KVCache(c.num_layers, batch, c.num_heads, c.hidden_size // c.num_heads, min(max_len, c.max_position),
+                       dtype=dtype or weight.dtype, device=device or weight.device)
 
 
 class GPT2LMHeadModel(nn.Module):
@@ -96,10 +110,15 @@ class GPT2LMHeadModel(nn.Module):
         self.config = config
         self.transformer = GPT2Model(config)
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
+                cache: Optional[KVCache] = None) -> Tensor:
         """Next-token logits ``(batch, seq, vocab)``; see :meth:`GPT2Model.forward`."""
-        hidden = self.transformer(input_ids, attention_mask, position_ids)
+        hidden = self.transformer(input_ids, attention_mask, position_ids, cache)
         return nn.functional.linear(hidden, self.transformer.wte.weight)
+
+    def new_cache(self, batch: int, max_len: int, dtype: Optional[torch.dtype] = None, device=None) -> KVCache:
+        """See :meth:`GPT2Model.new_cache`."""
+        return self.transformer.new_cache(batch, max_len, dtype, device)
 
 
 # ---------------------------------------------------------------------------------

@@ -1,0 +1,246 @@
+"""Autoregressive decoding with a KV cache: greedy, sampling and beam search.
+
+Works with any model that maps ``(input_ids, attention_mask, position_ids, cache)`` to
+logits ``(batch, seq, vocab)`` and has ``new_cache(batch, max_len)`` (e.g.
+:class:`ctxkit.models.gpt2.GPT2LMHeadModel`). Prompts of different lengths are batched
+with *left* padding, so every row's next token sits in the last column; the position
+ids count real tokens only, so padding never shifts a row's positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["GenerationConfig", "generate", "filter_logits", "apply_repetition_penalty", "left_pad"]
+
+
+@dataclass
+class GenerationConfig:
+    """How to pick tokens.
+
+    Attributes:
+        max_new_tokens: tokens to generate at most per sequence.
+        do_sample: sample from the (filtered) distribution instead of taking the argmax.
+        temperature: divides the logits before sampling (< 1 sharper, > 1 flatter).
+        top_k: keep only the k most likely tokens (0: all).
+        top_p: keep the smallest set of most likely tokens whose probability reaches p
+            (nucleus sampling; 1.0: all).
+        repetition_penalty: > 1 discourages tokens already in the sequence (CTRL: divide
+            positive logits, multiply negative ones).
+        num_beams: beam search with this many beams when > 1 (deterministic).
+        length_penalty: beam hypotheses are ranked by ``sum log p / length ** length_penalty``.
+        early_stopping: beam search stops for a sequence once ``num_beams`` hypotheses
+            have ended.
+        eos_token_id: ends a sequence (None: only ``max_new_tokens`` ends it).
+        pad_token_id: fills finished rows and left padding.
+        stop_sequences: token-id sequences that end a sequence when generated (kept in
+            the output).
+    """
+
+    max_new_tokens: int = 32
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool = True
+    eos_token_id: Optional[int] = None
+    pad_token_id: int = 0
+    stop_sequences: Sequence[Sequence[int]] = field(default_factory=tuple)
+
+    def check(self) -> None:
+        """Raise ValueError for settings that cannot work together."""
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (use do_sample=False for greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 or self.num_beams < 1 or self.repetition_penalty <= 0:
+            raise ValueError("top_k must be >= 0, num_beams >= 1 and repetition_penalty > 0")
+        if self.num_beams > 1 and self.do_sample:
+            raise ValueError("beam search is deterministic here: use num_beams=1 with do_sample=True")
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_token_id: int = 0) -> Tuple[Tensor, Tensor]:
+    """Batch token-id lists with left padding; returns ``(input_ids, attention_mask)``."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token (e.g. the BOS / end-of-text token)")
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+        mask[row, width - len(p):] = 1
+    return ids, mask
+
+
+def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """CTRL's repetition penalty on ``logits (batch, vocab)`` for the ids in ``seen (batch, n)``."""
+    if penalty == 1.0:
+        return logits
+    picked = logits.gather(1, seen)
+    picked = torch.where(picked > 0, picked / penalty, picked * penalty)
+    return logits.scatter(1, seen, picked)
+
+
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Set the logits of tokens outside the top-k / nucleus to -inf (``(batch, vocab)``).
+
+    The most likely token always survives, so a row never becomes empty; tokens tied
+    with the k-th logit survive top-k too.
+    """
+    if top_k > 0:
+        kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop a token when the tokens before it already reach top_p.
+        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
+        drop_sorted[:, 0] = False
+        logits = logits.masked_fill(drop_sorted.scatter(1, order, drop_sorted), float("-inf"))
+    return logits
+
+
+def _real_tokens(tokens: Tensor, mask: Tensor) -> Tensor:
+    """``tokens`` with left padding replaced by each row's last token, so a repetition
+    penalty counts only tokens that are really there (the last one always is)."""
+    return torch.where(mask.bool(), tokens, tokens[:, -1:])
+
+
+def _ends_with(tokens: Tensor, stops: Sequence[Sequence[int]]) -> Tensor:
+    """Rows of ``tokens (batch, n)`` that end with one of ``stops``."""
+    hit = torch.zeros(tokens.size(0), dtype=torch.bool, device=tokens.device)
+    for stop in stops:
+        if 0 < len(stop) <= tokens.size(1):
+            hit |= (tokens[:, -len(stop):] == torch.tensor(list(stop), device=tokens.device)).all(dim=1)
+    return hit
+
+
+@torch.inference_mode()
+def generate(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None, config: GenerationConfig = GenerationConfig(),
+             generator: Optional[torch.Generator] = None, on_tokens: Optional[Callable[[Tensor], None]] = None) -> Tensor:
+    """Continue left-padded prompts.
+
+    Args:
+        model: see the module docstring; put it in eval mode first.
+        input_ids: ``(batch, prompt)`` token ids, left-padded.
+        attention_mask: ``(batch, prompt)``, 0 on the left padding (None: no padding).
+        config: decoding settings.
+        generator: RNG for sampling (seed it for reproducible samples).
+        on_tokens: called with each step's new tokens ``(batch,)`` as soon as they are
+            chosen (streaming; greedy and sampling only).
+
+    Returns:
+        ``(batch, prompt + generated)``: the prompts followed by the new tokens; rows that
+        finished early are filled with ``pad_token_id``.
+    """
+    config.check()
+    if config.num_beams > 1:
+        return _beam_search(model, input_ids, attention_mask, config)
+    batch, prompt_len = input_ids.shape
+    device = input_ids.device
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = model.new_cache(batch, prompt_len + config.max_new_tokens)
+    logits = model(input_ids, mask, positions, cache)[:, -1].float()
+    next_position = positions[:, -1:] + 1
+    tokens = input_ids
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    for step in range(config.max_new_tokens):
+        if config.repetition_penalty != 1.0:
+            logits = apply_repetition_penalty(logits, _real_tokens(tokens, mask), config.repetition_penalty)
+        if config.do_sample:
+            scores = filter_logits(logits / config.temperature, config.top_k, config.top_p)
+            new = torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(1)
+        else:
+            new = logits.argmax(-1)
+        new = torch.where(finished, torch.full_like(new, config.pad_token_id), new)
+        tokens = torch.cat([tokens, new[:, None]], dim=1)
+        if on_tokens is not None:
+            on_tokens(new)
+        if config.eos_token_id is not None:
+            finished |= new == config.eos_token_id
+        if config.stop_sequences:
+            finished |= _ends_with(tokens[:, prompt_len:], config.stop_sequences)
+        if bool(finished.all()) or step == config.max_new_tokens - 1:
+            break
+        mask = torch.cat([mask, torch.ones_like(new[:, None])], dim=1)
+        logits = model(new[:, None], mask, next_position, cache)[:, -1].float()
+        next_position = next_position + 1
+    return tokens
+
+
+def _beam_search(model, input_ids: Tensor, attention_mask: Optional[Tensor], config: GenerationConfig) -> Tensor:
+    """Beam search: keep the ``num_beams`` best partial sequences per prompt; a beam that
+    emits EOS becomes a finished hypothesis ranked with the length penalty."""
+    batch, prompt_len = input_ids.shape
+    beams, device = config.num_beams, input_ids.device
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
+    ids = input_ids.repeat_interleave(beams, dim=0)
+    mask = mask.repeat_interleave(beams, dim=0)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = model.new_cache(batch * beams, prompt_len + config.max_new_tokens)
+    logits = model(ids, mask, positions, cache)[:, -1].float()
+    next_position = positions[:, -1:] + 1
+    scores = torch.zeros(batch, beams, device=device)
+    scores[:, 1:] = float("-inf")  # all beams start equal: expand the first one only
+    finished: List[List[Tuple[float, Tensor]]] = [[] for _ in range(batch)]
+    done = [False] * batch
+    for step in range(config.max_new_tokens):
+        logp = apply_repetition_penalty(logits, _real_tokens(ids, mask), config.repetition_penalty).log_softmax(-1)
+        vocab = logp.size(-1)
+        candidates = (scores.view(-1, 1) + logp).view(batch, beams * vocab)
+        top_scores, top_index = candidates.topk(2 * beams, dim=1)
+        next_scores = torch.full((batch, beams), float("-inf"), device=device)
+        next_origin = torch.zeros(batch, beams, dtype=torch.long, device=device)
+        next_token = torch.full((batch, beams), config.pad_token_id, dtype=torch.long, device=device)
+        for b in range(batch):
+            kept = 0
+            for score, index in zip(top_scores[b].tolist(), top_index[b].tolist()):
+                origin, token = divmod(index, vocab)
+                if done[b] or score == float("-inf"):
+                    break
+                if config.eos_token_id is not None and token == config.eos_token_id:
+                    length = step + 1
+                    seq = torch.cat([ids[b * beams + origin, prompt_len:], torch.tensor([token], device=device)])
+                    finished[b].append((score / length ** config.length_penalty, seq))
+                    continue
+                next_scores[b, kept], next_origin[b, kept], next_token[b, kept] = score, origin, token
+                kept += 1
+                if kept == beams:
+                    break
+            if not done[b] and len(finished[b]) >= beams:
+                best_open = next_scores[b].max().item() / (step + 1) ** config.length_penalty
+                worst_kept = sorted(s for s, _ in finished[b])[-beams]
+                done[b] = config.early_stopping or best_open <= worst_kept
+        rows = (torch.arange(batch, device=device)[:, None] * beams + next_origin).view(-1)
+        ids = torch.cat([ids.index_select(0, rows), next_token.view(-1, 1)], dim=1)
+        mask = torch.cat([mask.index_select(0, rows), torch.ones_like(next_token.view(-1, 1))], dim=1)
+        next_position = next_position.index_select(0, rows)
+        cache.reorder(rows)
+        scores = next_scores
+        if all(done) or step == config.max_new_tokens - 1:
+            break
+        logits = model(next_token.view(-1, 1), mask, next_position, cache)[:, -1].float()
+        next_position = next_position + 1
+    out = []
+    for b in range(batch):
+        hyps = list(finished[b])
+        for k in range(beams):  # unfinished beams compete too
+            if scores[b, k] > float("-inf"):
+                hyps.append((scores[b, k].item() / (ids.size(1) - prompt_len) ** config.length_penalty, ids[b * beams + k, prompt_len:]))
+        best = max(hyps, key=lambda h: h[0])[1]
+        out.append(best)
+    width = max(len(s) for s in out)
+    new = torch.full((batch, width), config.pad_token_id, dtype=torch.long, device=device)
+    for b, seq in enumerate(out):
+        new[b, : len(seq)] = seq
+    return torch.cat([input_ids, new], dim=1)

@@ -1,0 +1,125 @@
+"""Decoding: cached == uncached logits, greedy == transformers' greedy, beam width 1 ==
+greedy, reproducible sampling, top-k/top-p never emit a filtered token, stops and penalties."""
+
+import pytest
+import torch
+
+from ctxkit.inference import GenerationConfig, apply_repetition_penalty, filter_logits, generate, left_pad
+from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel
+
+CONFIG = GPT2Config(num_layers=2, hidden_size=64, num_heads=4, vocab_size=97, max_position=64, ffn_size=256)
+PROMPTS = [[5, 17, 42, 8, 9, 30], [11, 3], [60, 61, 62, 63]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(CONFIG).eval()
+
+
+def test_cached_logits_equal_uncached_with_left_padding(model):
+    ids, mask = left_pad(PROMPTS)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    extra = torch.tensor([[7, 8, 9], [10, 11, 12], [13, 14, 15]])
+    full_ids = torch.cat([ids, extra], 1)
+    full_mask = torch.cat([mask, torch.ones_like(extra)], 1)
+    full_pos = (full_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        reference = model(full_ids, full_mask, full_pos)
+        cache = model.new_cache(3, 20)
+        pieces = [model(ids, mask, positions, cache)]
+        for j in range(3):  # then one token at a time
+            width = ids.size(1) + j + 1
+            pieces.append(model(extra[:, j : j + 1], full_mask[:, :width], full_pos[:, width - 1 : width], cache))
+    assert cache.length == full_ids.size(1)
+    cached = torch.cat(pieces, 1)
+    real = full_mask.bool()
+    assert (cached - reference)[real].abs().max().item() < 1e-5
+
+
+def test_greedy_equals_transformers_greedy(model, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from ctxkit.models.gpt2 import save_gpt2
+
+    save_gpt2(model, tmp_path)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    ids, mask = left_pad(PROMPTS)
+    ours = generate(model, ids, mask, GenerationConfig(max_new_tokens=12))
+    theirs = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None)
+    assert torch.equal(ours, theirs)
+
+
+def test_greedy_matches_an_uncached_argmax_loop_and_beam_one(model):
+    ids, mask = left_pad(PROMPTS)
+    out = generate(model, ids, mask, GenerationConfig(max_new_tokens=8))
+    tokens, m = ids, mask
+    with torch.no_grad():
+        for _ in range(8):  # the slow way: the whole sequence every step
+            nxt = model(tokens, m, (m.cumsum(-1) - 1).clamp(min=0))[:, -1].argmax(-1, keepdim=True)
+            tokens, m = torch.cat([tokens, nxt], 1), torch.cat([m, torch.ones_like(nxt)], 1)
+    assert torch.equal(out, tokens)
+    assert torch.equal(generate(model, ids, mask, GenerationConfig(max_new_tokens=8, num_beams=1)), out)
+
+
+def test_beam_search_finds_sequences_at_least_as_likely_as_greedy(model):
+    def logprob(seq, prompt_len):
+        with torch.no_grad():
+            logp = model(seq[None])[0].log_softmax(-1)
+        return sum(logp[t - 1, seq[t]].item() for t in range(prompt_len, len(seq)))
+
+    prompt = torch.tensor([PROMPTS[0]])
+    greedy = generate(model, prompt, config=GenerationConfig(max_new_tokens=6))[0]
+    beam = generate(model, prompt, config=GenerationConfig(max_new_tokens=6, num_beams=4, length_penalty=0.0))[0]
+    assert len(beam) == len(greedy)
+    assert logprob(beam, 6) >= logprob(greedy, 6) - 1e-5
+
+
+def test_sampling_is_reproducible_and_filters_hold(model):
+    ids, mask = left_pad(PROMPTS)
+    cfg = GenerationConfig(max_new_tokens=10, do_sample=True, temperature=0.9, top_k=5)
+    a = generate(model, ids, mask, cfg, generator=torch.Generator().manual_seed(3))
+    b = generate(model, ids, mask, cfg, generator=torch.Generator().manual_seed(3))
+    c = generate(model, ids, mask, cfg, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    # Every sampled token was among the 5 most likely at its step.
+    with torch.no_grad():
+        logits = model(a, torch.cat([mask, torch.ones(3, 10, dtype=torch.long)], 1),
+                       (torch.cat([mask, torch.ones(3, 10, dtype=torch.long)], 1).cumsum(-1) - 1).clamp(min=0))
+    top5 = logits[:, ids.size(1) - 1 : -1].topk(5, dim=-1).indices
+    assert (top5 == a[:, ids.size(1):, None]).any(-1).all()
+
+
+def test_filter_logits_top_k_and_top_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]]))
+    kept = filter_logits(logits, top_p=0.8).isfinite()
+    assert kept.tolist() == [[True, True, False, False], [True, True, True, True]]  # 0.5+0.3 reaches 0.8
+    assert filter_logits(logits, top_k=2).isfinite().sum(1).tolist() == [2, 4]  # ties with the k-th survive
+    g = torch.Generator().manual_seed(0)
+    draws = torch.multinomial(filter_logits(logits[:1], top_p=0.8).softmax(-1).expand(2000, -1), 1, generator=g)
+    assert set(draws.flatten().tolist()) == {0, 1}
+
+
+def test_repetition_penalty_stop_sequences_and_eos(model):
+    logits = torch.tensor([[2.0, -2.0, 1.0]])
+    assert apply_repetition_penalty(logits, torch.tensor([[0, 1]]), 2.0).tolist() == [[1.0, -4.0, 1.0]]
+    ids, mask = left_pad(PROMPTS)
+    plain = generate(model, ids, mask, GenerationConfig(max_new_tokens=10))
+    row = plain[0, ids.size(1):].tolist()
+    stop = row[2:4]  # a pair row 0 really produces; it may occur earlier too
+    end = next(k + 2 for k in range(len(row) - 1) if row[k : k + 2] == stop)
+    stopped = generate(model, ids, mask, GenerationConfig(max_new_tokens=10, stop_sequences=[stop], pad_token_id=0))
+    assert stopped[0, ids.size(1) : ids.size(1) + end].tolist() == row[:end]  # kept up to and including the stop
+    assert (stopped[0, ids.size(1) + end :] == 0).all()  # padded after it
+    assert stopped[1:].tolist() == plain[1:].tolist() or _ends_before(plain[1:, ids.size(1):].tolist(), stop)
+    eos = plain[1, ids.size(1)].item()  # row 1's first new token
+    ended = generate(model, ids, mask, GenerationConfig(max_new_tokens=10, eos_token_id=eos))
+    assert ended[1, ids.size(1)].item() == eos and (ended[1, ids.size(1) + 1 :] == 0).all()
+    assert ended[0].tolist() == plain[0].tolist()  # rows that never emit it run to max_new_tokens
+    penalised = generate(model, ids, mask, GenerationConfig(max_new_tokens=10, repetition_penalty=5.0))
+    assert len(set(penalised[0, ids.size(1):].tolist())) >= len(set(plain[0, ids.size(1):].tolist()))
+    with pytest.raises(ValueError, match="temperature"):
+        generate(model, ids, mask, GenerationConfig(do_sample=True, temperature=0.0))
+
+
+def _ends_before(rows, stop):
+    return all(any(r[k : k + 2] == stop for k in range(len(r) - 1)) for r in rows)
