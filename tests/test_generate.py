@@ -123,3 +123,48 @@ def test_repetition_penalty_stop_sequences_and_eos(model):
 
 def _ends_before(rows, stop):
     return all(any(r[k : k + 2] == stop for k in range(len(r) - 1)) for r in rows)
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(shared_data, tmp_path_factory):
+    """A tiny GPT-2 with a BPE vocabulary trained on real text, saved in the HF layout."""
+    from ctxkit.models.gpt2 import save_gpt2
+    from ctxkit.tokenizers import ByteLevelBPETokenizer, read_lines
+
+    lines = [line for line in read_lines(shared_data / "wikitext-2-raw" / "wiki.valid.raw.xz") if line.strip()]
+    tok = ByteLevelBPETokenizer.train(iter(lines), vocab_size=500, show_progress=False)
+    folder = tmp_path_factory.mktemp("gpt2cli")
+    torch.manual_seed(0)
+    save_gpt2(GPT2LMHeadModel(CONFIG.replace(vocab_size=tok.vocab_size)).eval(), folder)
+    tok.save(folder)
+    return folder, tok
+
+
+def test_cli_generate_streams_the_same_text_as_the_api(gpt2_dir, capsys, monkeypatch):
+    import io
+
+    from ctxkit.cli import main
+    from ctxkit.models.gpt2 import load_gpt2
+
+    folder, tok = gpt2_dir
+    model = load_gpt2(folder)
+    ids = tok.encode("The history of")
+    expected = tok.decode(generate(model, torch.tensor([ids]), config=GenerationConfig(max_new_tokens=12, eos_token_id=tok.eos_id,
+                                                                                      pad_token_id=tok.eos_id))[0, len(ids):].tolist())
+    assert main(["generate", str(folder), "--prompt", "The history of", "--max-new-tokens", "12", "--greedy", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out == "The history of" + expected + "\n"
+    # A stop string cuts the continuation where it first appears.
+    stop = expected[3:6]
+    assert main(["generate", str(folder), "--prompt", "The history of", "--max-new-tokens", "12", "--greedy", "--stop", stop,
+                 "--no-echo", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out == expected[: expected.find(stop)] + "\n"
+    # Sampling with a seed is reproducible; the interactive loop reads one prompt per line.
+    monkeypatch.setattr("sys.stdin", io.StringIO("one\ntwo\n"))
+    args = ["generate", str(folder), "--max-new-tokens", "8", "--seed", "5", "--device", "cpu"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    monkeypatch.setattr("sys.stdin", io.StringIO("one\ntwo\n"))
+    assert main(args) == 0
+    assert capsys.readouterr().out == first and first.startswith("one") and "\ntwo" in first
+    assert main(["generate", str(folder), "--prompt", "x", "--max-new-tokens", "64", "--device", "cpu"]) == 2
+    assert "leaves no room" in capsys.readouterr().err

@@ -313,9 +313,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from ctxkit.pretraining.cli import add_commands as add_pretraining_commands
     from ctxkit.pretraining.cli import add_pretrain_command
+    from ctxkit.inference.cli import add_commands as add_inference_commands
     from ctxkit.tasks.cli import add_commands as add_task_commands
 
     add_task_commands(sub)
+    add_inference_commands(sub)
     add_pretraining_commands(sub)
     add_pretrain_command(sub)
     return parser

@@ -136,7 +136,8 @@ def generate(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None, 
         config: decoding settings.
         generator: RNG for sampling (seed it for reproducible samples).
         on_tokens: called with each step's new tokens ``(batch,)`` as soon as they are
-            chosen (streaming; greedy and sampling only).
+            chosen (streaming; greedy and sampling only). It may return a bool tensor
+            ``(batch,)`` marking rows to end now (e.g. a stop string seen in the text).
 
     Returns:
         ``(batch, prompt + generated)``: the prompts followed by the new tokens; rows that
@@ -165,7 +166,9 @@ def generate(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None, 
         new = torch.where(finished, torch.full_like(new, config.pad_token_id), new)
         tokens = torch.cat([tokens, new[:, None]], dim=1)
         if on_tokens is not None:
-            on_tokens(new)
+            stop = on_tokens(new)
+            if stop is not None:
+                finished |= stop.to(device)
         if config.eos_token_id is not None:
             finished |= new == config.eos_token_id
         if config.stop_sequences:
