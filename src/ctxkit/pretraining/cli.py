@@ -163,3 +163,73 @@ def add_pretrain_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_pretrain)
+
+
+def cmd_lm_train(args: argparse.Namespace) -> int:
+    """Handler of ``lm-train``; prints a JSON summary."""
+    import logging
+
+    from ..training import TrainConfig
+    from .lm import train_lm
+
+    logging.getLogger("ctxkit").setLevel(logging.INFO)
+    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_ratio=args.warmup_ratio,
+                         weight_decay=args.weight_decay, max_steps=args.max_steps, seed=args.seed, device=args.device,
+                         log_every=args.log_every, progress=not args.no_progress, compile=args.compile, max_minutes=args.max_minutes)
+    summary = train_lm(args.train, args.valid, args.preset, args.out, config, tokenizer_dir=args.tokenizer,
+                       vocab_size=args.vocab_size, block_size=args.block_size, eval_stride=args.stride)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_perplexity(args: argparse.Namespace) -> int:
+    """Handler of ``perplexity``; prints a JSON line."""
+    from ..models.gpt2 import load_gpt2
+    from ..tokenizers import ByteLevelBPETokenizer
+    from .lm import corpus_ids, perplexity
+
+    model = load_gpt2(args.model)
+    ids = corpus_ids(args.data, ByteLevelBPETokenizer.from_dir(args.model), show_progress=not args.no_progress)
+    result = perplexity(model, ids, args.max_length, args.stride, device=args.device, batch_size=args.batch_size,
+                        show_progress=not args.no_progress)
+    print(json.dumps({"model": str(args.model), "data": [str(d) for d in args.data], **result}))
+    return 0
+
+
+def add_lm_commands(sub: argparse._SubParsersAction) -> None:
+    """Register ``lm-train`` and ``perplexity`` (GPT-2 language models)."""
+    p = sub.add_parser("lm-train", help="train a small GPT-2 from scratch on text files (validation perplexity per epoch)",
+                       description="Byte-level BPE (trained on the corpus unless --tokenizer), fixed-length blocks, next-token loss; "
+                                   "RUN_DIR/best is an HF-format GPT-2 folder with its tokenizer.")
+    p.add_argument("--train", nargs="+", required=True, metavar="FILE", help="training text (plain or .xz)")
+    p.add_argument("--valid", nargs="+", required=True, metavar="FILE", help="validation text for perplexity")
+    p.add_argument("--preset", default="gpt2_4_256_4", help="GPT-2 architecture (default: gpt2_4_256_4)")
+    p.add_argument("--out", required=True, metavar="RUN_DIR")
+    p.add_argument("--tokenizer", default=None, metavar="DIR", help="existing vocab.json + merges.txt folder")
+    p.add_argument("--vocab-size", type=int, default=8000, help="BPE vocabulary to train (default: 8000)")
+    p.add_argument("--block-size", type=int, default=128, help="training length = context length (default: 128)")
+    p.add_argument("--stride", type=int, default=None, help="perplexity window step (default: block size / 2)")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--max-minutes", type=float, default=None)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup-ratio", type=float, default=0.05)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_lm_train)
+
+    p = sub.add_parser("perplexity", help="sliding-window perplexity of a GPT-2 folder on text files",
+                       description="Score a token stream with windows of --max-length tokens advancing by --stride.")
+    p.add_argument("model", metavar="MODEL_DIR", help="HF-format GPT-2 folder with vocab.json and merges.txt")
+    p.add_argument("data", nargs="+", metavar="FILE", help="text files (plain or .xz)")
+    p.add_argument("--max-length", type=int, default=None, help="window length (default: the model's context)")
+    p.add_argument("--stride", type=int, default=None, help="window step (default: half the window)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_perplexity)
