@@ -206,6 +206,21 @@ def performance_page() -> str:
                    "overlapping it, and ctxkit's 2x shorter steps leave the ~3 ms it costs fully exposed; sending the "
                    "gradients in bf16 did not change the ratio, so the next step is overlap (bucketed all-reduce on a "
                    "side stream as gradients become ready, captured in the same graph).")
+    gen = _load("generate.json")
+    if gen:
+        out.append("\n## Decoding speed (issue 5, in progress)\n")
+        out.append("`benchmarks/generate.py`: GPT-2 small with random weights (the same weights on both sides), a 32-token "
+                   "prompt, 256 greedy new tokens, after a warm-up run of the same length; `same tokens` is the share of "
+                   "output tokens both sides agree on.\n")
+        out.append("| case | ctxkit tokens/s | peer | peer tokens/s | speedup | same tokens | device | date |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for r in gen:
+            out.append(f"| {r['case']} | {_fmt(r['ctxkit'])} | {r['peer_name']} | {_fmt(r['peer'])} | {_fmt(r['speedup'])} | "
+                       f"{_fmt(r['same_tokens_share'])} | {r['device']} | {r['date']} |")
+        out.append("\nOn this CPU, batch-1 fp32 decoding is memory-bound: every token reads all 124M fp32 weights (~500 MB) "
+                   "and both sides run at about 12 GB/s, so the issue's >= 2x over transformers cannot come from fp32 "
+                   "kernels; the remaining 6 % is MKL's slower GEMV for `nn.Linear`'s (out, in) layout than for GPT-2 "
+                   "Conv1D's (in, out). GPU runs (batch 1 and 16, HF dynamic and static cache) are pending.")
     return "\n".join(out) + "\n"
 
 

@@ -240,3 +240,22 @@ def test_worker_processes_prepare_the_same_batches(wiki_shards, tmp_path):
     workers = [r["loss"] for r in _pretrain_steps(wiki_shards, tmp_path / "workers", data_workers=2)]
     assert len(inline) == 4
     assert workers == inline  # the same masks and batches, bit for bit
+
+
+def test_fused_weights_are_reused_in_inference_and_refreshed_after_updates():
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(16, 2).eval()
+    x = torch.randn(1, 3, 16)
+    with torch.inference_mode():
+        first = attn(x)[0]
+        cached = attn._fused_cache[1][0]
+        assert attn(x)[0].equal(first) and attn._fused_cache[1][0] is cached  # reused, not rebuilt
+    with torch.no_grad():
+        attn.k_proj.weight.mul_(2.0)  # an in-place update (as an optimiser step would do)
+    with torch.inference_mode():
+        changed = attn(x)[0]
+    fresh = MultiHeadAttention(16, 2).eval()
+    fresh.load_state_dict(attn.state_dict())
+    reference = fresh(x)[0].detach()  # with autograd on: concatenated afresh
+    assert not changed.equal(first)
+    torch.testing.assert_close(changed, reference)

@@ -150,8 +150,11 @@ def generate(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None, 
     device = input_ids.device
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    # Without padding the model needs no key mask: the prompt pass is plainly causal and a
+    # single new query may see every cached key, so each step skips building masks.
+    padded = not bool(mask.all())
     cache = model.new_cache(batch, prompt_len + config.max_new_tokens)
-    logits = model(input_ids, mask, positions, cache)[:, -1].float()
+    logits = model(input_ids, mask if padded else None, positions, cache)[:, -1].float()
     next_position = positions[:, -1:] + 1
     tokens = input_ids
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -176,7 +179,7 @@ def generate(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None, 
         if bool(finished.all()) or step == config.max_new_tokens - 1:
             break
         mask = torch.cat([mask, torch.ones_like(new[:, None])], dim=1)
-        logits = model(new[:, None], mask, next_position, cache)[:, -1].float()
+        logits = model(new[:, None], mask if padded else None, next_position, cache)[:, -1].float()
         next_position = next_position + 1
     return tokens
 

@@ -251,10 +251,27 @@ class MultiHeadAttention(nn.Module):
             if len(projs) == 1:
                 y = projs[0](x)
             else:
-                bias = torch.cat([p.bias for p in projs]) if projs[0].bias is not None else None
-                y = F.linear(x, torch.cat([p.weight for p in projs]), bias)
+                y = F.linear(x, *self._fused(projs))
             out.extend(self._split_heads(t) for t in y.split([p.out_features for p in projs], dim=-1))
         return out[0], out[1], out[2]
+
+    def _fused(self, projs) -> Tuple[Tensor, Optional[Tensor]]:
+        """The concatenated weight and bias of ``projs``. Without autograd (inference) the
+        concatenation is kept and reused until a weight changes (its version counter
+        moves): decoding one token at a time would otherwise copy the matrices per token."""
+        params = [p.weight for p in projs] + [p.bias for p in projs if p.bias is not None]
+        if torch.is_grad_enabled():
+            self._fused_cache = None
+        else:
+            key = tuple((id(p), p._version, p.device, p.dtype) for p in params)
+            cached = getattr(self, "_fused_cache", None)
+            if cached is not None and cached[0] == key:
+                return cached[1]
+        weight = torch.cat([p.weight for p in projs])
+        bias = torch.cat([p.bias for p in projs]) if projs[0].bias is not None else None
+        if not torch.is_grad_enabled():
+            self._fused_cache = (key, (weight, bias))
+        return weight, bias
 
     def forward(
         self,

@@ -85,7 +85,8 @@ class GPT2Model(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(past, total, device=input_ids.device)
         x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
-        mask = causal_mask(seq, total, device=input_ids.device)
+        # One new query after a cache sees every key: no mask to build or apply.
+        mask = None if seq == 1 and attention_mask is None else causal_mask(seq, total, device=input_ids.device)
         if attention_mask is not None:
             # A padded query (e.g. at the start of a left-padded row) would see no key at
             # all and turn NaN; letting every query see itself keeps it finite. Real

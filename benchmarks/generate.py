@@ -1,0 +1,106 @@
+"""Decoding speed: ctxkit's generate vs transformers' generate, GPT-2 small (random weights).
+
+    python benchmarks/generate.py --device cpu                 # batch 1, fp32, 2 threads
+    python benchmarks/generate.py --device cuda --batch 1 16    # bf16; HF default and static cache
+
+Both sides load the same weights (ctxkit saves them, transformers loads the folder), get
+the same prompt (32 tokens) and greedy-decode --new tokens (256) with no early stop;
+every measurement follows a warm-up run of the same length. On CUDA the peer is timed in
+its default configuration (dynamic cache) and its fastest (``cache_implementation=
+"static"``, which transformers compiles itself). Tokens per second count new tokens over
+the whole batch. The outputs are compared token for token (greedy decoding is
+deterministic, so both sides must agree where their numerics do).
+
+Writes speed records to benchmarks/results/generate.json (--results to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from ctxkit.inference import GenerationConfig, generate  # noqa: E402
+from ctxkit.models.gpt2 import GPT2LMHeadModel, save_gpt2  # noqa: E402
+from ctxkit.models.presets import GPT2_PRESETS  # noqa: E402
+
+
+def timed(fn, device: str) -> tuple:
+    fn()  # warm-up of the same length
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    out = fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1])
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--new", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads (CPU runs)")
+    parser.add_argument("--preset", default="gpt2_117m")
+    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "generate.json"))
+    args = parser.parse_args(argv)
+    import transformers
+
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    ours = GPT2LMHeadModel(GPT2_PRESETS[args.preset].replace(dropout=0.0, attention_dropout=0.0)).eval()
+    folder = Path(tempfile.mkdtemp())
+    save_gpt2(ours, folder)
+    hf = transformers.GPT2LMHeadModel.from_pretrained(folder, dtype=dtype).to(args.device).eval()
+    ours = ours.to(args.device, dtype)
+    device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU, {args.threads} threads"
+    command = "python benchmarks/generate.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    config = GenerationConfig(max_new_tokens=args.new)
+    records = []
+    for batch in args.batch:
+        ids = torch.randint(0, ours.config.vocab_size, (batch, args.prompt), generator=torch.Generator().manual_seed(1)).to(args.device)
+        mask = torch.ones_like(ids)
+        sec, ours_out = timed(lambda: generate(ours, ids, mask, config), args.device)
+        rows = {"ctxkit": sec}
+        peers = {"dynamic cache": {}}
+        if args.device == "cuda":
+            peers["static cache, compiled by transformers"] = {"cache_implementation": "static"}
+        same = {}
+        for name, extra in peers.items():
+            with torch.inference_mode():
+                sec, hf_out = timed(lambda: hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.new, min_new_tokens=args.new,
+                                                        do_sample=False, pad_token_id=0, **extra), args.device)
+            rows[name] = sec
+            same[name] = float((hf_out == ours_out).float().mean())
+        tps = {k: batch * args.new / v for k, v in rows.items()}
+        print(f"batch {batch}: " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in tps.items()), flush=True)
+        for name in peers:
+            records.append({
+                "benchmark": "generate", "case": f"{args.preset} random weights, prompt {args.prompt}, {args.new} new tokens, greedy, "
+                                                 f"batch {batch}, {'bf16' if dtype == torch.bfloat16 else 'fp32'}",
+                "metric": "new tokens per second", "unit": "tokens/s", "ctxkit": round(tps["ctxkit"], 1),
+                "peer_name": f"transformers {transformers.__version__} generate ({name})", "peer": round(tps[name], 1),
+                "speedup": round(tps["ctxkit"] / tps[name], 3), "same_tokens_share": round(same[name], 4),
+                "device": device_name, "date": datetime.date.today().isoformat(), "command": command,
+            })
+    Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
+    print(json.dumps(records, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
