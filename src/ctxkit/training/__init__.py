@@ -1,7 +1,7 @@
 """Fine-tuning: trainer, optimiser and schedules."""
 
 from .optim import build_adamw, linear_warmup_decay, polynomial_warmup_decay
-from .inference import predict
+from .predict import predict
 from .trainer import (
     TrainConfig,
     Trainer,
