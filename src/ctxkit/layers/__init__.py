@@ -20,6 +20,7 @@ from .position import (
 from .transformer import (
     AddNorm,
     EncoderOutput,
+    TransformerDecoder,
     TransformerDecoderLayer,
     TransformerEncoder,
     TransformerEncoderLayer,
@@ -43,6 +44,7 @@ __all__ = [
     "sinusoidal_table",
     "AddNorm",
     "EncoderOutput",
+    "TransformerDecoder",
     "TransformerDecoderLayer",
     "TransformerEncoder",
     "TransformerEncoderLayer",

@@ -20,7 +20,7 @@ from .attention import MultiHeadAttention, causal_mask
 from .ffn import PositionwiseFFN
 from .precision import to_stream_dtype
 
-__all__ = ["AddNorm", "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "EncoderOutput"]
+__all__ = ["AddNorm", "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "EncoderOutput"]
 
 
 class AddNorm(nn.Module):
@@ -154,6 +154,7 @@ class TransformerDecoderLayer(nn.Module):
         self_mask: Optional[Tensor] = None,
         memory_mask: Optional[Tensor] = None,
         need_weights: bool = False,
+        cache=None,
     ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
         """Decode one layer.
 
@@ -164,17 +165,21 @@ class TransformerDecoderLayer(nn.Module):
                 mask (e.g. causal & target padding) to override.
             memory_mask: bool mask over source keys, e.g. ``padding_mask(src_attention_mask)``.
             need_weights: also return self- and cross-attention weights.
+            cache: this layer's :class:`~ctxkit.layers.kv_cache.LayerKVCache` for the
+                self-attention (incremental decoding; pass an explicit ``self_mask``
+                over cached + new keys, or None when one new position sees them all).
 
         Returns:
             ``(x, self_weights (batch, heads, tgt, tgt) or None, cross_weights (batch, heads, tgt, src) or None)``.
         """
-        if self_mask is None:
-            self_mask = causal_mask(x.size(1), device=x.device)
+        if self_mask is None and not (cache is not None and x.size(1) == 1):
+            past = cache.cache.length if cache is not None else 0
+            self_mask = causal_mask(x.size(1), past + x.size(1), device=x.device)
         self_weights = cross_weights = None
 
         def self_attend(h: Tensor) -> Tensor:
             nonlocal self_weights
-            out, self_weights = self.self_attn(h, mask=self_mask, need_weights=need_weights)
+            out, self_weights = self.self_attn(h, mask=self_mask, need_weights=need_weights, cache=cache)
             return out
 
         def cross_attend(h: Tensor) -> Tensor:
@@ -284,3 +289,46 @@ class TransformerEncoder(nn.Module):
             hidden_states=tuple(hidden) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )
+
+
+class TransformerDecoder(nn.Module):
+    """A stack of :class:`TransformerDecoderLayer` (plus a final norm when pre-norm).
+
+    Args: as :class:`TransformerEncoder`, plus ``memory_dim`` (encoder width, default ``dim``).
+    """
+
+    def __init__(self, num_layers: int, dim: int, num_heads: int, ffn_dim: int, dropout: float = 0.1, attention_dropout: float = 0.1,
+                 activation: str = "relu", norm_first: bool = False, eps: float = 1e-5, memory_dim: Optional[int] = None):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            TransformerDecoderLayer(dim, num_heads, ffn_dim, dropout, attention_dropout, activation, norm_first, eps, memory_dim)
+            for _ in range(num_layers)
+        )
+        self.final_norm = nn.LayerNorm(dim, eps=eps) if norm_first else None
+
+    def forward(self, x: Tensor, memory: Tensor, self_mask: Optional[Tensor] = None, memory_mask: Optional[Tensor] = None,
+                cache=None, need_weights: bool = False) -> Tuple[Tensor, List[Optional[Tensor]]]:
+        """Decode.
+
+        Args:
+            x: target states ``(batch, tgt_len, dim)`` (only the new positions with a cache).
+            memory: encoder output ``(batch, src_len, memory_dim)``.
+            self_mask: bool self-attention mask; None = causal (over cached + new keys).
+            memory_mask: bool mask over source keys, e.g. ``padding_mask(src_mask)``.
+            cache: a :class:`~ctxkit.layers.kv_cache.KVCache` with one entry per layer;
+                it advances by ``tgt_len``.
+            need_weights: also return each layer's cross-attention weights (eager path).
+
+        Returns:
+            ``(x (batch, tgt_len, dim), cross-attention weights per layer or Nones)``.
+        """
+        cross = []
+        for i, layer in enumerate(self.layers):
+            x, _, weights = layer(x, memory, self_mask, memory_mask, need_weights=need_weights,
+                                  cache=cache.layer(i) if cache is not None else None)
+            cross.append(weights)
+        if cache is not None:
+            cache.advance(x.size(1))
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, cross

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict
 
-__all__ = ["BertConfig", "Preset", "PRESETS", "get_preset", "GPT2Config", "GPT2_PRESETS"]
+__all__ = ["BertConfig", "Preset", "PRESETS", "get_preset", "GPT2Config", "GPT2_PRESETS", "Seq2SeqConfig", "SEQ2SEQ_PRESETS"]
 
 
 @dataclass(frozen=True)
@@ -170,3 +170,49 @@ GPT2_PRESETS: Dict[str, GPT2Config] = {
     "gpt2_4_256_4": _gpt2(4, 256, 4),
     "gpt2_2_128_2": _gpt2(2, 128, 2),
 }
+
+
+@dataclass(frozen=True)
+class Seq2SeqConfig:
+    """Architecture of a Transformer encoder-decoder (Vaswani et al. 2017).
+
+    Attributes:
+        num_encoder_layers, num_decoder_layers: stack depths.
+        hidden_size, num_heads, ffn_size: width, heads and FFN inner size.
+        vocab_size: the shared source/target vocabulary (joint BPE).
+        max_position: longest sequence (sinusoidal table size).
+        dropout, attention_dropout: residual/embedding and attention-weight dropout.
+        activation: FFN activation (``relu`` in the original).
+        norm_first: pre-norm layers (trains more stably without warmup tricks) or the
+            original post-norm.
+        tie_embeddings: one matrix for source embeddings, target embeddings and the
+            output projection (possible because the vocabulary is shared).
+        pad_id, bos_id, eos_id: special token ids.
+    """
+
+    num_encoder_layers: int = 3
+    num_decoder_layers: int = 3
+    hidden_size: int = 256
+    num_heads: int = 8
+    ffn_size: int = 1024
+    vocab_size: int = 8000
+    max_position: int = 256
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation: str = "relu"
+    norm_first: bool = True
+    tie_embeddings: bool = True
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def replace(self, **changes) -> "Seq2SeqConfig":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+SEQ2SEQ_PRESETS: Dict[str, Seq2SeqConfig] = {
+    "transformer_base": Seq2SeqConfig(6, 6, 512, 8, 2048, vocab_size=37000, norm_first=False),  # the paper's base model
+    "transformer_3_256_8": Seq2SeqConfig(3, 3, 256, 8, 1024),  # Multi30k-sized
+}
+

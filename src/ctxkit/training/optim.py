@@ -63,6 +63,18 @@ def polynomial_warmup_decay(optimizer: torch.optim.Optimizer, warmup_steps: int,
     return LambdaLR(optimizer, factor)
 
 
+def inverse_sqrt_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int) -> LambdaLR:
+    """The Transformer paper's schedule: linear warmup to the peak at ``warmup_steps``,
+    then decay with ``sqrt(warmup_steps / step)`` (no fixed end)."""
+    warmup_steps = max(warmup_steps, 1)
+
+    def factor(step: int) -> float:
+        step += 1
+        return min(step / warmup_steps, math.sqrt(warmup_steps / step))
+
+    return LambdaLR(optimizer, factor)
+
+
 def build_schedule(config, optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> LambdaLR:
     """The schedule a :class:`~ctxkit.training.TrainConfig` names (``schedule``, ``schedule_power``).
 
@@ -73,7 +85,9 @@ def build_schedule(config, optimizer: torch.optim.Optimizer, warmup_steps: int, 
         return linear_warmup_decay(optimizer, warmup_steps, total_steps)
     if config.schedule == "polynomial":
         return polynomial_warmup_decay(optimizer, warmup_steps, total_steps, power=config.schedule_power)
-    raise ValueError(f"schedule must be 'linear' or 'polynomial', got {config.schedule!r}")
+    if config.schedule == "inverse_sqrt":
+        return inverse_sqrt_warmup(optimizer, warmup_steps)
+    raise ValueError(f"schedule must be 'linear', 'polynomial' or 'inverse_sqrt', got {config.schedule!r}")
 
 
 class Lamb(torch.optim.Optimizer):

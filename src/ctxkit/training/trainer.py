@@ -70,8 +70,9 @@ class TrainConfig:
             elementwise kernels, still inside the CUDA graphs.
         activation_checkpointing: recompute each encoder layer in the backward pass
             (less memory, about a third more compute).
-        schedule: ``"linear"`` warmup + linear decay, or ``"polynomial"`` warmup +
-            ``(1 - progress) ** schedule_power`` decay.
+        schedule: ``"linear"`` warmup + linear decay, ``"polynomial"`` warmup +
+            ``(1 - progress) ** schedule_power`` decay, or ``"inverse_sqrt"`` (the
+            Transformer paper's warmup then ``1/sqrt(step)``).
         schedule_power: exponent of the polynomial decay.
         progress: show tqdm progress bars.
         eval_each_epoch: evaluate (and keep the best epoch) after every epoch; when False

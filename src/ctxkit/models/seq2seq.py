@@ -1,0 +1,136 @@
+"""The Transformer encoder-decoder for translation (Vaswani et al. 2017).
+
+Source and target share one vocabulary (a joint BPE), so one embedding matrix can serve
+the encoder input, the decoder input and the output projection (``tie_embeddings``).
+Embeddings are scaled by sqrt(d) and added to sinusoidal positions; the stacks are the
+shared :class:`~ctxkit.layers.TransformerEncoder` / :class:`~ctxkit.layers.TransformerDecoder`.
+Training uses teacher forcing and label-smoothed cross-entropy; decoding goes through
+:func:`ctxkit.inference.generate` (greedy, beam, sampling) via :meth:`bind`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..layers import KVCache, SinusoidalPositionalEncoding, TransformerDecoder, TransformerEncoder, padding_mask
+from .presets import Seq2SeqConfig
+
+__all__ = ["TransformerSeq2Seq", "BoundDecoder"]
+
+
+class TransformerSeq2Seq(nn.Module):
+    """Encoder-decoder Transformer.
+
+    Args:
+        config: the architecture.
+    """
+
+    def __init__(self, config: Seq2SeqConfig):
+        super().__init__()
+        self.config = config
+        d = config.hidden_size
+        self.embed = nn.Embedding(config.vocab_size, d, padding_idx=config.pad_id)
+        self.target_embed = self.embed if config.tie_embeddings else nn.Embedding(config.vocab_size, d, padding_idx=config.pad_id)
+        self.positions = SinusoidalPositionalEncoding(d, config.max_position)
+        self.drop = nn.Dropout(config.dropout)
+        common = dict(dropout=config.dropout, attention_dropout=config.attention_dropout, activation=config.activation,
+                      norm_first=config.norm_first)
+        self.encoder = TransformerEncoder(config.num_encoder_layers, d, config.num_heads, config.ffn_size, **common)
+        self.decoder = TransformerDecoder(config.num_decoder_layers, d, config.num_heads, config.ffn_size, **common)
+        self.output = None if config.tie_embeddings else nn.Linear(d, config.vocab_size, bias=False)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+        nn.init.normal_(self.embed.weight, std=d ** -0.5)  # unit-variance inputs after the sqrt(d) scale
+        with torch.no_grad():
+            self.embed.weight[config.pad_id].zero_()
+
+    def _embed(self, table: nn.Embedding, ids: Tensor, positions: Optional[Tensor] = None) -> Tensor:
+        pos = self.positions.table[positions] if positions is not None else self.positions(ids.size(1))
+        return self.drop(table(ids) * math.sqrt(self.config.hidden_size) + pos)
+
+    def encode(self, src_ids: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
+        """Encoder states ``(batch, src_len, hidden)`` of ``src_ids (batch, src_len)``
+        (``src_mask`` 1 for real tokens)."""
+        mask = padding_mask(src_mask) if src_mask is not None else None
+        return self.encoder(self._embed(self.embed, src_ids), mask=mask).last_hidden_state
+
+    def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
+               cache: Optional[KVCache] = None, need_weights: bool = False):
+        """Next-token logits ``(batch, tgt_len, vocab)`` given the encoder ``memory``.
+
+        With ``cache``, ``tgt_ids`` are only the new positions (one at a time); with
+        ``need_weights`` also returns the cross-attention weights of every layer.
+        """
+        if position_ids is None and cache is not None:
+            position_ids = torch.arange(cache.length, cache.length + tgt_ids.size(1), device=tgt_ids.device)
+        x = self._embed(self.target_embed, tgt_ids, position_ids)
+        memory_mask = padding_mask(src_mask) if src_mask is not None else None
+        x, cross = self.decoder(x, memory, memory_mask=memory_mask, cache=cache, need_weights=need_weights)
+        logits = F.linear(x, self.target_embed.weight) if self.output is None else self.output(x)
+        return (logits, cross) if need_weights else logits
+
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Optional[Tensor] = None, label_smoothing: float = 0.1, **_) -> dict:
+        """Teacher-forced loss.
+
+        Args:
+            src_ids: ``(batch, src_len)``, padded with ``pad_id``.
+            tgt_ids: ``(batch, tgt_len)``: ``[BOS] y_1 .. y_n [EOS]`` padded with ``pad_id``;
+                the decoder reads all but the last position and predicts all but the first.
+            src_mask: ``(batch, src_len)``; default: ``src_ids != pad_id``.
+            label_smoothing: mass spread over the vocabulary (0.1 in the paper).
+
+        Returns:
+            ``loss`` (mean over target tokens) and ``token_acc``.
+        """
+        if src_mask is None:
+            src_mask = (src_ids != self.config.pad_id).long()
+        logits = self.decode(tgt_ids[:, :-1], self.encode(src_ids, src_mask), src_mask)
+        gold = tgt_ids[:, 1:]
+        loss = F.cross_entropy(logits.float().flatten(0, 1), gold.flatten(), ignore_index=self.config.pad_id,
+                               label_smoothing=label_smoothing)
+        real = gold != self.config.pad_id
+        acc = ((logits.argmax(-1) == gold) & real).sum() / real.sum().clamp(min=1)
+        return {"loss": loss, "token_acc": acc.detach()}
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        """An empty self-attention cache for the decoder."""
+        c = self.config
+        w = self.embed.weight
+        return KVCache(c.num_decoder_layers, batch, c.num_heads, c.hidden_size // c.num_heads, min(max_len, c.max_position),
+                       dtype=w.dtype, device=w.device)
+
+    def bind(self, src_ids: Tensor, src_mask: Optional[Tensor] = None) -> "BoundDecoder":
+        """Encode a source batch once and return a decoder-only view for ``generate``."""
+        if src_mask is None:
+            src_mask = (src_ids != self.config.pad_id).long()
+        return BoundDecoder(self, self.encode(src_ids, src_mask), src_mask)
+
+
+class BoundDecoder:
+    """The decoder of a :class:`TransformerSeq2Seq` with its encoder output fixed, shaped
+    like a decoder-only language model (what :func:`ctxkit.inference.generate` drives).
+
+    Beam search runs ``beams`` rows per source; the memory is repeated to match.
+    """
+
+    def __init__(self, model: TransformerSeq2Seq, memory: Tensor, src_mask: Tensor):
+        self.model, self.memory, self.src_mask = model, memory, src_mask
+
+    def _memory_for(self, rows: int):
+        if rows != self.memory.size(0):
+            k = rows // self.memory.size(0)
+            self.memory, self.src_mask = self.memory.repeat_interleave(k, 0), self.src_mask.repeat_interleave(k, 0)
+        return self.memory, self.src_mask
+
+    def __call__(self, input_ids: Tensor, attention_mask=None, position_ids=None, cache=None) -> Tensor:
+        memory, src_mask = self._memory_for(input_ids.size(0))
+        return self.model.decode(input_ids, memory, src_mask, position_ids=position_ids, cache=cache)
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        return self.model.new_cache(batch, max_len)
