@@ -10,17 +10,22 @@ Training uses teacher forcing and label-smoothed cross-entropy; decoding goes th
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
+from pathlib import Path
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights, save_weights
 from ..layers import KVCache, SinusoidalPositionalEncoding, TransformerDecoder, TransformerEncoder, padding_mask
 from .presets import Seq2SeqConfig
 
-__all__ = ["TransformerSeq2Seq", "BoundDecoder"]
+__all__ = ["TransformerSeq2Seq", "BoundDecoder", "save_seq2seq", "load_seq2seq"]
 
 
 class TransformerSeq2Seq(nn.Module):
@@ -35,7 +40,9 @@ class TransformerSeq2Seq(nn.Module):
         self.config = config
         d = config.hidden_size
         self.embed = nn.Embedding(config.vocab_size, d, padding_idx=config.pad_id)
-        self.target_embed = self.embed if config.tie_embeddings else nn.Embedding(config.vocab_size, d, padding_idx=config.pad_id)
+        # Registered only when untied: one module under two names would put one tensor
+        # twice in the state dict (and safetensors refuses shared tensors).
+        self.untied_target_embed = None if config.tie_embeddings else nn.Embedding(config.vocab_size, d, padding_idx=config.pad_id)
         self.positions = SinusoidalPositionalEncoding(d, config.max_position)
         self.drop = nn.Dropout(config.dropout)
         common = dict(dropout=config.dropout, attention_dropout=config.attention_dropout, activation=config.activation,
@@ -49,6 +56,11 @@ class TransformerSeq2Seq(nn.Module):
         nn.init.normal_(self.embed.weight, std=d ** -0.5)  # unit-variance inputs after the sqrt(d) scale
         with torch.no_grad():
             self.embed.weight[config.pad_id].zero_()
+
+    @property
+    def target_embed(self) -> nn.Embedding:
+        """The target-side embedding (the source one when tied)."""
+        return self.embed if self.untied_target_embed is None else self.untied_target_embed
 
     def _embed(self, table: nn.Embedding, ids: Tensor, positions: Optional[Tensor] = None) -> Tensor:
         pos = self.positions.table[positions] if positions is not None else self.positions(ids.size(1))
@@ -75,19 +87,21 @@ class TransformerSeq2Seq(nn.Module):
         logits = F.linear(x, self.target_embed.weight) if self.output is None else self.output(x)
         return (logits, cross) if need_weights else logits
 
-    def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Optional[Tensor] = None, label_smoothing: float = 0.1, **_) -> dict:
+    def forward(self, input_ids: Tensor, tgt_ids: Tensor, attention_mask: Optional[Tensor] = None, label_smoothing: float = 0.1,
+                **_) -> dict:
         """Teacher-forced loss.
 
         Args:
-            src_ids: ``(batch, src_len)``, padded with ``pad_id``.
+            input_ids: source ids ``(batch, src_len)``, padded with ``pad_id``.
             tgt_ids: ``(batch, tgt_len)``: ``[BOS] y_1 .. y_n [EOS]`` padded with ``pad_id``;
                 the decoder reads all but the last position and predicts all but the first.
-            src_mask: ``(batch, src_len)``; default: ``src_ids != pad_id``.
+            attention_mask: source mask ``(batch, src_len)``; default ``input_ids != pad_id``.
             label_smoothing: mass spread over the vocabulary (0.1 in the paper).
 
         Returns:
             ``loss`` (mean over target tokens) and ``token_acc``.
         """
+        src_ids, src_mask = input_ids, attention_mask
         if src_mask is None:
             src_mask = (src_ids != self.config.pad_id).long()
         logits = self.decode(tgt_ids[:, :-1], self.encode(src_ids, src_mask), src_mask)
@@ -134,3 +148,28 @@ class BoundDecoder:
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         return self.model.new_cache(batch, max_len)
+
+
+def save_seq2seq(model: TransformerSeq2Seq, directory) -> Path:
+    """Write ``config.json`` (the :class:`Seq2SeqConfig` fields) and ``model.safetensors``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_weights(model.state_dict(), directory / "model.safetensors")
+    tmp = directory / ".config.json.tmp"
+    tmp.write_text(json.dumps({"model_type": "ctxkit-seq2seq", **dataclasses.asdict(model.config)}, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, directory / "config.json")
+    return directory
+
+
+def load_seq2seq(directory) -> TransformerSeq2Seq:
+    """Load :func:`save_seq2seq` output (strict: every key and shape is checked).
+
+    Raises:
+        CheckpointError: unreadable files, another model type, or mismatched keys.
+    """
+    config = read_config(directory)
+    if config.pop("model_type", None) != "ctxkit-seq2seq":
+        raise CheckpointError(f"{directory}: not a ctxkit seq2seq checkpoint (config.json model_type)")
+    model = TransformerSeq2Seq(Seq2SeqConfig(**config))
+    load_state_dict_strict(model, read_weights(directory), source=str(directory))
+    return model.eval()

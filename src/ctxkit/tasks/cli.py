@@ -8,7 +8,7 @@ import logging
 import sys
 from dataclasses import fields
 
-__all__ = ["add_commands"]
+__all__ = ["add_commands", "add_translation_commands"]
 
 _TASK_HELP = "sst-2, cola, mrpc, sts-b, qqp, mnli, qnli, rte, wnli, table, conll2003, squad, squad2"
 
@@ -101,3 +101,80 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default="auto")
     p.set_defaults(func=_cmd_predict)
+
+
+def _cmd_translate_train(args: argparse.Namespace) -> int:
+    from ..training import TrainConfig
+    from .translation import train_translation
+
+    logging.getLogger("ctxkit").setLevel(logging.INFO)
+    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_ratio=args.warmup_ratio,
+                         weight_decay=args.weight_decay, max_steps=args.max_steps, seed=args.seed, device=args.device,
+                         schedule=args.schedule, progress=not args.no_progress, log_every=args.log_every, max_minutes=args.max_minutes)
+    overrides = {"dropout": args.dropout} if args.dropout is not None else {}
+    summary = train_translation((args.train_src, args.train_tgt), (args.valid_src, args.valid_tgt), args.out, config,
+                                preset=args.preset, vocab_size=args.vocab_size, max_length=args.max_length,
+                                label_smoothing=args.label_smoothing, eval_beams=args.eval_beams, **overrides)
+    print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))
+    return 0
+
+
+def _cmd_translate(args: argparse.Namespace) -> int:
+    from ..tokenizers.wordpiece import decode_lines, read_lines
+    from .translation import bleu, load_translator, read_parallel, translate
+
+    model, tok = load_translator(args.run_dir)
+    if args.ref:
+        if args.input == "-":
+            raise ValueError("--ref needs the source as a file, to check the two are line-aligned")
+        pairs = read_parallel(args.input, args.ref)
+        sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    else:
+        sources = list(decode_lines(sys.stdin.buffer, "<stdin>") if args.input == "-" else read_lines(args.input))
+    if not sources:
+        raise ValueError("no input lines to translate")
+    hyps = translate(model, tok, sources, num_beams=args.beams, batch_size=args.batch_size, device=args.device)
+    sys.stdout.write("".join(h + "\n" for h in hyps))
+    if args.ref:
+        print(json.dumps({"bleu": round(bleu(hyps, refs), 2), "sentences": len(hyps), "beams": args.beams}), file=sys.stderr)
+    return 0
+
+
+def add_translation_commands(sub: argparse._SubParsersAction) -> None:
+    """Register translate-train and translate."""
+    p = sub.add_parser("translate-train", help="train a Transformer translator on parallel text (BLEU per epoch)",
+                       description="Joint byte-level BPE, Transformer encoder-decoder, label smoothing, validation sacreBLEU.")
+    p.add_argument("--train-src", required=True)
+    p.add_argument("--train-tgt", required=True)
+    p.add_argument("--valid-src", required=True)
+    p.add_argument("--valid-tgt", required=True)
+    p.add_argument("--out", required=True, metavar="RUN_DIR")
+    p.add_argument("--preset", default="transformer_3_256_8")
+    p.add_argument("--vocab-size", type=int, default=8000, help="joint BPE vocabulary (default: 8000)")
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--epochs", type=float, default=10.0)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--max-minutes", type=float, default=None)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup-ratio", type=float, default=0.05)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--schedule", choices=("inverse_sqrt", "linear", "polynomial"), default="inverse_sqrt")
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
+    p.add_argument("--eval-beams", type=int, default=1, help="beams for the per-epoch validation BLEU (default: greedy)")
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_translate_train)
+
+    p = sub.add_parser("translate", help="translate one sentence per line with a translate-train run",
+                       description="Print one translation per input line; with --ref also print sacreBLEU to stderr.")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("input", nargs="?", default="-", metavar="FILE|-")
+    p.add_argument("--ref", default=None, metavar="FILE", help="reference translations, line-aligned: report BLEU")
+    p.add_argument("--beams", type=int, default=4, help="beam size (1 = greedy; default 4)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default="auto")
+    p.set_defaults(func=_cmd_translate)

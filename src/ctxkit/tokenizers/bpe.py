@@ -75,24 +75,28 @@ class ByteLevelBPETokenizer:
 
     @classmethod
     def from_dir(cls, path: PathLike) -> "ByteLevelBPETokenizer":
-        """Load a folder with ``vocab.json`` + ``merges.txt`` (an HF GPT-2 checkpoint folder)."""
+        """Load a folder with ``vocab.json`` + ``merges.txt`` (an HF GPT-2 checkpoint folder);
+        a ``tokenizer.json`` written by :meth:`save` is preferred (it keeps special tokens)."""
         path = Path(path)
         max_length = 1024
         if (path / "config.json").is_file():
             max_length = json.loads((path / "config.json").read_text(encoding="utf-8")).get("n_positions", max_length)
+        if (path / "tokenizer.json").is_file():
+            return cls(Tokenizer.from_file(str(path / "tokenizer.json")), max_length)
         return cls.from_files(path / "vocab.json", path / "merges.txt", max_length)
 
     @classmethod
     def train(cls, files_or_iterator, vocab_size: int = 50257, min_frequency: int = 2, show_progress: bool = True,
-              max_length: int = 1024) -> "ByteLevelBPETokenizer":
+              max_length: int = 1024, special_tokens: Sequence[str] = ()) -> "ByteLevelBPETokenizer":
         """Learn merges on text files (plain or ``.xz``) or an iterator of strings.
 
         The 256 byte symbols are always in the vocabulary, so any text can be encoded;
-        ``<|endoftext|>`` is the last id, as in GPT-2.
+        ``<|endoftext|>`` is the last id, as in GPT-2. ``special_tokens`` (e.g. pad,
+        begin and end markers for translation) take ids 0, 1, ... and are never split.
         """
         tok = _build(models.BPE())
         trainer = trainers.BpeTrainer(vocab_size=vocab_size - 1, min_frequency=min_frequency, show_progress=show_progress,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=list(special_tokens))
         tok.train_from_iterator(_text_batches(files_or_iterator, 1000), trainer=trainer)
         tok.add_special_tokens([END_OF_TEXT])
         return cls(tok, max_length)
