@@ -4,6 +4,7 @@ joint BPE with special tokens, training with BLEU per epoch, saved run, CLI with
 import json
 
 import pytest
+import torch
 
 from ctxkit.tasks.translation import bleu, load_translator, read_parallel, translate
 
@@ -56,3 +57,13 @@ def test_train_translate_and_cli(slice_files, tmp_path, capsys):
     reported = json.loads(captured.err.strip().splitlines()[-1])["bleu"]
     assert reported == pytest.approx(round(bleu(hyps, refs), 2))
     assert reported == pytest.approx(round(summary["valid_bleu"], 2))  # the same greedy decoding as the epoch evaluation
+    # The alignment heatmap: rows are distributions over the source tokens.
+    from ctxkit.tasks.translation import alignment
+
+    weights, src_tokens, tgt_tokens = alignment(model, tok, sources[0], greedy[0], device="cpu")
+    assert weights.shape == (len(tgt_tokens), len(src_tokens)) and src_tokens[-1] == "</s>"
+    assert torch.allclose(weights.sum(-1), torch.ones(len(tgt_tokens)), atol=1e-5)
+    assert "".join(src_tokens[:-1]) == sources[0]  # byte-level pieces concatenate back to the sentence
+    rc = main(["translate", str(tmp_path / "run"), str(slice_files / "val.de"), "--beams", "2", "--device", "cpu",
+               "--heatmap", str(tmp_path / "align.png")])
+    assert rc == 0 and (tmp_path / "align.png").stat().st_size > 5000

@@ -126,6 +126,41 @@ def plot_positional_encoding(
 __all__ = ["plot_attention", "plot_positional_encoding"]
 
 
+def plot_alignment(weights, source_tokens: Sequence[str], target_tokens: Sequence[str], path: PathLike,
+                   title: str = "Encoder-decoder attention") -> Path:
+    """Draw a translation's encoder-decoder attention: one row per target token, one
+    column per source token (the lectures' alignment figure).
+
+    Args:
+        weights: ``(target_len, source_len)``; row i = where target token i looked.
+        source_tokens, target_tokens: tick labels.
+        path: PNG file to write.
+
+    Raises:
+        ValueError: when the shape does not match the token lists.
+    """
+    w = _to_numpy(weights)
+    if w.ndim != 2 or w.shape != (len(target_tokens), len(source_tokens)):
+        raise ValueError(f"weights of shape {w.shape} do not match {len(target_tokens)} target x {len(source_tokens)} source tokens")
+    path = _prepare(path)
+    fig, ax = plt.subplots(figsize=(min(max(4.0, 0.4 * w.shape[1] + 2.0), 24.0), min(max(3.0, 0.4 * w.shape[0] + 1.5), 24.0)))
+    try:
+        im = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=max(float(w.max()), 1e-12), aspect="auto")
+        ax.set_xticks(range(w.shape[1]))
+        ax.set_yticks(range(w.shape[0]))
+        ax.set_xticklabels(source_tokens, rotation=90, fontsize=8)
+        ax.set_yticklabels(target_tokens, fontsize=8)
+        ax.set_xlabel("source")
+        ax.set_ylabel("translation")
+        ax.set_title(title)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight")
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path
+
+
 def plot_training_curve(losses: Sequence[tuple], history: Sequence[dict], metric, path: PathLike, title: str = "") -> Path:
     """Training loss per optimiser step, with a dev metric per evaluation on a second axis.
 

@@ -137,6 +137,13 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     sys.stdout.write("".join(h + "\n" for h in hyps))
     if args.ref:
         print(json.dumps({"bleu": round(bleu(hyps, refs), 2), "sentences": len(hyps), "beams": args.beams}), file=sys.stderr)
+    if args.heatmap:
+        from ..plots import plot_alignment
+        from .translation import alignment
+
+        weights, src_tokens, tgt_tokens = alignment(model, tok, sources[0], hyps[0], device=args.device)
+        plot_alignment(weights, src_tokens, tgt_tokens, args.heatmap, title=f"{sources[0][:60]} -> {hyps[0][:60]}")
+        print(f"wrote the encoder-decoder attention of the first sentence to {args.heatmap}", file=sys.stderr)
     return 0
 
 
@@ -175,6 +182,7 @@ def add_translation_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("input", nargs="?", default="-", metavar="FILE|-")
     p.add_argument("--ref", default=None, metavar="FILE", help="reference translations, line-aligned: report BLEU")
     p.add_argument("--beams", type=int, default=4, help="beam size (1 = greedy; default 4)")
+    p.add_argument("--heatmap", default=None, metavar="PNG", help="draw the first sentence's encoder-decoder attention")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default="auto")
     p.set_defaults(func=_cmd_translate)

@@ -21,7 +21,7 @@ from ..models.seq2seq import TransformerSeq2Seq, load_seq2seq, save_seq2seq
 from ..tokenizers import ByteLevelBPETokenizer, read_lines
 from ..training import TrainConfig, Trainer, resolve_device, set_seed
 
-__all__ = ["read_parallel", "train_translation", "translate", "load_translator", "bleu", "SPECIALS"]
+__all__ = ["read_parallel", "train_translation", "translate", "alignment", "load_translator", "bleu", "SPECIALS"]
 
 logger = logging.getLogger("ctxkit")
 SPECIALS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2: pad, begin, end
@@ -99,6 +99,36 @@ def translate(model: TransformerSeq2Seq, tok: ByteLevelBPETokenizer, sentences: 
             tokens = tokens[: tokens.index(eos)] if eos in tokens else tokens
             out[i] = tok.decode(tokens, skip_special_tokens=True).strip()
     return out
+
+
+@torch.inference_mode()
+def alignment(model: TransformerSeq2Seq, tok: ByteLevelBPETokenizer, sentence: str, translation: Optional[str] = None,
+              layer: int = -1, device: str = "auto") -> Tuple[torch.Tensor, List[str], List[str]]:
+    """Encoder-decoder attention of one sentence pair, averaged over heads.
+
+    Args:
+        sentence: the source.
+        translation: the target to force-decode (default: the model's greedy translation).
+        layer: decoder layer whose cross-attention is returned (default: the last).
+
+    Returns:
+        ``(weights (target_len, source_len), source tokens, target tokens)``; the target
+        rows are the translation's tokens followed by the end marker, each row being the
+        attention used to predict that token.
+    """
+    dev = resolve_device(device)
+    model = model.to(dev).eval()
+    pad, bos, eos = (tok.token_to_id(t) for t in SPECIALS)
+    if translation is None:
+        translation = translate(model, tok, [sentence], device=device)[0]
+    src = tok.encode(sentence) + [eos]
+    tgt = tok.encode(translation) + [eos]
+    src_t = torch.tensor([src], device=dev)
+    memory = model.encode(src_t, torch.ones_like(src_t))
+    _, cross = model.decode(torch.tensor([[bos] + tgt[:-1]], device=dev), memory, torch.ones_like(src_t), need_weights=True)
+    weights = cross[layer][0].mean(0).float().cpu()  # (target, source)
+    labels = [tok.decode([i]) if i != eos else "</s>" for i in src], [tok.decode([i]) if i != eos else "</s>" for i in tgt]
+    return weights, labels[0], labels[1]
 
 
 def load_translator(run_or_model_dir: os.PathLike) -> Tuple[TransformerSeq2Seq, ByteLevelBPETokenizer]:
