@@ -67,3 +67,18 @@ def test_train_translate_and_cli(slice_files, tmp_path, capsys):
     rc = main(["translate", str(tmp_path / "run"), str(slice_files / "val.de"), "--beams", "2", "--device", "cpu",
                "--heatmap", str(tmp_path / "align.png")])
     assert rc == 0 and (tmp_path / "align.png").stat().st_size > 5000
+
+
+def test_rnn_baseline_through_the_same_pipeline(slice_files, tmp_path):
+    from ctxkit.models.seq2seq import RNNSeq2Seq
+    from ctxkit.tasks.translation import train_translation
+    from ctxkit.training import TrainConfig
+
+    config = TrainConfig(epochs=1, batch_size=32, lr=3e-3, device="cpu", progress=False, schedule="inverse_sqrt", warmup_ratio=0.1)
+    summary = train_translation((slice_files / "train.de", slice_files / "train.en"), (slice_files / "val.de", slice_files / "val.en"),
+                                tmp_path / "rnn", config, preset="rnn_attention_256_512", vocab_size=600, max_length=48,
+                                hidden_size=64, embed_size=32, attention_size=64)
+    assert summary["best_epoch"] == 0 and summary["valid_bleu"] >= 0
+    model, tok = load_translator(tmp_path / "rnn")
+    assert isinstance(model, RNNSeq2Seq) and model.config.hidden_size == 64
+    assert len(translate(model, tok, ["Ein Hund läuft."], num_beams=2, device="cpu")) == 1

@@ -11,7 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict
 
-__all__ = ["BertConfig", "Preset", "PRESETS", "get_preset", "GPT2Config", "GPT2_PRESETS", "Seq2SeqConfig", "SEQ2SEQ_PRESETS"]
+__all__ = ["BertConfig", "Preset", "PRESETS", "get_preset", "GPT2Config", "GPT2_PRESETS", "Seq2SeqConfig", "SEQ2SEQ_PRESETS", "RNNSeq2SeqConfig",
+           "RNN_SEQ2SEQ_PRESETS"]
 
 
 @dataclass(frozen=True)
@@ -214,5 +215,41 @@ class Seq2SeqConfig:
 SEQ2SEQ_PRESETS: Dict[str, Seq2SeqConfig] = {
     "transformer_base": Seq2SeqConfig(6, 6, 512, 8, 2048, vocab_size=37000, norm_first=False),  # the paper's base model
     "transformer_3_256_8": Seq2SeqConfig(3, 3, 256, 8, 1024),  # Multi30k-sized
+}
+
+
+@dataclass(frozen=True)
+class RNNSeq2SeqConfig:
+    """Architecture of the RNN encoder-decoder with additive attention (Bahdanau et al. 2015).
+
+    Attributes:
+        embed_size: token embedding size (shared vocabulary, one embedding table).
+        hidden_size: GRU state size (the encoder is bidirectional: 2x this per position).
+        num_layers: GRU layers in the encoder and the decoder.
+        attention_size: hidden size of the additive score MLP.
+        vocab_size, max_position: as in :class:`Seq2SeqConfig` (``max_position`` bounds
+            decoding only; an RNN has no position table).
+        dropout: on embeddings and between layers.
+        pad_id, bos_id, eos_id: special token ids.
+    """
+
+    embed_size: int = 256
+    hidden_size: int = 512
+    num_layers: int = 1
+    attention_size: int = 512
+    vocab_size: int = 8000
+    max_position: int = 256
+    dropout: float = 0.3
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def replace(self, **changes) -> "RNNSeq2SeqConfig":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+RNN_SEQ2SEQ_PRESETS: Dict[str, RNNSeq2SeqConfig] = {
+    "rnn_attention_256_512": RNNSeq2SeqConfig(),  # the lectures' recap baseline on Multi30k
 }
 

@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights, save_weights
-from ..layers import KVCache, SinusoidalPositionalEncoding, TransformerDecoder, TransformerEncoder, padding_mask
-from .presets import Seq2SeqConfig
+from ..layers import AdditiveAttention, KVCache, SinusoidalPositionalEncoding, TransformerDecoder, TransformerEncoder, padding_mask
+from .presets import RNNSeq2SeqConfig, Seq2SeqConfig
 
-__all__ = ["TransformerSeq2Seq", "BoundDecoder", "save_seq2seq", "load_seq2seq"]
+__all__ = ["TransformerSeq2Seq", "RNNSeq2Seq", "RNNState", "BoundDecoder", "save_seq2seq", "load_seq2seq"]
 
 
 class TransformerSeq2Seq(nn.Module):
@@ -101,16 +101,7 @@ class TransformerSeq2Seq(nn.Module):
         Returns:
             ``loss`` (mean over target tokens) and ``token_acc``.
         """
-        src_ids, src_mask = input_ids, attention_mask
-        if src_mask is None:
-            src_mask = (src_ids != self.config.pad_id).long()
-        logits = self.decode(tgt_ids[:, :-1], self.encode(src_ids, src_mask), src_mask)
-        gold = tgt_ids[:, 1:]
-        loss = F.cross_entropy(logits.float().flatten(0, 1), gold.flatten(), ignore_index=self.config.pad_id,
-                               label_smoothing=label_smoothing)
-        real = gold != self.config.pad_id
-        acc = ((logits.argmax(-1) == gold) & real).sum() / real.sum().clamp(min=1)
-        return {"loss": loss, "token_acc": acc.detach()}
+        return _teacher_forced_loss(self, input_ids, tgt_ids, attention_mask, label_smoothing)
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         """An empty self-attention cache for the decoder."""
@@ -124,6 +115,110 @@ class TransformerSeq2Seq(nn.Module):
         if src_mask is None:
             src_mask = (src_ids != self.config.pad_id).long()
         return BoundDecoder(self, self.encode(src_ids, src_mask), src_mask)
+
+
+class RNNState:
+    """The decoder's recurrent state during decoding (what a KV cache is to a Transformer):
+    GRU hidden states ``(layers, batch, hidden)`` plus the tokens consumed so far."""
+
+    def __init__(self, hidden: Optional[Tensor] = None):
+        self.hidden = hidden
+        self.length = 0
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows ``index`` of the batch (beam search)."""
+        if self.hidden is not None:
+            self.hidden = self.hidden.index_select(1, index)
+
+
+class RNNSeq2Seq(nn.Module):
+    """Bidirectional GRU encoder, GRU decoder with additive attention over the encoder
+    states (Bahdanau et al. 2015): at step t the previous decoder state queries the source,
+    the context joins the previous token's embedding as GRU input, and the new state with
+    the context predicts the next token.
+
+    Args:
+        config: the architecture.
+    """
+
+    def __init__(self, config: RNNSeq2SeqConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.embed = nn.Embedding(c.vocab_size, c.embed_size, padding_idx=c.pad_id)
+        self.drop = nn.Dropout(c.dropout)
+        between = c.dropout if c.num_layers > 1 else 0.0
+        self.encoder = nn.GRU(c.embed_size, c.hidden_size, c.num_layers, batch_first=True, bidirectional=True, dropout=between)
+        self.bridge = nn.Linear(2 * c.hidden_size, c.hidden_size)  # final encoder states -> first decoder state
+        self.attention = AdditiveAttention(c.hidden_size, 2 * c.hidden_size, c.attention_size)
+        self.decoder = nn.GRU(c.embed_size + 2 * c.hidden_size, c.hidden_size, c.num_layers, batch_first=True, dropout=between)
+        self.output = nn.Linear(c.hidden_size + 2 * c.hidden_size, c.vocab_size)
+
+    def encode(self, src_ids: Tensor, src_mask: Optional[Tensor] = None) -> Tensor:
+        """Encoder states ``(batch, src_len, 2 * hidden)``; padding does not enter the GRU."""
+        if src_mask is None:
+            src_mask = (src_ids != self.config.pad_id).long()
+        lengths = src_mask.sum(1).clamp(min=1).cpu()
+        packed = nn.utils.rnn.pack_padded_sequence(self.drop(self.embed(src_ids)), lengths, batch_first=True, enforce_sorted=False)
+        states, _ = self.encoder(packed)
+        states, _ = nn.utils.rnn.pad_packed_sequence(states, batch_first=True, total_length=src_ids.size(1))
+        return states
+
+    def _initial(self, memory: Tensor, src_mask: Tensor) -> Tensor:
+        # Mean of the real encoder states, through the bridge, for every decoder layer.
+        mean = (memory * src_mask[..., None]).sum(1) / src_mask.sum(1, keepdim=True).clamp(min=1)
+        return torch.tanh(self.bridge(mean)).unsqueeze(0).repeat(self.config.num_layers, 1, 1).contiguous()
+
+    def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Optional[Tensor] = None, position_ids=None,
+               cache: Optional[RNNState] = None, need_weights: bool = False):
+        """Next-token logits ``(batch, tgt_len, vocab)``, one step per target token.
+
+        With ``cache`` (an :class:`RNNState`), decoding continues from its state and
+        updates it; with ``need_weights`` also returns ``[weights (batch, tgt, src)]``.
+        """
+        if src_mask is None:
+            src_mask = torch.ones(memory.shape[:2], dtype=torch.long, device=memory.device)
+        hidden = cache.hidden if cache is not None and cache.hidden is not None else self._initial(memory, src_mask)
+        mask = src_mask.bool()[:, None, :]
+        logits, weights = [], []
+        for t in range(tgt_ids.size(1)):
+            emb = self.drop(self.embed(tgt_ids[:, t : t + 1]))
+            context, w = self.attention(hidden[-1][:, None], memory, memory, mask)  # (batch, 1, 2h)
+            out, hidden = self.decoder(torch.cat([emb, context], -1), hidden)
+            logits.append(self.output(self.drop(torch.cat([out, context], -1))))
+            weights.append(w)
+        if cache is not None:
+            cache.hidden = hidden
+            cache.length += tgt_ids.size(1)
+        logits = torch.cat(logits, 1)
+        return (logits, [torch.cat(weights, 1)]) if need_weights else logits
+
+    def forward(self, input_ids: Tensor, tgt_ids: Tensor, attention_mask: Optional[Tensor] = None, label_smoothing: float = 0.1,
+                **_) -> dict:
+        """Teacher-forced loss; arguments as :meth:`TransformerSeq2Seq.forward`."""
+        return _teacher_forced_loss(self, input_ids, tgt_ids, attention_mask, label_smoothing)
+
+    def new_cache(self, batch: int, max_len: int) -> RNNState:
+        """A fresh decoder state (the first step starts from the encoder summary)."""
+        return RNNState()
+
+    def bind(self, src_ids: Tensor, src_mask: Optional[Tensor] = None) -> "BoundDecoder":
+        """Encode a source batch once and return a decoder-only view for ``generate``."""
+        if src_mask is None:
+            src_mask = (src_ids != self.config.pad_id).long()
+        return BoundDecoder(self, self.encode(src_ids, src_mask), src_mask)
+
+
+def _teacher_forced_loss(model, input_ids: Tensor, tgt_ids: Tensor, attention_mask: Optional[Tensor], label_smoothing: float) -> dict:
+    """Label-smoothed cross-entropy of predicting ``tgt_ids[:, 1:]`` from ``tgt_ids[:, :-1]``."""
+    pad = model.config.pad_id
+    src_mask = (input_ids != pad).long() if attention_mask is None else attention_mask
+    logits = model.decode(tgt_ids[:, :-1], model.encode(input_ids, src_mask), src_mask)
+    gold = tgt_ids[:, 1:]
+    loss = F.cross_entropy(logits.float().flatten(0, 1), gold.flatten(), ignore_index=pad, label_smoothing=label_smoothing)
+    real = gold != pad
+    acc = ((logits.argmax(-1) == gold) & real).sum() / real.sum().clamp(min=1)
+    return {"loss": loss, "token_acc": acc.detach()}
 
 
 class BoundDecoder:
@@ -150,26 +245,33 @@ class BoundDecoder:
         return self.model.new_cache(batch, max_len)
 
 
-def save_seq2seq(model: TransformerSeq2Seq, directory) -> Path:
-    """Write ``config.json`` (the :class:`Seq2SeqConfig` fields) and ``model.safetensors``."""
+_TYPES = {"ctxkit-seq2seq": (TransformerSeq2Seq, Seq2SeqConfig), "ctxkit-rnn-seq2seq": (RNNSeq2Seq, RNNSeq2SeqConfig)}
+
+
+def save_seq2seq(model: nn.Module, directory) -> Path:
+    """Write ``config.json`` (model type + config fields) and ``model.safetensors`` for a
+    :class:`TransformerSeq2Seq` or :class:`RNNSeq2Seq`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    model_type = next(name for name, (cls, _) in _TYPES.items() if isinstance(model, cls))
     save_weights(model.state_dict(), directory / "model.safetensors")
     tmp = directory / ".config.json.tmp"
-    tmp.write_text(json.dumps({"model_type": "ctxkit-seq2seq", **dataclasses.asdict(model.config)}, indent=2) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps({"model_type": model_type, **dataclasses.asdict(model.config)}, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, directory / "config.json")
     return directory
 
 
-def load_seq2seq(directory) -> TransformerSeq2Seq:
+def load_seq2seq(directory) -> nn.Module:
     """Load :func:`save_seq2seq` output (strict: every key and shape is checked).
 
     Raises:
         CheckpointError: unreadable files, another model type, or mismatched keys.
     """
     config = read_config(directory)
-    if config.pop("model_type", None) != "ctxkit-seq2seq":
-        raise CheckpointError(f"{directory}: not a ctxkit seq2seq checkpoint (config.json model_type)")
-    model = TransformerSeq2Seq(Seq2SeqConfig(**config))
+    model_type = config.pop("model_type", None)
+    if model_type not in _TYPES:
+        raise CheckpointError(f"{directory}: config.json model_type {model_type!r} is not a ctxkit translation model ({', '.join(_TYPES)})")
+    cls, config_cls = _TYPES[model_type]
+    model = cls(config_cls(**config))
     load_state_dict_strict(model, read_weights(directory), source=str(directory))
     return model.eval()

@@ -16,8 +16,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..models.presets import SEQ2SEQ_PRESETS
-from ..models.seq2seq import TransformerSeq2Seq, load_seq2seq, save_seq2seq
+from ..models.presets import RNN_SEQ2SEQ_PRESETS, SEQ2SEQ_PRESETS
+from ..models.seq2seq import RNNSeq2Seq, TransformerSeq2Seq, load_seq2seq, save_seq2seq
 from ..tokenizers import ByteLevelBPETokenizer, read_lines
 from ..training import TrainConfig, Trainer, resolve_device, set_seed
 
@@ -75,9 +75,10 @@ def _features(pairs: Sequence[Tuple[str, str]], tok: ByteLevelBPETokenizer, max_
 
 
 @torch.inference_mode()
-def translate(model: TransformerSeq2Seq, tok: ByteLevelBPETokenizer, sentences: Sequence[str], num_beams: int = 1,
+def translate(model: torch.nn.Module, tok: ByteLevelBPETokenizer, sentences: Sequence[str], num_beams: int = 1,
               batch_size: int = 64, max_new_tokens: Optional[int] = None, device: str = "auto") -> List[str]:
-    """Translate sentences (greedy with ``num_beams=1``, else beam search)."""
+    """Translate sentences (greedy with ``num_beams=1``, else beam search) with a
+    :class:`~ctxkit.models.seq2seq.TransformerSeq2Seq` or ``RNNSeq2Seq``."""
     from ..inference import GenerationConfig, generate
 
     dev = resolve_device(device)
@@ -102,7 +103,7 @@ def translate(model: TransformerSeq2Seq, tok: ByteLevelBPETokenizer, sentences: 
 
 
 @torch.inference_mode()
-def alignment(model: TransformerSeq2Seq, tok: ByteLevelBPETokenizer, sentence: str, translation: Optional[str] = None,
+def alignment(model: torch.nn.Module, tok: ByteLevelBPETokenizer, sentence: str, translation: Optional[str] = None,
               layer: int = -1, device: str = "auto") -> Tuple[torch.Tensor, List[str], List[str]]:
     """Encoder-decoder attention of one sentence pair, averaged over heads.
 
@@ -126,12 +127,13 @@ def alignment(model: TransformerSeq2Seq, tok: ByteLevelBPETokenizer, sentence: s
     src_t = torch.tensor([src], device=dev)
     memory = model.encode(src_t, torch.ones_like(src_t))
     _, cross = model.decode(torch.tensor([[bos] + tgt[:-1]], device=dev), memory, torch.ones_like(src_t), need_weights=True)
-    weights = cross[layer][0].mean(0).float().cpu()  # (target, source)
+    weights = cross[layer][0]
+    weights = (weights.mean(0) if weights.dim() == 3 else weights).float().cpu()  # heads averaged -> (target, source)
     labels = [tok.decode([i]) if i != eos else "</s>" for i in src], [tok.decode([i]) if i != eos else "</s>" for i in tgt]
     return weights, labels[0], labels[1]
 
 
-def load_translator(run_or_model_dir: os.PathLike) -> Tuple[TransformerSeq2Seq, ByteLevelBPETokenizer]:
+def load_translator(run_or_model_dir: os.PathLike) -> Tuple[torch.nn.Module, ByteLevelBPETokenizer]:
     """The model and tokenizer of a run folder (its ``best/``) or of a saved model folder."""
     folder = Path(run_or_model_dir)
     if (folder / "best" / "config.json").is_file():
@@ -149,8 +151,9 @@ def train_translation(train: Tuple[os.PathLike, os.PathLike], valid: Tuple[os.Pa
         out_dir: run folder: ``log.jsonl``, ``curve.png``, ``best/`` (model + tokenizer),
             ``results.json``.
         config: hyper-parameters (``schedule="inverse_sqrt"`` is the paper's choice).
-        preset: a :data:`~ctxkit.models.presets.SEQ2SEQ_PRESETS` name; ``overrides`` change
-            its fields (e.g. ``dropout=0.3``).
+        preset: a Transformer (:data:`~ctxkit.models.presets.SEQ2SEQ_PRESETS`) or RNN +
+            attention (:data:`~ctxkit.models.presets.RNN_SEQ2SEQ_PRESETS`) name;
+            ``overrides`` change its fields (e.g. ``dropout=0.3``).
         vocab_size: joint BPE vocabulary trained on both sides of ``train``.
         max_length: longest source/target in tokens (longer pairs are truncated, with a warning).
         label_smoothing: passed to the loss.
@@ -159,17 +162,18 @@ def train_translation(train: Tuple[os.PathLike, os.PathLike], valid: Tuple[os.Pa
     Returns:
         ``{"valid_bleu", "best_epoch", "steps", ...}``.
     """
-    if preset not in SEQ2SEQ_PRESETS:
-        raise KeyError(f"unknown seq2seq preset {preset!r}; known: {', '.join(SEQ2SEQ_PRESETS)}")
+    presets = {**SEQ2SEQ_PRESETS, **RNN_SEQ2SEQ_PRESETS}
+    if preset not in presets:
+        raise KeyError(f"unknown translation preset {preset!r}; known: {', '.join(presets)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     train_pairs, valid_pairs = read_parallel(*train), read_parallel(*valid)
     text = [s for pair in train_pairs for s in pair]
     tok = ByteLevelBPETokenizer.train(iter(text), vocab_size=vocab_size, show_progress=config.progress, special_tokens=SPECIALS)
     # Positions for twice the longest source: translations may come out longer.
-    arch = SEQ2SEQ_PRESETS[preset].replace(vocab_size=tok.vocab_size, max_position=2 * max_length, **overrides)
+    arch = presets[preset].replace(vocab_size=tok.vocab_size, max_position=2 * max_length, **overrides)
     set_seed(config.seed)
-    model = TransformerSeq2Seq(arch)
+    model = TransformerSeq2Seq(arch) if preset in SEQ2SEQ_PRESETS else RNNSeq2Seq(arch)
     refs = [t for _, t in valid_pairs]
 
     class _WithSmoothing(torch.nn.Module):
