@@ -67,6 +67,12 @@ def test_cached_decoding_equals_full_decoding(trained):
         cache = model.new_cache(5, 16)
         steps = [model.decode(tgt[:, j : j + 1], memory, mask, cache=cache) for j in range(6)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    # The memory's cross-attention keys/values projected once give the same logits.
+    with torch.no_grad():
+        kv = model.decoder.project_memory(memory)
+        cache = model.new_cache(5, 16)
+        reused = [model.decode(tgt[:, j : j + 1], memory, mask, cache=cache, memory_kv=kv) for j in range(6)]
+    torch.testing.assert_close(torch.cat(reused, 1), full, atol=1e-5, rtol=1e-5)
 
 
 def test_label_smoothing_and_schedule():

@@ -255,6 +255,16 @@ class MultiHeadAttention(nn.Module):
             out.extend(self._split_heads(t) for t in y.split([p.out_features for p in projs], dim=-1))
         return out[0], out[1], out[2]
 
+    def project_kv(self, key: Tensor, value: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """Per-head keys and values ``(batch, heads, key_len, head_dim)`` of a memory that
+        stays fixed over many queries (pass them back as ``static_kv``)."""
+        value = key if value is None else value
+        if value is key:
+            k, v = F.linear(key, *self._fused([self.k_proj, self.v_proj])).split(self.embed_dim, dim=-1)
+        else:
+            k, v = self.k_proj(key), self.v_proj(value)
+        return self._split_heads(k), self._split_heads(v)
+
     def _fused(self, projs) -> Tuple[Tensor, Optional[Tensor]]:
         """The concatenated weight and bias of ``projs``. Without autograd (inference) the
         concatenation is kept and reused until a weight changes (its version counter
@@ -281,6 +291,7 @@ class MultiHeadAttention(nn.Module):
         mask: Optional[Tensor] = None,
         need_weights: bool = False,
         cache=None,
+        static_kv: Optional[Tuple[Tensor, Tensor]] = None,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """Attend from ``query`` to ``key``/``value`` (self-attention when they are None).
 
@@ -293,11 +304,17 @@ class MultiHeadAttention(nn.Module):
             cache: a :class:`~ctxkit.layers.kv_cache.LayerKVCache` for incremental
                 decoding: the new keys/values are stored and the queries attend to every
                 cached position too (``mask`` then spans ``past + key_len`` keys).
+            static_kv: per-head keys and values from :meth:`project_kv`, used instead of
+                projecting ``key``/``value`` again (cross-attention while decoding).
 
         Returns:
             ``(output (batch, query_len, embed_dim), weights (batch, heads, query_len, key_len) or None)``.
         """
-        q, k, v = self._project(query, key, value)
+        if static_kv is not None:  # keys/values projected once (e.g. the encoder memory)
+            q = self._split_heads(self.q_proj(query))
+            k, v = static_kv
+        else:
+            q, k, v = self._project(query, key, value)
         if cache is not None:
             k, v = cache.update(k, v)  # keys/values of the earlier positions join the new ones
         dropout_p = self.dropout if self.training else 0.0

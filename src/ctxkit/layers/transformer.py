@@ -155,6 +155,7 @@ class TransformerDecoderLayer(nn.Module):
         memory_mask: Optional[Tensor] = None,
         need_weights: bool = False,
         cache=None,
+        memory_kv: Optional[Tuple[Tensor, Tensor]] = None,
     ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
         """Decode one layer.
 
@@ -168,6 +169,8 @@ class TransformerDecoderLayer(nn.Module):
             cache: this layer's :class:`~ctxkit.layers.kv_cache.LayerKVCache` for the
                 self-attention (incremental decoding; pass an explicit ``self_mask``
                 over cached + new keys, or None when one new position sees them all).
+            memory_kv: ``self.cross_attn.project_kv(memory)`` computed once per source
+                batch; saves projecting the memory again at every decoding step.
 
         Returns:
             ``(x, self_weights (batch, heads, tgt, tgt) or None, cross_weights (batch, heads, tgt, src) or None)``.
@@ -184,7 +187,7 @@ class TransformerDecoderLayer(nn.Module):
 
         def cross_attend(h: Tensor) -> Tensor:
             nonlocal cross_weights
-            out, cross_weights = self.cross_attn(h, memory, memory, mask=memory_mask, need_weights=need_weights)
+            out, cross_weights = self.cross_attn(h, memory, memory, mask=memory_mask, need_weights=need_weights, static_kv=memory_kv)
             return out
 
         x = self.self_attn_res(x, self_attend)
@@ -307,7 +310,8 @@ class TransformerDecoder(nn.Module):
         self.final_norm = nn.LayerNorm(dim, eps=eps) if norm_first else None
 
     def forward(self, x: Tensor, memory: Tensor, self_mask: Optional[Tensor] = None, memory_mask: Optional[Tensor] = None,
-                cache=None, need_weights: bool = False) -> Tuple[Tensor, List[Optional[Tensor]]]:
+                cache=None, need_weights: bool = False, memory_kv: Optional[List[Tuple[Tensor, Tensor]]] = None
+                ) -> Tuple[Tensor, List[Optional[Tensor]]]:
         """Decode.
 
         Args:
@@ -318,6 +322,7 @@ class TransformerDecoder(nn.Module):
             cache: a :class:`~ctxkit.layers.kv_cache.KVCache` with one entry per layer;
                 it advances by ``tgt_len``.
             need_weights: also return each layer's cross-attention weights (eager path).
+            memory_kv: per layer, the memory's keys/values from :meth:`project_memory`.
 
         Returns:
             ``(x (batch, tgt_len, dim), cross-attention weights per layer or Nones)``.
@@ -325,10 +330,16 @@ class TransformerDecoder(nn.Module):
         cross = []
         for i, layer in enumerate(self.layers):
             x, _, weights = layer(x, memory, self_mask, memory_mask, need_weights=need_weights,
-                                  cache=cache.layer(i) if cache is not None else None)
+                                  cache=cache.layer(i) if cache is not None else None,
+                                  memory_kv=memory_kv[i] if memory_kv is not None else None)
             cross.append(weights)
         if cache is not None:
             cache.advance(x.size(1))
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x, cross
+
+    def project_memory(self, memory: Tensor) -> List[Tuple[Tensor, Tensor]]:
+        """Every layer's cross-attention keys/values of ``memory``, for ``memory_kv``."""
+        return [layer.cross_attn.project_kv(memory) for layer in self.layers]
+

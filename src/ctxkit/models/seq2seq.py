@@ -73,17 +73,19 @@ class TransformerSeq2Seq(nn.Module):
         return self.encoder(self._embed(self.embed, src_ids), mask=mask).last_hidden_state
 
     def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
-               cache: Optional[KVCache] = None, need_weights: bool = False):
+               cache: Optional[KVCache] = None, need_weights: bool = False, memory_kv=None):
         """Next-token logits ``(batch, tgt_len, vocab)`` given the encoder ``memory``.
 
         With ``cache``, ``tgt_ids`` are only the new positions (one at a time); with
-        ``need_weights`` also returns the cross-attention weights of every layer.
+        ``need_weights`` also returns the cross-attention weights of every layer;
+        ``memory_kv`` (from ``self.decoder.project_memory(memory)``) skips re-projecting
+        the memory at every step.
         """
         if position_ids is None and cache is not None:
             position_ids = torch.arange(cache.length, cache.length + tgt_ids.size(1), device=tgt_ids.device)
         x = self._embed(self.target_embed, tgt_ids, position_ids)
         memory_mask = padding_mask(src_mask) if src_mask is not None else None
-        x, cross = self.decoder(x, memory, memory_mask=memory_mask, cache=cache, need_weights=need_weights)
+        x, cross = self.decoder(x, memory, memory_mask=memory_mask, cache=cache, need_weights=need_weights, memory_kv=memory_kv)
         logits = F.linear(x, self.target_embed.weight) if self.output is None else self.output(x)
         return (logits, cross) if need_weights else logits
 
@@ -228,18 +230,23 @@ class BoundDecoder:
     Beam search runs ``beams`` rows per source; the memory is repeated to match.
     """
 
-    def __init__(self, model: TransformerSeq2Seq, memory: Tensor, src_mask: Tensor):
+    def __init__(self, model: nn.Module, memory: Tensor, src_mask: Tensor):
         self.model, self.memory, self.src_mask = model, memory, src_mask
+        # A Transformer's cross-attention keys/values of the memory, projected once.
+        self.memory_kv = model.decoder.project_memory(memory) if isinstance(model, TransformerSeq2Seq) else None
 
     def _memory_for(self, rows: int):
         if rows != self.memory.size(0):
             k = rows // self.memory.size(0)
             self.memory, self.src_mask = self.memory.repeat_interleave(k, 0), self.src_mask.repeat_interleave(k, 0)
+            if self.memory_kv is not None:
+                self.memory_kv = [(a.repeat_interleave(k, 0), b.repeat_interleave(k, 0)) for a, b in self.memory_kv]
         return self.memory, self.src_mask
 
     def __call__(self, input_ids: Tensor, attention_mask=None, position_ids=None, cache=None) -> Tensor:
         memory, src_mask = self._memory_for(input_ids.size(0))
-        return self.model.decode(input_ids, memory, src_mask, position_ids=position_ids, cache=cache)
+        extra = {"memory_kv": self.memory_kv} if self.memory_kv is not None else {}
+        return self.model.decode(input_ids, memory, src_mask, position_ids=position_ids, cache=cache, **extra)
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         return self.model.new_cache(batch, max_len)
