@@ -90,3 +90,21 @@ def test_presets_have_the_published_sizes():
         with torch.device("meta"):
             model = GPT2LMHeadModel(config)
         assert sum(p.numel() for p in model.parameters()) == expected[name], name
+
+
+def test_zoo_builds_gpt2_presets_and_loads_gpt2_folders(tmp_path, capsys):
+    from ctxkit.cli import main
+    from ctxkit.tokenizers import ByteLevelBPETokenizer
+    from ctxkit.zoo import get_model, list_models
+
+    names = {r["name"]: r for r in list_models()}
+    assert names["gpt2_117m"]["kind"] == "preset (GPT-2)" and "transformer_base" in names and "rnn_attention_256_512" in names
+    model, tok = get_model("gpt2_2_128_2")
+    assert isinstance(model, GPT2LMHeadModel) and tok is None and model.config.num_layers == 2
+    tokenizer = ByteLevelBPETokenizer.train(iter(["a small corpus for a small vocabulary"] * 20), vocab_size=300, show_progress=False)
+    torch.manual_seed(0)
+    save_gpt2(GPT2LMHeadModel(GPT2_PRESETS["gpt2_2_128_2"].replace(vocab_size=300, max_position=64)), tmp_path)
+    tokenizer.save(tmp_path)
+    loaded, loaded_tok = get_model(str(tmp_path))
+    assert isinstance(loaded, GPT2LMHeadModel) and loaded_tok.encode("a small corpus") == tokenizer.encode("a small corpus")
+    assert main(["list-models"]) == 0 and "gpt2_1558m" in capsys.readouterr().out

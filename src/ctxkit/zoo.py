@@ -213,6 +213,9 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
         WordPieceTokenizer,  # deferred: the zoo stays importable for listing
     )
 
+    other = _other_family(name, checkpoint, device)
+    if other is not None:
+        return other
     entries = _all_entries()
     if checkpoint is None and name not in PRESETS:
         if name in entries or Path(name).is_dir():
@@ -233,12 +236,36 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
     return model.to(device), tokenizer
 
 
+def _other_family(name: str, checkpoint, device: str):
+    """GPT-2 presets and HF GPT-2 folders (the registry holds BERT-family checkpoints)."""
+    from .models.gpt2 import GPT2LMHeadModel, load_gpt2
+    from .models.presets import GPT2_PRESETS
+
+    if checkpoint is None and name in GPT2_PRESETS:
+        return GPT2LMHeadModel(GPT2_PRESETS[name]).to(device).eval(), None
+    folder = Path(checkpoint if checkpoint is not None else name)
+    if folder.is_dir() and (folder / "config.json").is_file() and read_config(folder).get("model_type") == "gpt2":
+        from .tokenizers import ByteLevelBPETokenizer
+
+        has_vocab = (folder / "tokenizer.json").is_file() or (folder / "vocab.json").is_file()
+        return load_gpt2(folder).to(device), ByteLevelBPETokenizer.from_dir(folder) if has_vocab else None
+    return None
+
+
 def list_models() -> List[dict]:
     """Rows for every preset and known checkpoint: name, kind, description, available, path."""
+    from .models.presets import GPT2_PRESETS, RNN_SEQ2SEQ_PRESETS, SEQ2SEQ_PRESETS
+
     rows = [
         {"name": p.name, "kind": "preset", "description": p.description, "available": True, "path": None}
         for p in PRESETS.values()
     ]
+    for family, presets, what in (("GPT-2", GPT2_PRESETS, "decoder-only LM"), ("seq2seq", SEQ2SEQ_PRESETS, "Transformer translator"),
+                                  ("seq2seq", RNN_SEQ2SEQ_PRESETS, "RNN + additive attention translator")):
+        for preset_name, config in presets.items():
+            layers = getattr(config, "num_layers", None) or config.num_encoder_layers
+            rows.append({"name": preset_name, "kind": f"preset ({family})", "available": True, "path": None,
+                         "description": f"{what}, {layers} layers, width {config.hidden_size}"})
     for entry in _all_entries().values():
         folder = entry.locate()
         rows.append(
