@@ -34,19 +34,24 @@ def trained():
     from ctxkit.training.optim import inverse_sqrt_warmup
 
     torch.manual_seed(0)
-    g = torch.Generator().manual_seed(0)
     model = TransformerSeq2Seq(CONFIG)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.98), weight_decay=0.0)
-    sched = inverse_sqrt_warmup(opt, 60)
-    for _ in range(800):
+    loss = _train_copy(model, opt, 800, inverse_sqrt_warmup(opt, 60))
+    return model.eval(), loss
+
+
+def _train_copy(model, opt, steps, sched=None) -> float:
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
         src, tgt = _copy_batch(64, g)
         loss = model(src, tgt, label_smoothing=0.0)["loss"]
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        sched.step()
-    return model.eval(), loss.item()
+        if sched is not None:
+            sched.step()
+    return loss.item()
 
 
 def test_copy_task_learned_to_100_percent(trained):
@@ -99,23 +104,15 @@ def test_rnn_attention_baseline_learns_copy_and_caches(tmp_path):
     from ctxkit.models.seq2seq import RNNSeq2Seq, load_seq2seq, save_seq2seq
 
     torch.manual_seed(0)
-    g = torch.Generator().manual_seed(0)
     model = RNNSeq2Seq(RNNSeq2SeqConfig(embed_size=32, hidden_size=64, attention_size=64, vocab_size=16, max_position=32, dropout=0.0))
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(1000):
-        src, tgt = _copy_batch(64, g)
-        loss = model(src, tgt, label_smoothing=0.0)["loss"]
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+    loss = _train_copy(model, torch.optim.Adam(model.parameters(), lr=3e-3), 1000)
     model.eval()
     src, _ = _copy_batch(200, torch.Generator().manual_seed(123))
     gold = [row[row != PAD].tolist() for row in src]
     with torch.no_grad():
         greedy = _decode(model, src)
         exact = sum(a == b for a, b in zip(greedy, gold)) / len(gold)
-        assert exact == 1.0, (exact, loss.item())
+        assert exact == 1.0, (exact, loss)
         assert _decode(model, src[:20], num_beams=3) == gold[:20]
         # Step-by-step decoding with the recurrent state equals one pass over the targets.
         _, tgt = _copy_batch(4, torch.Generator().manual_seed(5))

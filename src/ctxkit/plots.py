@@ -53,19 +53,23 @@ def plot_attention(weights, tokens: Sequence[str], path: PathLike, title: str = 
         raise ValueError(f"weights must be a (seq, seq) matrix, got shape {w.shape}")
     if len(tokens) != w.shape[0]:
         raise ValueError(f"got {len(tokens)} tokens for a {w.shape[0]}x{w.shape[1]} attention matrix")
-    path = _prepare(path)
-    n = w.shape[0]
     # Grow with the sentence so labels stay legible, within sane bounds.
-    side = min(max(4.0, 0.38 * n + 2.0), 24.0)
-    fig, ax = plt.subplots(figsize=(side + 1.2, side))
+    side = min(max(4.0, 0.38 * w.shape[0] + 2.0), 24.0)
+    return _heatmap(w, tokens, tokens, "key (attended to)", "query (attending)", title, path, (side + 1.2, side), "equal")
+
+
+def _heatmap(w: np.ndarray, x_labels, y_labels, x_title: str, y_title: str, title: str, path: PathLike, size, aspect: str) -> Path:
+    """Draw a non-negative matrix with labelled rows and columns and a colour bar."""
+    path = _prepare(path)
+    fig, ax = plt.subplots(figsize=size)
     try:
-        im = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=max(float(w.max()), 1e-12), aspect="equal")
-        ax.set_xticks(range(n))
-        ax.set_yticks(range(n))
-        ax.set_xticklabels(tokens, rotation=90, fontsize=8)
-        ax.set_yticklabels(tokens, fontsize=8)
-        ax.set_xlabel("key (attended to)")
-        ax.set_ylabel("query (attending)")
+        im = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=max(float(w.max()), 1e-12), aspect=aspect)
+        ax.set_xticks(range(w.shape[1]))
+        ax.set_yticks(range(w.shape[0]))
+        ax.set_xticklabels(x_labels, rotation=90, fontsize=8)
+        ax.set_yticklabels(y_labels, fontsize=8)
+        ax.set_xlabel(x_title)
+        ax.set_ylabel(y_title)
         ax.set_title(title)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight")
         fig.tight_layout()
@@ -142,23 +146,8 @@ def plot_alignment(weights, source_tokens: Sequence[str], target_tokens: Sequenc
     w = _to_numpy(weights)
     if w.ndim != 2 or w.shape != (len(target_tokens), len(source_tokens)):
         raise ValueError(f"weights of shape {w.shape} do not match {len(target_tokens)} target x {len(source_tokens)} source tokens")
-    path = _prepare(path)
-    fig, ax = plt.subplots(figsize=(min(max(4.0, 0.4 * w.shape[1] + 2.0), 24.0), min(max(3.0, 0.4 * w.shape[0] + 1.5), 24.0)))
-    try:
-        im = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=max(float(w.max()), 1e-12), aspect="auto")
-        ax.set_xticks(range(w.shape[1]))
-        ax.set_yticks(range(w.shape[0]))
-        ax.set_xticklabels(source_tokens, rotation=90, fontsize=8)
-        ax.set_yticklabels(target_tokens, fontsize=8)
-        ax.set_xlabel("source")
-        ax.set_ylabel("translation")
-        ax.set_title(title)
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight")
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
-    return path
+    size = (min(max(4.0, 0.4 * w.shape[1] + 2.0), 24.0), min(max(3.0, 0.4 * w.shape[0] + 1.5), 24.0))
+    return _heatmap(w, source_tokens, target_tokens, "source", "translation", title, path, size, "auto")
 
 
 def plot_training_curve(losses: Sequence[tuple], history: Sequence[dict], metric, path: PathLike, title: str = "") -> Path:
