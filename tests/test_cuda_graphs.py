@@ -64,3 +64,32 @@ def test_overlapped_reducer_and_compiled_layers_inside_graphs(tmp_path):
         losses.append(run)
     assert step.replays >= 6
     assert losses[1] == pytest.approx(losses[0], rel=3e-2, abs=3e-2)
+
+
+@pytest.mark.parametrize("compile_step", [False, True])
+def test_graph_captured_decoding_equals_the_plain_loop(compile_step):
+    from ctxkit.inference import GenerationConfig, generate, left_pad
+    from ctxkit.inference.static_decode import static_generate
+    from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(num_layers=2, hidden_size=64, num_heads=4, vocab_size=97, max_position=64,
+                                       ffn_size=256)).cuda().eval()
+    ids, mask = left_pad([[5, 17, 42, 8, 9, 30], [11, 3], [60, 61, 62, 63]])
+    ids, mask = ids.cuda(), mask.cuda()
+    for cfg in (GenerationConfig(max_new_tokens=24), GenerationConfig(max_new_tokens=24, repetition_penalty=1.3)):
+        plain = generate(model, ids, mask, cfg, static=False)
+        for _ in range(2):  # the second call replays the cached graph
+            assert torch.equal(static_generate(model, ids, mask, cfg, compile_step=compile_step), plain)
+    same = ids[:1].expand(2, -1).contiguous()
+    first = generate(model, same, None, GenerationConfig(max_new_tokens=3), static=False)[0, -1].item()
+    cfg = GenerationConfig(max_new_tokens=40, eos_token_id=first)
+    assert torch.equal(static_generate(model, same, None, cfg, compile_step=compile_step),
+                       generate(model, same, None, cfg, static=False))
+    sampled = static_generate(model, ids, mask, GenerationConfig(max_new_tokens=16, do_sample=True, top_k=3))
+    full = torch.ones_like(sampled)
+    full[:, : ids.size(1)] = mask
+    with torch.no_grad():
+        logits = model(sampled, full, (full.cumsum(-1) - 1).clamp(min=0))
+    top3 = logits[:, ids.size(1) - 1 : -1].topk(3, dim=-1).indices
+    assert (top3 == sampled[:, ids.size(1):, None]).any(-1).all()

@@ -168,3 +168,48 @@ def test_cli_generate_streams_the_same_text_as_the_api(gpt2_dir, capsys, monkeyp
     assert capsys.readouterr().out == first and first.startswith("one") and "\ntwo" in first
     assert main(["generate", str(folder), "--prompt", "x", "--max-new-tokens", "64", "--device", "cpu"]) == 2
     assert "leaves no room" in capsys.readouterr().err
+
+
+# --- the fixed-shape (static cache) step that CUDA graphs replay, run eagerly on CPU ---
+
+@pytest.mark.parametrize("settings", [dict(), dict(repetition_penalty=1.4), dict(eos_token_id="row1")])
+def test_static_cache_decoding_equals_the_plain_loop(model, settings):
+    ids, mask = left_pad(PROMPTS)
+    if settings.get("eos_token_id") == "row1":
+        settings = dict(eos_token_id=generate(model, ids, mask, GenerationConfig(max_new_tokens=2))[1, -1].item())
+    cfg = GenerationConfig(max_new_tokens=20, **settings)
+    plain = generate(model, ids, mask, cfg, static=False)
+    fixed = generate(model, ids, mask, cfg, static=True)
+    assert torch.equal(plain, fixed)
+    assert generate(model, ids, mask, cfg, static=True).tolist() == fixed.tolist()  # the cached decoder is reset per call
+
+
+def test_static_decoding_stops_when_every_row_ended(model):
+    """Identical rows end at the same step: the output stops there, like the plain loop."""
+    ids, mask = left_pad([PROMPTS[0]] * 2)
+    first = generate(model, ids, mask, GenerationConfig(max_new_tokens=3))[0, ids.size(1):].tolist()
+    cfg = GenerationConfig(max_new_tokens=30, eos_token_id=first[-1])
+    end = first.index(first[-1]) + 1  # the token's first occurrence ends the rows
+    plain = generate(model, ids, mask, cfg, static=False)
+    fixed = generate(model, ids, mask, cfg, static=True)
+    assert plain.size(1) == ids.size(1) + end and torch.equal(plain, fixed)
+    streamed = []
+    generate(model, ids, mask, GenerationConfig(max_new_tokens=30), static=True,
+             on_tokens=lambda new: streamed.append(new.tolist()) or torch.tensor([len(streamed) >= 5] * 2))
+    assert len(streamed) == 5  # a callback's stop ends the rows too
+
+
+def test_static_sampling_is_reproducible_and_filters_hold(model):
+    ids, mask = left_pad(PROMPTS)
+    cfg = GenerationConfig(max_new_tokens=12, do_sample=True, top_k=4, temperature=1.5)
+    a = generate(model, ids, mask, cfg, generator=torch.Generator().manual_seed(5), static=True)
+    b = generate(model, ids, mask, cfg, generator=torch.Generator().manual_seed(5), static=True)
+    c = generate(model, ids, mask, cfg, generator=torch.Generator().manual_seed(6), static=True)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    full = torch.cat([mask, torch.ones(3, 12, dtype=torch.long)], 1)
+    with torch.no_grad():
+        logits = model(a, full, (full.cumsum(-1) - 1).clamp(min=0))
+    top4 = logits[:, ids.size(1) - 1 : -1].topk(4, dim=-1).indices
+    assert (top4 == a[:, ids.size(1):, None]).any(-1).all()
+    with pytest.raises(ValueError, match="beam search"):
+        generate(model, ids, mask, GenerationConfig(num_beams=2), static=True)

@@ -105,3 +105,6 @@ def test_cli_lm_train_and_perplexity(shared_data, tmp_path, capsys):
     assert rc == 0
     line = json.loads(capsys.readouterr().out)
     assert line["perplexity"] == pytest.approx(summary["valid"]["perplexity"], rel=1e-5)  # the same stream, windows and model
+    words = sum(len(t.split()) + 1 for t in read_lines(valid))
+    assert line["words"] == words
+    assert math.log(line["word_perplexity"]) * words == pytest.approx(line["nll"] * line["tokens"], rel=1e-9)

@@ -15,6 +15,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from .static_decode import static_decoding_unsupported, static_generate
+
 __all__ = ["GenerationConfig", "generate", "filter_logits", "apply_repetition_penalty", "left_pad"]
 
 
@@ -126,7 +128,8 @@ def _ends_with(tokens: Tensor, stops: Sequence[Sequence[int]]) -> Tensor:
 
 @torch.inference_mode()
 def generate(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None, config: GenerationConfig = GenerationConfig(),
-             generator: Optional[torch.Generator] = None, on_tokens: Optional[Callable[[Tensor], None]] = None) -> Tensor:
+             generator: Optional[torch.Generator] = None, on_tokens: Optional[Callable[[Tensor], None]] = None,
+             static: Optional[bool] = None) -> Tensor:
     """Continue left-padded prompts.
 
     Args:
@@ -138,12 +141,21 @@ def generate(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None, 
         on_tokens: called with each step's new tokens ``(batch,)`` as soon as they are
             chosen (streaming; greedy and sampling only). It may return a bool tensor
             ``(batch,)`` marking rows to end now (e.g. a stop string seen in the text).
+        static: decode over a static KV cache with the step captured in a CUDA graph
+            (:mod:`ctxkit.inference.static_decode`; many times faster on a GPU). None:
+            whenever the input is on CUDA and the settings allow it (not beam search or
+            stop sequences); True: insist (on CPU it runs the same fixed-shape step
+            eagerly); False: the plain loop.
 
     Returns:
         ``(batch, prompt + generated)``: the prompts followed by the new tokens; rows that
         finished early are filled with ``pad_token_id``.
     """
     config.check()
+    if static is None:
+        static = input_ids.is_cuda and static_decoding_unsupported(model, config, generator) is None
+    if static:
+        return static_generate(model, input_ids, attention_mask, config, generator, on_tokens)
     if config.num_beams > 1:
         return _beam_search(model, input_ids, attention_mask, config)
     batch, prompt_len = input_ids.shape

@@ -269,6 +269,12 @@ class MultiHeadAttention(nn.Module):
         """The concatenated weight and bias of ``projs``. Without autograd (inference) the
         concatenation is kept and reused until a weight changes (its version counter
         moves): decoding one token at a time would otherwise copy the matrices per token."""
+        if torch.compiler.is_compiling() and not torch.is_grad_enabled():
+            # Inside a compiled inference graph: reuse the concatenation an eager call made
+            # (checking versions would break the graph); StaticDecoder runs one first.
+            cached = getattr(self, "_fused_cache", None)
+            if cached is not None:
+                return cached[1]
         params = [p.weight for p in projs] + [p.bias for p in projs if p.bias is not None]
         if torch.is_grad_enabled():
             self._fused_cache = None

@@ -4,11 +4,15 @@ Decoding one token at a time, self-attention needs the keys and values of every 
 position. Recomputing them costs a full forward pass per token; the cache keeps them.
 The buffers are allocated once for the longest sequence (no reallocation or copying as
 the sequence grows) and filled in place; attention reads the filled prefix.
+
+*Static mode* (:meth:`KVCache.set_static`) keeps every shape fixed for CUDA graphs: the
+write position is a device tensor that advances in place, and attention reads all
+``max_len`` slots, so the caller must mask the slots that are not filled yet.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -37,6 +41,20 @@ class KVCache:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.max_len = max_len
         self.length = 0  # positions filled so far (the same for every layer)
+        self.write_index: Optional[Tensor] = None  # static mode: device tensor (1,), next slot
+
+    @property
+    def is_static(self) -> bool:
+        """True in static mode (fixed shapes; see the module docstring)."""
+        return self.write_index is not None
+
+    def set_static(self, write_index: Optional[Tensor]) -> None:
+        """Enter static mode writing at ``write_index`` (a ``(1,)`` long tensor on the
+        cache's device, advanced in place by :meth:`advance`), or leave it with None
+        (``length`` then counts the slots filled before)."""
+        if write_index is not None and (write_index.shape != (1,) or write_index.dtype != torch.long):
+            raise ValueError("write_index must be a (1,) long tensor")
+        self.write_index = write_index
 
     def layer(self, index: int) -> "LayerKVCache":
         """The view one attention layer writes to and reads from."""
@@ -44,7 +62,10 @@ class KVCache:
 
     def advance(self, n: int) -> None:
         """Mark ``n`` more positions as filled (after every layer has written them)."""
-        self.length += n
+        if self.write_index is not None:
+            self.write_index.add_(n)  # in place: a captured graph advances it on every replay
+        else:
+            self.length += n
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` of the batch (beam search: the surviving beams' parents)."""
@@ -72,11 +93,20 @@ class LayerKVCache:
         Raises:
             ValueError: when the cache would overflow ``max_len``.
         """
+        k_buf, v_buf = self.cache.keys[self.index], self.cache.values[self.index]
+        if self.cache.write_index is not None:
+            # Static mode: one position per step, written at a device-side index, and all
+            # max_len slots returned (the caller's mask hides the unfilled ones). No
+            # overflow check here: it would need the index on the host.
+            if key.size(2) != 1:
+                raise ValueError("a static KV cache takes one new position per step")
+            k_buf.index_copy_(2, self.cache.write_index, key)
+            v_buf.index_copy_(2, self.cache.write_index, value)
+            return k_buf, v_buf
         start, new = self.cache.length, key.size(2)
         end = start + new
         if end > self.cache.max_len:
             raise ValueError(f"KV cache holds {self.cache.max_len} positions; {end} needed (allocate a longer cache)")
-        k_buf, v_buf = self.cache.keys[self.index], self.cache.values[self.index]
         k_buf[:, :, start:end] = key
         v_buf[:, :, start:end] = value
         return k_buf[:, :, :end], v_buf[:, :, :end]

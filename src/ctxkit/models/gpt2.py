@@ -77,6 +77,8 @@ class GPT2Model(nn.Module):
             ValueError: when the sequence exceeds the model's context length.
         """
         seq = input_ids.size(1)
+        if cache is not None and cache.is_static:
+            return self._static_step(input_ids, attention_mask, position_ids, cache)
         past = cache.length if cache is not None else 0
         total = past + seq
         if total > self.config.max_position and position_ids is None:
@@ -95,6 +97,18 @@ class GPT2Model(nn.Module):
             mask = (mask & padding_mask(attention_mask)) | own
         return self.encoder(x, mask=mask, cache=cache).last_hidden_state
 
+    def _static_step(self, input_ids: Tensor, attention_mask: Optional[Tensor], position_ids: Optional[Tensor],
+                     cache: KVCache) -> Tensor:
+        """One new token over a static cache (fixed shapes, so a CUDA graph can replay it):
+        ``attention_mask (batch, max_len)`` marks the filled slots, this token's included."""
+        if input_ids.size(1) != 1 or attention_mask is None or position_ids is None:
+            raise ValueError("a static cache takes one token per row with explicit position_ids and an "
+                             "attention_mask over all of the cache's slots")
+        if attention_mask.size(1) != cache.max_len:
+            raise ValueError(f"attention_mask spans {attention_mask.size(1)} keys; the static cache has {cache.max_len} slots")
+        x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
+        return self.encoder(x, mask=padding_mask(attention_mask), cache=cache).last_hidden_state
+
     def new_cache(self, batch: int, max_len: int, dtype: Optional[torch.dtype] = None, device=None) -> KVCache:
         """An empty :class:`~ctxkit.layers.KVCache` for ``batch`` sequences of up to ``max_len`` tokens."""
         c = self.config
@@ -105,6 +119,8 @@ class GPT2Model(nn.Module):
 
 class GPT2LMHeadModel(nn.Module):
     """GPT-2 with its language-model head (tied to the token embeddings, no bias)."""
+
+    supports_static_cache = True  # forward() takes one token over a static KVCache (CUDA-graph decoding)
 
     def __init__(self, config: GPT2Config):
         super().__init__()

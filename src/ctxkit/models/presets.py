@@ -215,6 +215,8 @@ class Seq2SeqConfig:
 SEQ2SEQ_PRESETS: Dict[str, Seq2SeqConfig] = {
     "transformer_base": Seq2SeqConfig(6, 6, 512, 8, 2048, vocab_size=37000, norm_first=False),  # the paper's base model
     "transformer_3_256_8": Seq2SeqConfig(3, 3, 256, 8, 1024),  # Multi30k-sized
+    "transformer_3_512_8": Seq2SeqConfig(3, 3, 512, 8, 2048),  # wider, for Multi30k with more dropout
+    "transformer_6_512_8": Seq2SeqConfig(6, 6, 512, 8, 2048),  # the base width with pre-norm
 }
 
 

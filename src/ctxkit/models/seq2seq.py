@@ -143,6 +143,8 @@ class RNNSeq2Seq(nn.Module):
         config: the architecture.
     """
 
+    cuda_graph_safe = False  # packing needs the source lengths on the host
+
     def __init__(self, config: RNNSeq2SeqConfig):
         super().__init__()
         self.config = config

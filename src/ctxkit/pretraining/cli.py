@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from .corpus import FORMATS
@@ -185,13 +186,18 @@ def cmd_lm_train(args: argparse.Namespace) -> int:
 def cmd_perplexity(args: argparse.Namespace) -> int:
     """Handler of ``perplexity``; prints a JSON line."""
     from ..models.gpt2 import load_gpt2
-    from ..tokenizers import ByteLevelBPETokenizer
+    from ..tokenizers import ByteLevelBPETokenizer, read_lines
     from .lm import corpus_ids, perplexity
 
     model = load_gpt2(args.model)
     ids = corpus_ids(args.data, ByteLevelBPETokenizer.from_dir(args.model), show_progress=not args.no_progress)
     result = perplexity(model, ids, args.max_length, args.stride, device=args.device, batch_size=args.batch_size,
                         show_progress=not args.no_progress)
+    # Word-level perplexity (the WikiText/PTB convention: words plus one end-of-line per
+    # line) does not depend on the tokenizer, so models with different vocabularies compare.
+    words = sum(len(line.split()) + 1 for path in args.data for line in read_lines(path))
+    result["words"] = words
+    result["word_perplexity"] = math.exp(result["nll"] * result["tokens"] / words)
     print(json.dumps({"model": str(args.model), "data": [str(d) for d in args.data], **result}))
     return 0
 

@@ -280,7 +280,10 @@ class Trainer:
             raise ValueError(f"optimizer must be 'adamw' or 'lamb', got {config.optimizer!r}")
         # Not capturable: LAMB's per-tensor norms (plain Python here) and FSDP's collectives
         # (issued from Python hooks).
-        use_graphs = (config.cuda_graphs and config.optimizer == "adamw" and not self.sharded
+        # Models that sync with the host in forward (e.g. packed RNN sequences, whose lengths
+        # live on the CPU) set ``cuda_graph_safe = False``.
+        graph_safe = all(getattr(m, "cuda_graph_safe", True) for m in self.model.modules())
+        use_graphs = (config.cuda_graphs and config.optimizer == "adamw" and not self.sharded and graph_safe
                       and graphs_supported(self.device, config.grad_accum))
         # Under FSDP rank 0 keeps an unsharded CPU twin to hand gathered weights to save_best.
         self._twin = cpu_copy(self.model) if self.sharded and save_best is not None and self.rank == 0 else None
