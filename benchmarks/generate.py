@@ -80,6 +80,11 @@ def main(argv=None) -> int:
         ids = torch.randint(0, ours.config.vocab_size, (batch, args.prompt), generator=torch.Generator().manual_seed(1)).to(args.device)
         mask = torch.ones_like(ids)
         variants = {"plain loop": lambda: generate(ours, ids, mask, config, static=False)}
+        if args.device == "cpu":
+            variants = {"plain loop, torch (MKL) matrix-vector": lambda: generate(ours, ids, mask, config, cpu_gemv=False),
+                        "plain loop, NumPy BLAS matrix-vector": lambda: generate(ours, ids, mask, config, cpu_gemv=True),
+                        "static cache + compiled step (frozen weights, Inductor C++ GEMM)":
+                            lambda: generate(ours, ids, mask, config, compile=True)}
         if args.device == "cuda":
             variants["CUDA graph"] = lambda: static_generate(ours, ids, mask, config)
             variants["CUDA graph + compiled step"] = lambda: static_generate(ours, ids, mask, config, compile_step=True)

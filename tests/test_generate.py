@@ -213,3 +213,34 @@ def test_static_sampling_is_reproducible_and_filters_hold(model):
     assert (top4 == a[:, ids.size(1):, None]).any(-1).all()
     with pytest.raises(ValueError, match="beam search"):
         generate(model, ids, mask, GenerationConfig(num_beams=2), static=True)
+
+
+def test_numpy_gemv_decoding_equals_torch_and_restores_threads(model):
+    from ctxkit.inference.cpu_gemv import NumpyGemv
+
+    x, w, b = torch.randn(2, 1, 64), torch.randn(96, 64), torch.randn(96)
+    with torch.no_grad(), NumpyGemv():
+        routed = torch.nn.functional.linear(x, w, b)
+    assert torch.allclose(routed, x @ w.T + b, atol=1e-5)
+    threads = torch.get_num_threads()
+    for prompts in (PROMPTS[:1], PROMPTS[:2]):
+        ids, mask = left_pad(prompts)
+        cfg = GenerationConfig(max_new_tokens=12)
+        assert torch.equal(generate(model, ids, mask, cfg, cpu_gemv=True), generate(model, ids, mask, cfg, cpu_gemv=False))
+    assert torch.get_num_threads() == threads
+
+
+def test_compiled_static_step_on_cpu_equals_the_plain_loop(model):
+    """The CPU fast path: frozen weights and Inductor's C++ GEMM (compiles once, ~20 s)."""
+    ids, mask = left_pad(PROMPTS[:1])
+    cfg = GenerationConfig(max_new_tokens=16)
+    assert torch.equal(generate(model, ids, mask, cfg, compile=True), generate(model, ids, mask, cfg, static=False, cpu_gemv=False))
+
+
+def test_static_decoders_are_shared_across_prompt_lengths(model):
+    model.__dict__.pop("_ctxkit_static_decoders", None)
+    cfg = GenerationConfig(max_new_tokens=7)
+    for prompt in ([5, 6, 7], [8, 9, 10, 11, 12, 13], [4]):
+        ids, mask = left_pad([prompt])
+        assert torch.equal(generate(model, ids, mask, cfg, static=True), generate(model, ids, mask, cfg, static=False))
+    assert len(model._ctxkit_static_decoders) == 1  # one 64-slot decoder served all three

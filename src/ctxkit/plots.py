@@ -6,6 +6,8 @@ machines without a display.
 
 from __future__ import annotations
 
+import textwrap
+
 import os
 from pathlib import Path
 from typing import Sequence, Union
@@ -70,7 +72,7 @@ def _heatmap(w: np.ndarray, x_labels, y_labels, x_title: str, y_title: str, titl
         ax.set_yticklabels(y_labels, fontsize=8)
         ax.set_xlabel(x_title)
         ax.set_ylabel(y_title)
-        ax.set_title(title)
+        ax.set_title(textwrap.fill(title, 60), fontsize=10)  # long sentence pairs wrap instead of running off the figure
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight")
         fig.tight_layout()
         fig.savefig(path, dpi=100)

@@ -101,7 +101,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 if streamer(token[None]) is not None:
                     break
         else:
-            generate(model, input_ids, None, config, generator=generator, on_tokens=streamer)
+            generate(model, input_ids, None, config, generator=generator, on_tokens=streamer, compile=args.compile)
         streamer.finish()
     return 0
 
@@ -135,5 +135,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop when this text appears (repeatable)")
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
+    p.add_argument("--compile", action="store_true",
+                   help="compile the decoding step (fastest; the first prompt waits for compilation: ~1 min on CPU)")
     p.add_argument("--device", default="auto")
     p.set_defaults(func=cmd_generate)

@@ -15,6 +15,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from .cpu_gemv import cpu_decoding_context
 from .static_decode import static_decoding_unsupported, static_generate
 
 __all__ = ["GenerationConfig", "generate", "filter_logits", "apply_repetition_penalty", "left_pad"]
@@ -129,7 +130,7 @@ def _ends_with(tokens: Tensor, stops: Sequence[Sequence[int]]) -> Tensor:
 @torch.inference_mode()
 def generate(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None, config: GenerationConfig = GenerationConfig(),
              generator: Optional[torch.Generator] = None, on_tokens: Optional[Callable[[Tensor], None]] = None,
-             static: Optional[bool] = None) -> Tensor:
+             static: Optional[bool] = None, cpu_gemv: Optional[bool] = None, compile: bool = False) -> Tensor:
     """Continue left-padded prompts.
 
     Args:
@@ -146,6 +147,12 @@ def generate(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None, 
             whenever the input is on CUDA and the settings allow it (not beam search or
             stop sequences); True: insist (on CPU it runs the same fixed-shape step
             eagerly); False: the plain loop.
+        cpu_gemv: route the one-token matrix-vector products of fp32 CPU decoding through
+            NumPy's BLAS (:mod:`ctxkit.inference.cpu_gemv`; same fp32 arithmetic, about
+            twice the speed where MKL is slow). None: for batches of one or two rows.
+        compile: ``torch.compile`` the static path's step (implies ``static``; the first
+            call per shape compiles: seconds on a GPU, about a minute on a CPU). Fastest
+            on both (see docs/performance.md) once compiled.
 
     Returns:
         ``(batch, prompt + generated)``: the prompts followed by the new tokens; rows that
@@ -153,11 +160,18 @@ def generate(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None, 
     """
     config.check()
     if static is None:
-        static = input_ids.is_cuda and static_decoding_unsupported(model, config, generator) is None
+        static = (input_ids.is_cuda or compile) and static_decoding_unsupported(model, config, generator) is None
     if static:
-        return static_generate(model, input_ids, attention_mask, config, generator, on_tokens)
-    if config.num_beams > 1:
-        return _beam_search(model, input_ids, attention_mask, config)
+        return static_generate(model, input_ids, attention_mask, config, generator, on_tokens, compile_step=compile)
+    with cpu_decoding_context(input_ids, model, input_ids.size(0) * config.num_beams, enabled=cpu_gemv):
+        if config.num_beams > 1:
+            return _beam_search(model, input_ids, attention_mask, config)
+        return _sample_loop(model, input_ids, attention_mask, config, generator, on_tokens)
+
+
+def _sample_loop(model, input_ids: Tensor, attention_mask: Optional[Tensor], config: GenerationConfig,
+                 generator: Optional[torch.Generator], on_tokens) -> Tensor:
+    """Greedy decoding or sampling, one forward pass per token (see :func:`generate`)."""
     batch, prompt_len = input_ids.shape
     device = input_ids.device
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)

@@ -34,7 +34,9 @@ from torch import Tensor
 
 __all__ = ["StaticDecoder", "static_decoding_unsupported", "static_generate"]
 
-_CHECK_EVERY = 16  # replays between host checks for "every row finished" (EOS only)
+CPU_COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+_CHECK_EVERY = 16
+_SLOT_MULTIPLE = 64  # replays between host checks for "every row finished" (EOS only)
 
 
 def static_decoding_unsupported(model, config, generator: Optional[torch.Generator] = None) -> Optional[str]:
@@ -56,23 +58,25 @@ class StaticDecoder:
     Args:
         model: a causal LM with ``new_cache`` and a static-cache step
             (``supports_static_cache``), in eval mode.
-        batch, prompt_len, config: the shape and decoding settings it serves.
+        batch, slots, config: rows, KV-cache slots (prompt + new tokens; any prompt up to
+            ``slots - max_new_tokens`` fits) and the decoding settings it serves.
         device: where the model lives.
         capture: record the step in a CUDA graph (CUDA only).
         compile_step: run the step (forward, token choice, bookkeeping) through
             ``torch.compile`` (fuses the elementwise work between GEMMs; the first call
-            compiles); a string picks the Inductor mode, e.g. ``"max-autotune-no-cudagraphs"``.
+            compiles); a string picks the Inductor mode on CUDA, e.g.
+            ``"max-autotune-no-cudagraphs"``. On CPU it uses :data:`CPU_COMPILE_OPTIONS`.
         generator: RNG for sampling (None: the default generator of ``device``).
     """
 
-    def __init__(self, model, batch: int, prompt_len: int, config, device: torch.device, capture: bool,
+    def __init__(self, model, batch: int, slots: int, config, device: torch.device, capture: bool,
                  compile_step=False, generator: Optional[torch.Generator] = None):
         self.model, self.config, self.generator = model, config, generator
-        self.batch, self.prompt_len, self.max_new = batch, prompt_len, config.max_new_tokens
-        total = prompt_len + config.max_new_tokens
+        self.batch, self.slots, self.max_new = batch, slots, config.max_new_tokens
+        total = slots
         self.cache = model.new_cache(batch, total)
         if self.cache.max_len < total:
-            raise ValueError(f"prompt ({prompt_len}) + max_new_tokens ({config.max_new_tokens}) exceeds the model's "
+            raise ValueError(f"prompt + max_new_tokens ({slots}) exceeds the model's "
                              f"context length ({self.cache.max_len})")
         long = dict(dtype=torch.long, device=device)
         self.write_index = torch.zeros(1, **long)  # next cache slot
@@ -88,12 +92,24 @@ class StaticDecoder:
         if compile_step:
             # One eager forward first: fills the attention layers' fused-weight caches, which
             # the compiled graph then reads as constants (no version checks, no graph breaks).
-            self.write_index.fill_(prompt_len)
             self.cache.set_static(self.write_index)
             self._forward(self.token, self.key_mask, self.position)
             self.cache.set_static(None)
-            mode = compile_step if isinstance(compile_step, str) else None
-            self.step = torch.compile(self._step, dynamic=False, mode=mode)
+            if device.type == "cpu":
+                # Frozen weights let Inductor pre-pack them, and its C++ GEMM templates
+                # (max-autotune) beat MKL's matrix-vector product ~2x here; compiling
+                # takes about a minute for GPT-2 small, once per shape.
+                compiled = torch.compile(self._step, dynamic=False)
+
+                def step() -> None:
+                    # As a config patch: passed as torch.compile(options=...) they were not applied.
+                    with torch._inductor.config.patch(CPU_COMPILE_OPTIONS):
+                        compiled()
+
+                self.step = step
+            else:
+                mode = compile_step if isinstance(compile_step, str) else None
+                self.step = torch.compile(self._step, dynamic=False, mode=mode)
         self.graph: Optional[torch.cuda.CUDAGraph] = None
         if capture:
             self._capture()
@@ -133,7 +149,7 @@ class StaticDecoder:
 
     def _capture(self) -> None:
         # Indices must be in range while warming up; start() resets everything after.
-        self.write_index.fill_(self.prompt_len)
+        self.write_index.zero_()
         self.cache.set_static(self.write_index)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -153,13 +169,16 @@ class StaticDecoder:
         """Decode after the prompt ``input_ids`` (left-padded, ``mask`` 0 on padding);
         returns the new tokens ``(batch, n)`` exactly as the eager loop would."""
         c, cache = self.config, self.cache
+        prompt_len = input_ids.size(1)
+        if prompt_len + self.max_new > self.slots:
+            raise ValueError(f"a {prompt_len}-token prompt + {self.max_new} new tokens exceed this decoder's {self.slots} slots")
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         padded = not bool(mask.all())
         cache.set_static(None)
         cache.length = 0
         logits = self.model(input_ids, mask if padded else None, positions, cache)[:, -1].float()
         self.seen.copy_(input_ids[:, -1:].expand_as(self.seen))  # unfilled slots repeat a real token: harmless
-        self.seen[:, : self.prompt_len] = torch.where(mask.bool(), input_ids, input_ids[:, -1:])
+        self.seen[:, :prompt_len] = torch.where(mask.bool(), input_ids, input_ids[:, -1:])
         first = self.choose(logits, self.seen)
         self.finished.zero_()
         self.out.fill_(c.pad_token_id)
@@ -168,11 +187,11 @@ class StaticDecoder:
         if c.eos_token_id is not None:
             self.finished |= first == c.eos_token_id
         self.key_mask.zero_()
-        self.key_mask[:, : self.prompt_len] = mask
+        self.key_mask[:, :prompt_len] = mask
         self.token.copy_(first[:, None])
         self.position.copy_(positions[:, -1:] + 1)
-        self.write_index.fill_(self.prompt_len)
-        self.seen[:, self.prompt_len] = first
+        self.write_index.fill_(prompt_len)
+        self.seen[:, prompt_len] = first
         self.out_index.fill_(1)
         cache.set_static(self.write_index)
         try:
@@ -216,14 +235,18 @@ def static_generate(model, input_ids: Tensor, attention_mask: Optional[Tensor], 
         raise ValueError("CUDA graphs need a CUDA device")
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
     param = next(model.parameters())
+    # Slots rounded up to a multiple of 64: prompts of similar length share one decoder
+    # (one graph, one compilation); masked slots cost a little attention, not exactness.
+    slots = input_ids.size(1) + config.max_new_tokens
+    slots = min(-(-slots // _SLOT_MULTIPLE) * _SLOT_MULTIPLE, max(slots, getattr(model.config, "max_position", slots)))
     # Parameter versions: an in-place weight update invalidates cached fused weights.
-    key = (tuple(input_ids.shape), repr(config), device, param.dtype, param.data_ptr(), capture, compile_step, id(generator),
+    key = (input_ids.size(0), slots, repr(config), device, param.dtype, param.data_ptr(), capture, compile_step, id(generator),
            sum(p._version for p in model.parameters()))
     decoders: Dict = model.__dict__.setdefault("_ctxkit_static_decoders", {})
     decoder = decoders.get(key)
     if decoder is None:
         while len(decoders) >= 4:  # each holds a KV cache: keep a few shapes only
             decoders.pop(next(iter(decoders)))
-        decoder = StaticDecoder(model, input_ids.size(0), input_ids.size(1), config, device, capture, compile_step, generator)
+        decoder = StaticDecoder(model, input_ids.size(0), slots, config, device, capture, compile_step, generator)
         decoders[key] = decoder
     return torch.cat([input_ids, decoder.run(input_ids, mask, on_tokens)], dim=1)
