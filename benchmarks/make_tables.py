@@ -175,6 +175,15 @@ def results_page() -> str:
         for r in lm:
             out.append(f"| {r['model']} | {r['split']} | {r['metric']} | {_fmt(r['value'])} | {_fmt(r['train_time_s'])} | {r['device']} | {r['date']} |")
         out.append("\nCommand: `" + lm[0]["command"] + "`. ![WikiText-2 GPT](wikitext2_gpt_curve.png)\n")
+    q8 = [r for r in _load("inference_cpu.json") if r.get("task")]
+    if q8:
+        out.append("\n## int8 quantisation accuracy (issue 6)\n")
+        out.append("| task | split | metric | int8 | fp32 | drop | model | device | date |")
+        out.append("|---|---|---|---|---|---|---|---|---|")
+        for r in q8:
+            out.append(f"| {r['task']} | {r['split']} | {r['metric']} | {_fmt(r['value'])} | {_fmt(r['peer_value'])} | {_fmt(r['drop'])} | "
+                       f"{r['model']} | {r['device']} | {r['date']} |")
+        out.append("\nCommand: `" + q8[0]["command"] + "`.\n")
     out.append("\nTraining curves (loss per step, dev metric per epoch), from the run folders' `curve.png`:\n")
     out.append("![SST-2](sst2_curve.png) ![CoNLL-2003](conll_curve.png)\n")
     return "\n".join(out) + "\n"
@@ -273,6 +282,26 @@ def performance_page() -> str:
                    "compilation); `generate(..., compile=True)` / `ctxkit generate --compile` compiles the static-cache step "
                    "with frozen weights and Inductor's C++ GEMM templates (59 tokens/s = 2.15x HF, target 2x met; about 20 s "
                    "to compile once per shape).")
+    inf = [r for r in _load("inference_cpu.json") if r.get("benchmark") == "inference_cpu"]
+    if inf:
+        out.append("\n## CPU inference and deployment (issue 6, in progress)\n")
+        out.append("`benchmarks/inference_cpu.py`: a BERT-base sentence classifier (random weights, the same encoder on both "
+                   "sides), 2 threads. Latency is the median of batch-1 runs; for each precision ctxkit's fastest backend "
+                   "(named) against the fastest peer (named); `all backends` lists every measurement. Throughput runs the "
+                   "872 real SST-2 dev sentences at batch 32: ctxkit batches by length, the peer gets file-order batches "
+                   "padded to their longest.\n")
+        out.append("| case | ctxkit | ctxkit backend | peer | peer name | speedup | all backends | device | date |")
+        out.append("|---|---|---|---|---|---|---|---|---|")
+        for r in inf:
+            every = "; ".join(f"{k}: {v}" for side in (r.get("all_ms") or {}).values() for k, v in side.items())
+            unit = r["unit"]
+            if r["metric"].startswith("int8 / fp32"):
+                out.append(f"| {r['case']} | {_fmt(r['ctxkit'])} {unit} | ONNX int8 vs fp32 safetensors | | | | "
+                           f"{r['sizes_mb']} MB | {r['device']} | {r['date']} |")
+                continue
+            out.append(f"| {r['case']} | {_fmt(r['ctxkit'])} {unit} | {r['ctxkit_backend']} | {_fmt(r['peer'])} {unit} | {r['peer_name']} | "
+                       f"{_fmt(r['speedup'])} | {every} | {r['device']} | {r['date']} |")
+        out.append("\nCommand: `" + inf[0]["command"] + "`.")
     return "\n".join(out) + "\n"
 
 

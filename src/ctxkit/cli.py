@@ -314,12 +314,14 @@ def build_parser() -> argparse.ArgumentParser:
     from ctxkit.pretraining.cli import add_commands as add_pretraining_commands
     from ctxkit.pretraining.cli import add_lm_commands, add_pretrain_command
     from ctxkit.inference.cli import add_commands as add_inference_commands
+    from ctxkit.inference.cli import add_export_commands
     from ctxkit.tasks.cli import add_commands as add_task_commands
     from ctxkit.tasks.cli import add_translation_commands
 
     add_task_commands(sub)
     add_translation_commands(sub)
     add_inference_commands(sub)
+    add_export_commands(sub)
     add_pretraining_commands(sub)
     add_pretrain_command(sub)
     add_lm_commands(sub)

@@ -4,8 +4,10 @@ printing tokens as they are produced."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+from pathlib import Path
 from typing import List, Optional, Sequence
 
 import torch
@@ -139,3 +141,49 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="compile the decoding step (fastest; the first prompt waits for compilation: ~1 min on CPU)")
     p.add_argument("--device", default="auto")
     p.set_defaults(func=cmd_generate)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Handler of ``ctxkit export``: ONNX file(s) of a fine-tuned run, checked against PyTorch."""
+    from ..tasks import load_run
+    from .export import export_onnx, folder_size_mb, quantize_onnx, verify_onnx
+
+    _, model, _, info = load_run(args.run_dir, device="cpu")
+    if "backend" in info:
+        raise ValueError(f"{args.run_dir} is already an exported run ({info['backend']['file']}); export the original run")
+    path = export_onnx(model, args.onnx, opset=args.opset)
+    diff = verify_onnx(model, path, atol=args.atol)
+    result = {"onnx": str(path), "max_abs_diff_vs_pytorch": diff, "mb": round(folder_size_mb([path]), 2)}
+    if args.int8:
+        q = quantize_onnx(path, Path(path).with_suffix(".int8.onnx"))
+        result.update(int8=str(q), int8_mb=round(folder_size_mb([q]), 2))
+    print(json.dumps(result))
+    return 0
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    """Handler of ``ctxkit quantize``: an int8 run folder that predict/evaluate/serve load."""
+    from .export import quantize_run
+
+    result = quantize_run(args.run_dir, args.out)
+    print(f"int8 model: {result['int8_mb']} MB on disk vs {result['fp32_mb']} MB fp32 ({result['ratio']:.2f}x); "
+          f"fp32 export matched PyTorch within {result['max_abs_diff_fp32_export']:.1e}", file=sys.stderr)
+    print(json.dumps({"out": str(args.out), **result}))
+    return 0
+
+
+def add_export_commands(sub: argparse._SubParsersAction) -> None:
+    """Register ``export`` and ``quantize``."""
+    p = sub.add_parser("export", help="export a fine-tuned run to ONNX (dynamic batch and length), checked against PyTorch",
+                       description="Write RUN_DIR's model as ONNX; ONNX Runtime's outputs are compared with PyTorch's first.")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--onnx", required=True, metavar="FILE", help="the .onnx file to write")
+    p.add_argument("--int8", action="store_true", help="also write FILE.int8.onnx (dynamic int8 weights)")
+    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--atol", type=float, default=1e-4, help="largest allowed |ONNX - PyTorch| (default 1e-4)")
+    p.set_defaults(func=cmd_export)
+    p = sub.add_parser("quantize", help="int8 copy of a fine-tuned run (ONNX Runtime), loadable by predict/evaluate/serve",
+                       description="Export, check, and quantise RUN_DIR's model to int8 into a new run folder; prints sizes.")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.set_defaults(func=cmd_quantize)

@@ -105,12 +105,19 @@ def load_run(run_dir: os.PathLike, device: str = "auto"):
         raise CheckpointError(f"{run_dir}: not a ctxkit run folder (no task.json)")
     info = json.loads(info_path.read_text(encoding="utf-8"))
     best = run_dir / "best"
+    task = get_task(info["task"], **info.get("options", {}))
+    tokenizer = WordPieceTokenizer.from_dir(best) if best.is_dir() else None
+    if (best / "backend.json").is_file():  # an exported run (ctxkit quantize): ONNX Runtime instead of PyTorch
+        from ..inference.export import OrtTaskModel
+
+        backend = json.loads((best / "backend.json").read_text(encoding="utf-8"))
+        if not (best / backend["file"]).is_file():
+            raise CheckpointError(f"{best / 'backend.json'} names {backend['file']}, which is missing")
+        return task, OrtTaskModel(best / backend["file"]).eval(), tokenizer, {**info, "backend": backend}
     if not (best / "head.safetensors").is_file():
         raise CheckpointError(f"{run_dir}: no saved model in best/ (did training finish an epoch?)")
-    task = get_task(info["task"], **info.get("options", {}))
     model = task.build_model(load_bert(best))
     load_state_dict_strict(model.head, read_weights_file(best / "head.safetensors"), source=str(best / "head.safetensors"))
-    tokenizer = WordPieceTokenizer.from_dir(best)
     return task, model.to(resolve_device(device)).eval(), tokenizer, info
 
 

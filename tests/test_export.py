@@ -1,0 +1,74 @@
+"""ONNX export and int8 runs: ONNX Runtime matches PyTorch within 1e-4 (fp32) on padded
+batches of unseen shapes, and an int8 run folder is smaller and loads in predict/evaluate."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from ctxkit.cli import main
+from ctxkit.inference.export import OrtTaskModel, export_onnx, verify_onnx
+from ctxkit.tasks import finetune, get_task, load_run
+from ctxkit.training import TrainConfig, predict
+
+pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.usefixtures("minilm_dir")
+
+
+def _run(task_name, data, tmp_path, **limits):
+    cfg = TrainConfig(batch_size=16, lr=1e-4, progress=False, device="cpu", log_every=10, max_steps=3)
+    finetune(get_task(task_name), "all_minilm_l6_v2", data, tmp_path / "run", cfg, **limits)
+    return tmp_path / "run"
+
+
+@pytest.fixture(scope="module")
+def sst2_run(shared_data, tmp_path_factory):
+    return _run("sst-2", shared_data / "glue" / "SST-2", tmp_path_factory.mktemp("sst2"), limit_train=48, limit_eval=64)
+
+
+def test_cli_export_matches_pytorch_on_real_sentences(sst2_run, shared_data, tmp_path, capsys):
+    assert main(["export", str(sst2_run), "--onnx", str(tmp_path / "m.onnx")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["max_abs_diff_vs_pytorch"] < 1e-4
+    task, model, tokenizer, _ = load_run(sst2_run, device="cpu")
+    examples = task.load(shared_data / "glue" / "SST-2", "dev")[:96]
+    feats = task.featurize(tokenizer, examples, train=False)
+    ours = np.stack(predict(model, feats, batch_size=32, device="cpu"))
+    ort = np.stack(predict(OrtTaskModel(tmp_path / "m.onnx"), feats, batch_size=32, device="cpu"))
+    assert len({len(f["input_ids"]) for f in feats}) > 10  # many lengths: the dynamic axes are exercised
+    assert np.abs(ours - ort).max() < 1e-4
+
+
+def test_quantized_run_is_small_and_loads_everywhere(sst2_run, tmp_path, capsys):
+    out = tmp_path / "int8"
+    assert main(["quantize", str(sst2_run), "--out", str(out)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ratio"] <= 0.3 and result["int8_mb"] > 1, result
+    assert main(["evaluate", str(out), "--device", "cpu"]) == 0
+    int8_acc = json.loads(capsys.readouterr().out)["dev"]["accuracy"]
+    assert main(["evaluate", str(sst2_run), "--device", "cpu"]) == 0
+    fp32_acc = json.loads(capsys.readouterr().out)["dev"]["accuracy"]
+    assert abs(int8_acc - fp32_acc) <= 5.0  # 64 sentences: one flip is 1.6 points
+    (tmp_path / "in.txt").write_text("a wonderful , moving film\nthe worst mess of the year\n", encoding="utf-8")
+    assert main(["predict", str(out), str(tmp_path / "in.txt"), "--device", "cpu"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 2 and all(sum(r["probs"].values()) == pytest.approx(1.0, abs=1e-3) for r in rows)
+    assert main(["export", str(out), "--onnx", str(tmp_path / "again.onnx")]) != 0
+    assert "already an exported run" in capsys.readouterr().err
+
+
+def test_token_and_span_heads_export_with_per_token_outputs(minilm_dir, tmp_path):
+    from ctxkit.models.bert import load_bert
+
+    for name in ("conll2003", "squad"):
+        task = get_task(name, labels=["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]) if name == "conll2003" else get_task(name)
+        model = task.build_model(load_bert(minilm_dir)).eval()
+        path = export_onnx(model, tmp_path / f"{name}.onnx")
+        assert verify_onnx(model, path) < 1e-4
+        ids = torch.randint(1000, 2000, (2, 19))
+        out = OrtTaskModel(path)(ids, attention_mask=torch.ones_like(ids))["logits"]
+        with torch.no_grad():
+            ref = model(input_ids=ids, attention_mask=torch.ones_like(ids))["logits"]
+        for a, b in zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,)):
+            assert a.shape == b.shape and torch.allclose(a, b, atol=1e-4)
