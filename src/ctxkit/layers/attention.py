@@ -248,8 +248,9 @@ class MultiHeadAttention(nn.Module):
                 groups.append((x, [proj]))
         out = []
         for x, projs in groups:
-            if len(projs) == 1:
-                y = projs[0](x)
+            if len(projs) == 1 or not all(isinstance(p.weight, Tensor) for p in projs):
+                # Quantised projections (torch.ao dynamic int8: weight() is a method) run one by one.
+                y = torch.cat([p(x) for p in projs], dim=-1) if len(projs) > 1 else projs[0](x)
             else:
                 y = F.linear(x, *self._fused(projs))
             out.extend(self._split_heads(t) for t in y.split([p.out_features for p in projs], dim=-1))
@@ -259,7 +260,7 @@ class MultiHeadAttention(nn.Module):
         """Per-head keys and values ``(batch, heads, key_len, head_dim)`` of a memory that
         stays fixed over many queries (pass them back as ``static_kv``)."""
         value = key if value is None else value
-        if value is key:
+        if value is key and isinstance(self.k_proj.weight, Tensor) and isinstance(self.v_proj.weight, Tensor):
             k, v = F.linear(key, *self._fused([self.k_proj, self.v_proj])).split(self.embed_dim, dim=-1)
         else:
             k, v = self.k_proj(key), self.v_proj(value)
