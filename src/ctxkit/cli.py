@@ -315,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     from ctxkit.pretraining.cli import add_lm_commands, add_pretrain_command
     from ctxkit.inference.cli import add_commands as add_inference_commands
     from ctxkit.inference.cli import add_export_commands
+    from ctxkit.inference.serve import add_serve_command
     from ctxkit.tasks.cli import add_commands as add_task_commands
     from ctxkit.tasks.cli import add_translation_commands
 
@@ -322,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_translation_commands(sub)
     add_inference_commands(sub)
     add_export_commands(sub)
+    add_serve_command(sub)
     add_pretraining_commands(sub)
     add_pretrain_command(sub)
     add_lm_commands(sub)

@@ -1,0 +1,531 @@
+"""``ctxkit serve``: a JSON HTTP API for a fine-tuned run, with dynamic micro-batching.
+
+Requests that arrive within ``max_wait_ms`` of each other are merged (up to
+``max_batch`` texts) and run as one forward pass through the task's own
+``predict_lines``, so answers equal those of ``ctxkit predict``. See ``docs/serving.md``.
+
+FastAPI, pydantic and uvicorn are imported inside functions: the CLI registers this verb
+on every ``ctxkit`` call, and ``import ctxkit`` must not need them.
+"""
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import math
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+__all__ = ["MicroBatcher", "add_serve_command", "create_app", "serve"]
+
+log = logging.getLogger("ctxkit.serve")
+
+
+def log_event(event: str, **fields: Any) -> None:
+    """Emit one structured log line: a JSON object with ``event`` and ``fields``."""
+    if log.isEnabledFor(logging.INFO):
+        log.info(json.dumps({"event": event, "time": round(time.time(), 3), **fields}, ensure_ascii=False))
+
+
+class ShuttingDown(RuntimeError):
+    """The batcher no longer takes work (server stopping, or not started)."""
+
+
+_Job = collections.namedtuple("_Job", "items future arrived")  # one request in a batcher's queue
+
+
+class MicroBatcher:
+    """Merges concurrent requests into batches for one model function.
+
+    A request's items never split across batches; a request larger than ``max_batch``
+    runs alone. The batch function runs on ``executor`` so the event loop keeps accepting
+    and validating requests while the model computes.
+
+    Args:
+        name: endpoint name, for logs and stats.
+        fn: ``fn(items) -> outputs``, one output per item, in order.
+        executor: where ``fn`` runs (one thread: torch already uses every core).
+        max_batch: most items per call of ``fn``.
+        max_wait_ms: how long the oldest queued request may wait for company.
+    """
+
+    def __init__(self, name: str, fn: Callable[[list], list], executor, max_batch: int = 32, max_wait_ms: float = 5.0):
+        if max_batch < 1 or max_wait_ms < 0:
+            raise ValueError(f"max_batch must be >= 1 and max_wait_ms >= 0, got {max_batch}, {max_wait_ms}")
+        self.name, self.fn, self.executor = name, fn, executor
+        self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000.0
+        self._pending: collections.deque = collections.deque()
+        self._wakeup = asyncio.Event()
+        self._task: Optional[asyncio.Task] = None
+        self._closing = False
+        self.stats = {"requests": 0, "items": 0, "batches": 0, "largest_batch": 0, "queued": 0}
+
+    def start(self) -> None:
+        """Start the worker on the running event loop."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"batcher-{self.name}")
+
+    async def close(self) -> None:
+        """Stop taking requests, run everything already queued, then stop."""
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+
+    async def submit(self, items: list) -> list:
+        """Queue ``items`` (one request) and wait for their outputs.
+
+        Raises:
+            ShuttingDown: the batcher is closing or was never started.
+            Exception: whatever ``fn`` raised on this request's items.
+        """
+        if self._closing or self._task is None:
+            raise ShuttingDown("the server is shutting down")
+        job = _Job(items, asyncio.get_running_loop().create_future(), time.perf_counter())
+        self._pending.append(job)
+        self.stats["queued"] += len(items)
+        self._wakeup.set()
+        return await job.future
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._pending:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            # The wait counts from the oldest request's arrival: one that queued during
+            # the previous forward pass has already waited and goes at once.
+            deadline = self._pending[0].arrived + self.max_wait
+            while self.stats["queued"] < self.max_batch and not self._closing:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                self._wakeup.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+            batch = [self._pending.popleft()]
+            size = len(batch[0].items)
+            while self._pending and size + len(self._pending[0].items) <= self.max_batch:
+                batch.append(self._pending.popleft())
+                size += len(batch[-1].items)
+            self.stats["queued"] -= size
+            await self._run_batch(loop, batch, size)
+
+    async def _run_batch(self, loop, batch: List[_Job], size: int) -> None:
+        started = time.perf_counter()
+        items = [item for job in batch for item in job.items]
+        try:
+            outputs = await loop.run_in_executor(self.executor, self.fn, items)
+            if len(outputs) != len(items):
+                raise RuntimeError(f"{self.name}: {len(outputs)} outputs for {len(items)} inputs")
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:  # BaseException: a Rust tokenizer's panic is one
+            if len(batch) == 1:
+                if not batch[0].future.done():  # done: the request was cancelled
+                    batch[0].future.set_exception(err)
+            else:
+                # One bad request must not fail the others merged with it: retry alone.
+                for job in batch:
+                    await self._run_batch(loop, [job], len(job.items))
+                return
+        else:
+            at = 0
+            for job in batch:
+                if not job.future.done():
+                    job.future.set_result(outputs[at:at + len(job.items)])
+                at += len(job.items)
+        for key, value in (("requests", len(batch)), ("items", size), ("batches", 1)):
+            self.stats[key] += value
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], size)
+        log_event("batch", endpoint=self.name, requests=len(batch), batch_size=size,
+                  compute_ms=round((time.perf_counter() - started) * 1000, 2), queue_ms=round((started - batch[0].arrived) * 1000, 2))
+
+
+def _task_kind(task) -> str:
+    from ..tasks.ner import ConllNerTask
+    from ..tasks.qa import SquadTask
+    from ..tasks.text import GlueClassificationTask, TableClassificationTask
+
+    for classes, kind in (((GlueClassificationTask, TableClassificationTask), "classify"), (ConllNerTask, "ner"), (SquadTask, "qa")):
+        if isinstance(task, classes):
+            return kind
+    raise ValueError(f"task {task.name!r} cannot be served (classification, NER and QA runs can)")
+
+
+def _finite(value):
+    """``value`` with non-finite floats replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return [_finite(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+def _validation_error(errors, content_type: str):
+    """``(status, message)`` for FastAPI's request validation errors."""
+    for e in errors:
+        if e.get("type") == "json_invalid":
+            return 400, f"malformed JSON: {e.get('ctx', {}).get('error', 'decode error')} (at character {e['loc'][-1]})"
+    if "json" not in content_type.lower() and any(tuple(e.get("loc", ())) == ("body",) for e in errors):
+        return 415, f"send the request body as JSON with 'Content-Type: application/json' (got {content_type or 'none'!r})"
+    parts = []
+    for e in errors:
+        loc = [x for x in e.get("loc", ()) if x != "body"]
+        where = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in loc).lstrip(".") or "body"
+        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        if where == "body" and e.get("type") == "missing":
+            msg = "the request body is empty; send a JSON object"
+        elif where == "body" and e.get("type") in ("model_attributes_type", "model_type", "dict_type"):
+            msg = f"the request body must be a JSON object, not {type(e.get('input')).__name__}"
+        parts.append(f"{where}: {msg}")
+    return 422, "invalid request: " + "; ".join(parts)
+
+
+class _Guard:
+    """ASGI middleware: body-size limit and one JSON log line per request."""
+
+    def __init__(self, app, max_body_bytes: int):
+        self.app, self.max_body_bytes = app, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), [0]
+
+        async def send_logged(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        # Read the whole body first (it is bounded): an over-long one is drained, not
+        # refused mid-upload, so the client can read the 413 instead of a reset.
+        body, size, more = [], 0, True
+        while more and size <= 16 * self.max_body_bytes:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            size += len(message.get("body", b""))
+            more = message.get("more_body", False)
+            if size <= self.max_body_bytes:
+                body.append(message.get("body", b""))
+        replay = [{"type": "http.request", "body": b"".join(body), "more_body": False}]
+
+        async def receive_replayed():
+            return replay.pop() if replay else await receive()
+
+        try:
+            if size > self.max_body_bytes:
+                from starlette.responses import JSONResponse
+
+                error = f"request body over {self.max_body_bytes} bytes (--max-body-bytes)"
+                await JSONResponse({"error": error}, status_code=413)(scope, receive, send_logged)
+            else:
+                await self.app(scope, receive_replayed, send_logged)
+        finally:
+            log_event("request", method=scope["method"], path=scope["path"], status=status[0],
+                      items=scope.get("ctxkit_items", 0), latency_ms=round((time.perf_counter() - started) * 1000, 2))
+
+
+def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: float = 5.0, max_text_chars: int = 10_000,
+               max_items: int = 64, max_body_bytes: Optional[int] = None, pooling: str = "mean"):
+    """Build the FastAPI app for a fine-tuned run.
+
+    Args:
+        run: a run folder, or ``(task, model, tokenizer, info)`` as :func:`ctxkit.tasks.load_run` returns.
+        device: torch device when ``run`` is a folder.
+        max_batch: most texts per forward pass.
+        max_wait_ms: how long a request may wait for others to share its forward pass.
+        max_text_chars: longest text (or question, or context) accepted.
+        max_items: most texts per request.
+        max_body_bytes: largest request body (default: room for ``max_items`` texts of
+            ``max_text_chars`` characters).
+        pooling: ``/embed`` vectors: ``mean`` over tokens or the ``cls`` vector.
+
+    Returns:
+        The ASGI app; its lifespan starts and drains the batchers.
+    """
+    try:
+        from fastapi import FastAPI, HTTPException, Request
+        from fastapi.exceptions import RequestValidationError
+        from fastapi.responses import JSONResponse
+        from pydantic import BaseModel, ConfigDict, model_validator
+        from starlette.exceptions import HTTPException as StarletteHTTPException
+    except ImportError as err:
+        raise ImportError(f"ctxkit serve needs FastAPI and uvicorn: pip install fastapi uvicorn ({err})") from None
+
+    from ..embedding import POOLING_CHOICES, embed
+    from ..tasks import load_run
+
+    if pooling not in POOLING_CHOICES:
+        raise ValueError(f"pooling must be one of {', '.join(POOLING_CHOICES)}, got {pooling!r}")
+    if isinstance(run, (str, Path)):
+        run_dir, (task, model, tokenizer, info) = str(run), load_run(run, device)
+    else:
+        run_dir, (task, model, tokenizer, info) = None, run
+    kind = _task_kind(task)
+    params = list(model.parameters())
+    dev = str(params[0].device) if params else "cpu"  # an int8 run (ONNX Runtime) has no torch parameters
+    can_embed = hasattr(model, "encoder")  # exported runs hold only the task graph, no encoder to pool
+    if max_body_bytes is None:
+        max_body_bytes = 4 * max_items * max_text_chars + 65536  # JSON escapes can reach several bytes a char
+
+    def predict(lines: List[str]) -> List[dict]:
+        return task.predict_lines(model, tokenizer, lines, max_batch, dev)
+
+    def embed_texts(texts: List[str]) -> List[List[float]]:
+        return embed(texts, (model.encoder, tokenizer), pooling=pooling, batch_size=max_batch).tolist()
+
+    endpoints = ["GET /health", f"POST /{kind}"] + (["POST /embed"] if can_embed else [])
+    executor: List[ThreadPoolExecutor] = []
+    batchers: Dict[str, MicroBatcher] = {}
+    started = time.time()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        executor.append(ThreadPoolExecutor(1, thread_name_prefix="ctxkit-serve"))
+        for name, fn in ((kind, predict), ("embed", embed_texts))[: 2 if can_embed else 1]:
+            batchers[name] = MicroBatcher(name, fn, executor[0], max_batch, max_wait_ms)
+            batchers[name].start()
+        log_event("startup", task=task.name, run_dir=run_dir, device=dev, endpoints=endpoints,
+                  max_batch=max_batch, max_wait_ms=max_wait_ms)
+        yield
+        for b in batchers.values():  # in-flight and queued requests still get answers
+            await b.close()
+        executor[0].shutdown(wait=True)
+        log_event("shutdown", stats={n: b.stats for n, b in batchers.items()})
+
+    app = FastAPI(title=f"ctxkit serve: {task.name}", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(request: Request, exc: RequestValidationError):
+        status, message = _validation_error(exc.errors(), request.headers.get("content-type", ""))
+        return JSONResponse({"error": message}, status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException):
+        message = exc.detail
+        if exc.status_code == 400:  # FastAPI's generic "error parsing the body": not UTF-8, or nested too deep
+            message = "malformed JSON: the body could not be decoded; send UTF-8 JSON"
+        elif exc.status_code in (404, 405):
+            message = f"no endpoint {request.method} {request.url.path}; this {task.name} run serves: {', '.join(endpoints)}"
+        return JSONResponse({"error": message}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def on_bug(request: Request, exc: Exception):
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return JSONResponse({"error": f"internal error ({type(exc).__name__}); see the server log"}, status_code=500)
+
+    class _Body(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+
+    class TextRequest(_Body):
+        text: Optional[str] = None
+        texts: Optional[List[str]] = None
+        pair: Optional[str] = None
+        pairs: Optional[List[str]] = None
+
+        @model_validator(mode="after")
+        def _shape(self):
+            if (self.text is None) == (self.texts is None):
+                raise ValueError("give either 'text' (a string) or 'texts' (a list of strings)")
+            if (self.pair is not None and self.text is None) or (self.pairs is not None and self.texts is None):
+                raise ValueError("'pair' goes with 'text', 'pairs' with 'texts'")
+            if self.pairs is not None and len(self.pairs) != len(self.texts):
+                raise ValueError(f"'pairs' has {len(self.pairs)} items but 'texts' has {len(self.texts)}")
+            return self
+
+    class QAItem(_Body):
+        question: str
+        context: str
+
+    class QARequest(_Body):
+        question: Optional[str] = None
+        context: Optional[str] = None
+        items: Optional[List[QAItem]] = None
+
+        @model_validator(mode="after")
+        def _shape(self):
+            single = (self.question, self.context) != (None, None)
+            if single == (self.items is not None) or (single and None in (self.question, self.context)):
+                raise ValueError("give either 'question' and 'context' (strings) or 'items' (a list of {question, context})")
+            return self
+
+    async def run(request: Request, name: str, many: bool, fields: Dict[str, List[str]], lines: list, key="prediction"):
+        """Check the limits (naming the offending field), batch ``lines``, answer as JSON."""
+        if len(lines) > max_items:
+            raise HTTPException(413, f"{len(lines)} items in one request; the limit is {max_items} (--max-items)")
+        if not lines:
+            raise HTTPException(422, "invalid request: the list is empty; give at least one item")
+        for field, values in fields.items():
+            for i, value in enumerate(values):
+                if len(value) > max_text_chars:
+                    raise HTTPException(413, f"{field.format(i=i)} has {len(value)} characters; "
+                                             f"the limit is {max_text_chars} (--max-text-chars)")
+                if not value.strip():
+                    raise HTTPException(422, f"invalid request: {field.format(i=i)} is empty or only whitespace")
+                if not value.isascii():  # JSON can carry a lone surrogate ("\ud800"); UTF-8 cannot
+                    try:
+                        value.encode("utf-8")
+                    except UnicodeEncodeError:
+                        raise HTTPException(422, f"invalid request: {field.format(i=i)} has an unpaired surrogate "
+                                                 "(\\ud800-\\udfff), not a character") from None
+        request.scope["ctxkit_items"] = len(lines)
+        try:
+            outputs = await batchers[name].submit(lines)
+        except ShuttingDown as err:
+            raise HTTPException(503, str(err)) from None
+        except ValueError as err:  # an input the task itself rejects
+            raise HTTPException(422, f"invalid request: {err}") from None
+        extra = {"dim": len(outputs[0])} if name == "embed" else {}
+        payload = {key + "s": outputs, **extra} if many else {key: outputs[0], **extra}
+        try:  # JSONResponse directly: FastAPI's jsonable_encoder is slow on long float lists
+            return JSONResponse(payload)
+        except ValueError:  # inf/nan (QA's score when no span fits) are not JSON: send null
+            return JSONResponse(_finite(payload))
+
+    def text_lines(body: TextRequest, endpoint: str):
+        many = body.texts is not None
+        texts, pairs = (body.texts, body.pairs) if many else ([body.text], None if body.pair is None else [body.pair])
+        fields = {"texts[{i}]" if many else "text": texts}
+        if endpoint != "classify":
+            if pairs is not None:
+                raise HTTPException(422, f"invalid request: /{endpoint} takes no 'pair'/'pairs'")
+            return many, fields, texts
+        # predict_lines splits text and pair at a tab; to BERT's tokenizer a tab is a space.
+        lines = [t.replace("\t", " ") for t in texts]
+        if pairs is not None:
+            fields["pairs[{i}]" if many else "pair"] = pairs
+            lines = [f"{t}\t{p.replace(chr(9), ' ')}" for t, p in zip(lines, pairs)]
+        return many, fields, lines
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "task": task.name, "kind": kind, "labels": getattr(task, "labels", None),
+                "model": info.get("model"), "run_dir": run_dir, "device": dev, "endpoints": endpoints,
+                "batching": {"max_batch": max_batch, "max_wait_ms": max_wait_ms},
+                "limits": {"max_items": max_items, "max_text_chars": max_text_chars, "max_body_bytes": max_body_bytes},
+                "uptime_s": round(time.time() - started, 1), "stats": {n: dict(b.stats) for n, b in batchers.items()}}
+
+    @app.post("/embed")
+    async def embed_route(body: TextRequest, request: Request):
+        if not can_embed:
+            raise HTTPException(404, "this run is an exported model (ctxkit quantize) without an encoder to embed with; "
+                                     "serve the original run for /embed")
+        return await run(request, "embed", *text_lines(body, "embed"), key="embedding")
+
+    if kind == "qa":
+        @app.post("/qa")
+        async def qa_route(body: QARequest, request: Request):
+            many = body.items is not None
+            items = body.items if many else [body]
+            fields = {("items[{i}]." if many else "") + f: [getattr(q, f) for q in items] for f in ("question", "context")}
+            lines = [json.dumps({"question": q.question, "context": q.context}, ensure_ascii=False) for q in items]
+            return await run(request, "qa", many, fields, lines)
+    else:
+        @app.post(f"/{kind}")
+        async def text_route(body: TextRequest, request: Request):
+            return await run(request, kind, *text_lines(body, kind))
+
+    return _Guard(app, max_body_bytes)
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, minus re-raising the signal after a graceful stop (the
+        process would then end with status 128 + signal instead of 0)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:  # only now is the port bound (port 0 picks a free one)
+                host, port = self.servers[0].sockets[0].getsockname()[:2]
+                log_event("listening", host=host, port=port)
+
+        def handle_exit(self, sig, frame) -> None:
+            log_event("stopping", signal=signal.Signals(sig).name)
+            super().handle_exit(sig, frame)
+
+    return Server
+
+
+def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, graceful_timeout: float = 30.0, **app_options) -> None:
+    """Serve a run until SIGINT/SIGTERM: then stop accepting, answer what is in flight, exit.
+
+    Args:
+        run_dir: the fine-tuned run folder.
+        host, port: where to listen.
+        graceful_timeout: seconds to wait for in-flight requests after a signal.
+        **app_options: passed to :func:`create_app`.
+    """
+    import uvicorn
+
+    app = create_app(run_dir, **app_options)
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=graceful_timeout)
+    _server_class()(config).run()
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    if not logging.getLogger().handlers and not log.handlers:
+        handler = logging.StreamHandler()  # stderr, one JSON object a line
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False  # the CLI's "ctxkit: " line prefix would break the JSON lines
+    serve(**{k: v for k, v in vars(args).items() if k not in ("verb", "func")})  # option dests match serve()
+    return 0
+
+
+def add_serve_command(sub: argparse._SubParsersAction) -> None:
+    """Register ``serve`` on the ``ctxkit`` parser."""
+    p = sub.add_parser("serve", help="serve a fine-tuned run as a JSON HTTP API with micro-batching",
+                       description="JSON HTTP API for a fine-tuned run: POST /classify, /ner or /qa (by the run's task), "
+                                   "POST /embed, GET /health. Concurrent requests are merged into batches. "
+                                   "SIGINT/SIGTERM stop accepting, answer in-flight requests, then exit. See docs/serving.md.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run folder written by ctxkit finetune")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ... (default: auto)")
+    p.add_argument("--max-batch", type=int, default=32, help="most texts per forward pass (default: 32)")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with (default: 5)")
+    p.add_argument("--max-items", type=int, default=64, help="most texts per request (default: 64)")
+    p.add_argument("--max-text-chars", type=int, default=10_000, help="longest text/question/context (default: 10000)")
+    p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body (default: fits max-items texts)")
+    p.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="/embed vectors (default: mean)")
+    p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on shutdown (default: 30)")
+    p.set_defaults(func=_cmd_serve)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m ctxkit.inference.serve RUN_DIR ...``, the same as ``ctxkit serve``."""
+    import sys
+
+    parser = argparse.ArgumentParser(prog="ctxkit")
+    add_serve_command(parser.add_subparsers(dest="verb", required=True))
+    args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

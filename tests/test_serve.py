@@ -1,0 +1,426 @@
+"""``ctxkit serve``: a real uvicorn server on loopback, driven over HTTP by httpx.
+
+Run folders are built from the real checkpoint with a seeded head (no training): what
+is checked is that every served answer equals the offline ``predict_lines`` answer for
+the same input from the same model, under concurrent load and next to malformed traffic.
+"""
+
+import asyncio
+import contextlib
+import csv
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+
+from ctxkit.checkpoint import write_json  # noqa: E402
+from ctxkit.embedding import embed  # noqa: E402
+from ctxkit.inference.serve import MicroBatcher, ShuttingDown, add_serve_command, create_app  # noqa: E402
+from ctxkit.tasks import get_task, load_run, save_run_model  # noqa: E402
+from ctxkit.zoo import get_model  # noqa: E402
+
+CONLL_TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
+# One unit in the last of the 4 decimals predict_lines rounds probabilities and scores to.
+ROUNDING = 1.01e-4
+
+
+def _make_run(folder: Path, task, minilm_dir: Path) -> Path:
+    """A run folder as ``finetune`` writes it, with a seeded head instead of a trained one."""
+    encoder, tokenizer = get_model(str(minilm_dir))
+    torch.manual_seed(0)
+    model = task.build_model(encoder)
+    with torch.no_grad():
+        for p in model.head.parameters():  # wide logits: answers far from ties, as after training
+            p.normal_(0.0, 0.5)
+    save_run_model(model, tokenizer, folder / "best")
+    write_json({"task": task.name, "options": task.options(), "model": str(minilm_dir)}, folder / "task.json")
+    return folder
+
+
+@contextlib.contextmanager
+def _running(app):
+    """Run ``app`` on a free loopback port in a background thread; yields its base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        assert thread.is_alive() and time.time() < deadline, "server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        assert not thread.is_alive(), "server did not stop"
+
+
+def _sst2(shared_data, split: str, n: int):
+    with open(shared_data / "glue" / "SST-2" / f"{split}.tsv", encoding="utf-8") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
+    return list(dict.fromkeys(r[0].strip() for r in rows if r[0].strip()))[:n]
+
+
+@pytest.fixture(scope="module")
+def cls_run(minilm_dir, tmp_path_factory):
+    task = get_task("table", labels=["negative", "positive"], regression=False)
+    return _make_run(tmp_path_factory.mktemp("cls_run"), task, minilm_dir)
+
+
+@pytest.fixture(scope="module")
+def cls_loaded(cls_run):
+    return load_run(cls_run, "cpu")
+
+
+@pytest.fixture(scope="module")
+def sentences(shared_data):
+    """300 real SST-2 sentences of 4-14 words (dev, then training phrases): short enough
+    that 2,000 requests take seconds on 2 CPU cores."""
+    pool = _sst2(shared_data, "dev", 900) + _sst2(shared_data, "train", 5000)
+    return [s for s in pool if 4 <= len(s.split()) <= 14][:300]
+
+
+def test_micro_batcher_merges_concurrent_requests_and_isolates_failures():
+    calls = []
+
+    def fn(items):
+        calls.append(list(items))
+        if "bad" in items:
+            raise ValueError("bad item")
+        return [x * 10 for x in items]
+
+    async def scenario():
+        with ThreadPoolExecutor(1) as executor:
+            b = MicroBatcher("t", fn, executor, max_batch=4, max_wait_ms=200)
+            b.start()
+            merged = await asyncio.gather(*(b.submit([i]) for i in range(10)), b.submit([20, 21, 22, 23, 24, 25]))
+            sizes = [len(c) for c in calls]
+            calls.clear()
+            mixed = await asyncio.gather(b.submit([1]), b.submit(["bad"]), b.submit([2, 3]), return_exceptions=True)
+            retried = [list(c) for c in calls]
+            t0 = time.perf_counter()
+            await b.submit([7])  # alone: waits max_wait_ms for company, then runs
+            lone = time.perf_counter() - t0
+            await b.close()
+            with pytest.raises(ShuttingDown):
+                await b.submit([1])
+        return merged, sizes, mixed, retried, lone, b.stats
+
+    merged, sizes, mixed, retried, lone, stats = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert merged == [[i * 10] for i in range(10)] + [[200, 210, 220, 230, 240, 250]]
+    # 10 one-item requests fill batches of 4, 4, 2 (the 6-item request does not fit the
+    # third, and runs alone since it is larger than max_batch).
+    assert sizes == [4, 4, 2, 6]
+    assert mixed[0] == [10] and mixed[2] == [20, 30]
+    assert isinstance(mixed[1], ValueError) and str(mixed[1]) == "bad item"
+    assert retried == [[1, "bad", 2, 3], [1], ["bad"], [2, 3]]  # one merged try, then each alone
+    assert 0.18 <= lone < 2.0
+    assert stats["largest_batch"] == 6 and stats["requests"] == 11 + 3 + 1
+
+
+def _malformed_cases(max_items: int, max_text_chars: int):
+    """``(method, path, kwargs, status, words in the error message)`` per kind of bad request."""
+    js = {"content-type": "application/json"}
+    return [
+        ("POST", "/classify", {"content": b'{"text": "a fine film"', "headers": js}, 400, ["malformed JSON"]),
+        ("POST", "/classify", {"content": b'{"text": "\xff\xfe"}', "headers": js}, 400, ["malformed JSON", "UTF-8"]),
+        ("POST", "/classify", {"content": b"", "headers": js}, 422, ["body is empty"]),
+        ("POST", "/classify", {"content": b'{"text": "a"}', "headers": {"content-type": "text/plain"}}, 415, ["application/json"]),
+        ("POST", "/classify", {"json": [1, 2]}, 422, ["must be a JSON object"]),
+        ("POST", "/classify", {"json": {"text": 5}}, 422, ["text", "valid string"]),
+        ("POST", "/classify", {"json": {"texts": ["fine", None]}}, 422, ["texts[1]", "valid string"]),
+        ("POST", "/classify", {"json": {"texts": "not a list"}}, 422, ["texts", "valid list"]),
+        ("POST", "/classify", {"json": {}}, 422, ["either 'text'", "'texts'"]),
+        ("POST", "/classify", {"json": {"txt": "typo"}}, 422, ["txt", "Extra inputs"]),
+        ("POST", "/classify", {"json": {"texts": ["a", "b"], "pairs": ["c"]}}, 422, ["'pairs' has 1 items"]),
+        ("POST", "/classify", {"json": {"text": "   "}}, 422, ["text is empty"]),
+        ("POST", "/classify", {"content": b'{"text": "a\\ud800"}', "headers": js}, 422, ["text has an unpaired surrogate"]),
+        ("POST", "/classify", {"json": {"texts": []}}, 422, ["empty"]),
+        ("POST", "/classify", {"json": {"text": "x" * (max_text_chars + 1)}}, 413,
+         [f"{max_text_chars + 1} characters", f"limit is {max_text_chars}"]),
+        ("POST", "/classify", {"json": {"texts": ["fine", "y" * (max_text_chars + 5)]}}, 413, ["texts[1]", "characters"]),
+        ("POST", "/classify", {"json": {"texts": ["fine"] * (max_items + 1)}}, 413, [f"{max_items + 1} items", f"limit is {max_items}"]),
+        ("POST", "/embed", {"json": {"texts": ["fine"] * (max_items + 1)}}, 413, ["limit is"]),
+        ("POST", "/classify", {"content": b'{"text": "' + b"z" * 3_000_000 + b'"}', "headers": js}, 413, ["request body over"]),
+        ("POST", "/ner", {"json": {"text": "Paris"}}, 404, ["no endpoint POST /ner", "/classify"]),
+        ("GET", "/classify", {}, 405, ["no endpoint GET /classify"]),
+    ]
+
+
+async def _drive(base: str, jobs, concurrency: int, bad_cases):
+    """Send ``jobs`` (path, body) from ``concurrency`` workers while one more client sends
+    every one of ``bad_cases`` each 0.3 s until they finish (at least twice); returns the
+    answers, latencies, wall time, the bad cases' answers and ``/health`` afterwards."""
+    answers, latencies, wall, bad = [None] * len(jobs), [], [], []
+    done = asyncio.Event()
+    todo = iter(enumerate(jobs))
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as client, \
+            httpx.AsyncClient(base_url=base, timeout=30) as bad_client:
+        async def worker():
+            for i, (path, body) in todo:
+                t0 = time.perf_counter()
+                r = await client.post(path, json=body)
+                latencies.append(time.perf_counter() - t0)
+                answers[i] = (r.status_code, r.json())
+
+        async def workers():
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            wall.append(time.perf_counter() - t0)
+            done.set()
+
+        async def bad_sender():
+            rounds = 0
+            while rounds < 2 or not done.is_set():
+                for method, path, kwargs, *_ in bad_cases:
+                    r = await bad_client.request(method, path, **kwargs)
+                    bad.append((r.status_code, r.json()))
+                rounds += 1
+                await asyncio.sleep(0.3)
+
+        await asyncio.gather(bad_sender(), workers())
+        health = (await client.get("/health")).json()
+    return answers, latencies, wall[0], bad, health
+
+
+def test_2000_concurrent_requests_match_offline_predictions_next_to_malformed_ones(cls_loaded, sentences, caplog):
+    task, model, tokenizer, _ = cls_loaded
+    n = len(sentences)
+    jobs, lines = [], []
+    for i in range(2000):
+        s = sentences[(7 * i) % n]
+        if i % 10 == 0:  # a list of 3 texts in one request
+            texts = [sentences[(7 * i + k) % n] for k in range(3)]
+            jobs.append(("/classify", {"texts": texts}))
+            lines.append(texts)
+        elif i % 10 == 5:  # a sentence pair (40 different ones)
+            s, pair = sentences[(i // 10) % 40], sentences[(i // 10) % 40 + 40]
+            jobs.append(("/classify", {"text": s, "pair": pair}))
+            lines.append([f"{s}\t{pair}"])
+        else:
+            jobs.append(("/classify", {"text": s}))
+            lines.append([s])
+    unique = sorted({line for group in lines for line in group})
+    offline = dict(zip(unique, task.predict_lines(model, tokenizer, unique, 64, "cpu")))
+
+    max_items, max_text_chars = 64, 10_000
+    bad_cases = _malformed_cases(max_items, max_text_chars)
+    caplog.set_level(logging.INFO, logger="ctxkit.serve")
+    app = create_app(cls_loaded, max_batch=32, max_wait_ms=5, max_items=max_items, max_text_chars=max_text_chars)
+    with _running(app) as base:
+        answers, latencies, wall, bad, health = asyncio.run(asyncio.wait_for(_drive(base, jobs, 32, bad_cases), 50))
+
+    exact = 0
+    for (status, body), (_, request), group in zip(answers, jobs, lines):
+        assert status == 200, body
+        got = body["predictions"] if "texts" in request else [body["prediction"]]
+        assert len(got) == len(group)
+        for pred, line in zip(got, group):
+            want = offline[line]
+            assert pred["label"] == want["label"], (line, pred, want)
+            # Padding to a different batch-mate changes float sums in the last bits, which
+            # can move the rounded 4th decimal (about 1 answer in 100); nothing more.
+            assert pred["probs"] == pytest.approx(want["probs"], abs=ROUNDING), (line, pred, want)
+            exact += pred == want
+    items = sum(len(g) for g in lines)
+
+    rounds = len(bad) // len(bad_cases)
+    assert rounds >= 2 and len(bad) == rounds * len(bad_cases)
+    for k, (status, body) in enumerate(bad):
+        _, _, _, want_status, words = bad_cases[k % len(bad_cases)]
+        assert status == want_status, (bad_cases[k % len(bad_cases)][:3], body)
+        assert set(body) == {"error"} and all(w in body["error"] for w in words), (words, body)
+
+    # Requests that arrived together shared forward passes.
+    stats = health["stats"]["classify"]
+    assert stats["requests"] == 2000 and stats["items"] == items and stats["queued"] == 0
+    assert stats["largest_batch"] <= 32 and stats["batches"] <= items / 4, stats
+    # One JSON log line per request and per batch.
+    records = [json.loads(r.getMessage()) for r in caplog.records if r.name == "ctxkit.serve"]
+    requests = [r for r in records if r["event"] == "request" and r["path"] == "/classify"]
+    batches = [r for r in records if r["event"] == "batch"]
+    assert len(requests) == 2000 + rounds * sum(path == "/classify" for _, path, *_ in bad_cases)
+    assert sum(r["status"] == 200 for r in requests) == 2000 and all(r["latency_ms"] > 0 for r in requests)
+    assert len(batches) == stats["batches"] and sum(b["batch_size"] for b in batches) == items
+    assert all(1 <= b["batch_size"] <= 32 and b["compute_ms"] > 0 for b in batches)
+
+    lat = np.array(latencies) * 1000
+    print(f"\n2000 requests ({items} texts) at concurrency 32 in {wall:.1f}s: {2000 / wall:.0f} req/s, "
+          f"p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms, "
+          f"mean batch {items / stats['batches']:.1f} texts, {exact}/{items} answers bit-identical")
+
+
+def test_embed_endpoint_matches_offline_embeddings(cls_loaded, sentences):
+    _, model, tokenizer, _ = cls_loaded
+    texts = sentences[:48]
+    want = embed(texts, (model.encoder, tokenizer), pooling="mean")
+
+    async def requests(base):
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            singles = await asyncio.gather(*(client.post("/embed", json={"text": t}) for t in texts[:40]))
+            listed = await client.post("/embed", json={"texts": texts[40:]})
+            return [r.json() for r in singles], listed.json()
+
+    with _running(create_app(cls_loaded, max_batch=16, max_wait_ms=10)) as base:
+        singles, listed = asyncio.run(asyncio.wait_for(requests(base), 30))
+    got = np.array([s["embedding"] for s in singles] + listed["embeddings"], dtype=np.float32)
+    assert listed["dim"] == 384 and got.shape == (48, 384)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+async def _post_all(base, path, bodies):
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        return [(r.status_code, r.json()) for r in await asyncio.gather(*(client.post(path, json=b) for b in bodies))]
+
+
+def test_ner_endpoint_matches_offline_entities(shared_data, minilm_dir, tmp_path):
+    task = get_task("conll2003", labels=CONLL_TAGS)
+    loaded = load_run(_make_run(tmp_path, task, minilm_dir), "cpu")
+    lines = [" ".join(s.words) for s in task.load(shared_data / "conll2003", "dev")[1:41]]
+    offline = task.predict_lines(loaded[1], loaded[2], lines, 64, "cpu")
+    bodies = [{"text": line} for line in lines[:30]] + [{"texts": lines[30:]}]
+    with _running(create_app(loaded, max_wait_ms=10)) as base:
+        answers = asyncio.run(asyncio.wait_for(_post_all(base, "/ner", bodies), 30))
+        (bad_status, bad), = asyncio.run(_post_all(base, "/ner", [{"text": "Paris", "pair": "London"}]))
+    got = [body["prediction"] for _, body in answers[:30]] + answers[30][1]["predictions"]
+    assert all(status == 200 for status, _ in answers)
+    assert got == offline
+    assert sum(len(r["entities"]) for r in got) > 10  # the comparison is not of empty lists
+    assert bad_status == 422 and "takes no 'pair'" in bad["error"]
+
+
+def test_qa_endpoint_matches_offline_answers(shared_data, minilm_dir, tmp_path):
+    task = get_task("squad")
+    loaded = load_run(_make_run(tmp_path, task, minilm_dir), "cpu")
+    with zipfile.ZipFile(shared_data / "squad_v1.1" / "dev-v1.1.json.zip") as z:
+        articles = json.loads(z.read("dev-v1.1.json"))["data"][:2]
+    pairs = [(qa["question"], p["context"]) for a in articles for p in a["paragraphs"] for qa in p["qas"]][:14]
+    # A long context (several windows) in which this head finds no valid span: its score
+    # is -inf offline, which JSON cannot carry; the server sends null.
+    pairs.append(("What is it?", "word " * 600))
+    lines = [json.dumps({"question": q, "context": c}) for q, c in pairs]
+    offline = task.predict_lines(loaded[1], loaded[2], lines, 64, "cpu")
+    bodies = [{"question": q, "context": c} for q, c in pairs[:10]]
+    bodies.append({"items": [{"question": q, "context": c} for q, c in pairs[10:]]})
+    bodies.append({"question": "Who?"})  # no context
+    with _running(create_app(loaded, max_wait_ms=10)) as base:
+        answers = asyncio.run(asyncio.wait_for(_post_all(base, "/qa", bodies), 30))
+    assert [status for status, _ in answers] == [200] * 11 + [422]
+    got = [body["prediction"] for _, body in answers[:10]] + answers[10][1]["predictions"]
+    assert len(got) == len(offline)
+    for pred, want, (_, context) in zip(got, offline, pairs):
+        assert {k: pred[k] for k in ("question", "answer", "start", "end")} == {k: want[k] for k in ("question", "answer", "start", "end")}
+        if not math.isfinite(want["score"]):
+            assert pred["score"] is None and pred["answer"] == ""
+            continue
+        assert pred["score"] == pytest.approx(want["score"], abs=ROUNDING)
+        assert context[pred["start"]:pred["end"]] == pred["answer"] != ""
+    assert sum(p["score"] is None for p in got) == 1  # the long context, and only it
+    assert "'question' and 'context'" in answers[11][1]["error"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_finishes_in_flight_requests_then_exits_cleanly(cls_run, cls_loaded, sentences):
+    """The CLI entry point in a subprocess: SIGTERM while 20 requests wait in the batcher."""
+    task, model, tokenizer, _ = cls_loaded
+    texts = sentences[:20]
+    offline = task.predict_lines(model, tokenizer, texts, 64, "cpu")
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "ctxkit.inference.serve", str(cls_run), "--port", str(port), "--device", "cpu",
+                             "--max-wait-ms", "1500", "--max-batch", "64"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    base = f"http://127.0.0.1:{port}"
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client, httpx.AsyncClient(base_url=base, timeout=5) as probe:
+            deadline = time.time() + 60
+            while True:
+                assert proc.poll() is None and time.time() < deadline, "server did not come up"
+                with contextlib.suppress(httpx.TransportError):
+                    if (await probe.get("/health")).status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+            pending = [asyncio.ensure_future(client.post("/classify", json={"text": t})) for t in texts]
+            while (await probe.get("/health")).json()["stats"]["classify"]["queued"] < len(texts):
+                await asyncio.sleep(0.02)
+            proc.send_signal(signal.SIGTERM)
+            answers = await asyncio.gather(*pending)
+            await asyncio.sleep(0.2)
+            with pytest.raises(httpx.TransportError):  # no longer accepting
+                await probe.get("/health")
+            return answers
+
+    try:
+        answers = asyncio.run(asyncio.wait_for(scenario(), 90))
+        rc = proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+    assert [a.status_code for a in answers] == [200] * len(texts)
+    assert [a.json()["prediction"]["label"] for a in answers] == [o["label"] for o in offline]
+    assert rc == 0, err.decode()
+    events = [json.loads(line) for line in err.decode().splitlines() if line.startswith("{")]
+    names = [e["event"] for e in events]
+    assert names[:2] == ["startup", "listening"] and names[-1] == "shutdown" and "stopping" in names, names
+    assert events[1]["port"] == port
+    assert next(e for e in events if e["event"] == "stopping")["signal"] == "SIGTERM"
+    batch = [e for e in events if e["event"] == "batch"]
+    assert len(batch) == 1 and batch[0]["batch_size"] == 20  # one forward pass, after the signal
+    assert names.index("stopping") < names.index("batch")
+    assert sum(e["event"] == "request" and e["path"] == "/classify" and e["status"] == 200 for e in events) == 20
+
+
+def test_serve_command_options():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_serve_command(parser.add_subparsers(dest="verb"))
+    args = parser.parse_args(["serve", "RUN", "--port", "9001", "--max-batch", "8", "--max-wait-ms", "2.5"])
+    assert (args.run_dir, args.port, args.host, args.max_batch, args.max_wait_ms, args.max_items) == ("RUN", 9001, "127.0.0.1", 8, 2.5, 64)
+    assert args.func.__name__ == "_cmd_serve"
+
+
+def test_an_int8_run_serves_classify_and_explains_missing_embed(cls_run, tmp_path):
+    """`ctxkit quantize` output (ONNX Runtime, no torch weights) behind the same API."""
+    pytest.importorskip("onnxruntime")
+    from fastapi.testclient import TestClient
+
+    from ctxkit.inference.export import quantize_run
+    from ctxkit.inference.serve import create_app
+    from ctxkit.tasks import load_run
+
+    quantize_run(cls_run, tmp_path / "int8")
+    task, model, tokenizer, _ = load_run(tmp_path / "int8", device="cpu")
+    texts = ["a wonderful , moving film", "the worst mess of the year", "it is fine"]
+    offline = task.predict_lines(model, tokenizer, texts, 8, "cpu")
+    with TestClient(create_app(tmp_path / "int8")) as client:
+        body = client.post("/classify", json={"texts": texts}).json()
+        assert [r["label"] for r in body["predictions"]] == [r["label"] for r in offline]
+        r = client.post("/embed", json={"text": "hello"})
+        assert r.status_code == 404 and "serves: GET /health, POST /classify" in r.json()["error"]
+        assert "POST /embed" not in client.get("/health").json()["endpoints"]
