@@ -5,8 +5,9 @@
 
 Batch-1 latency (median over --reps after warm-up) of a sentence classifier at seq 128 and
 256, then throughput over the real SST-2 dev sentences at batch 32. ctxkit runs PyTorch
-(fp32, bf16 autocast, torch.ao dynamic int8) and ONNX Runtime on its own export (fp32,
-int8); the peers are transformers' BertForSequenceClassification (sdpa: fp32, bf16
+(fp32, bf16 autocast, torch.ao dynamic int8), its compiled CPU backend (fp32, bf16:
+``ctxkit.inference.cpu_compile``, compiled during the warm-up) and ONNX Runtime on its own
+export (fp32, int8); the peers are transformers' BertForSequenceClassification (sdpa: fp32, bf16
 autocast, torch.ao dynamic int8) and ONNX Runtime on a plain export of that HF model (fp32,
 ``quantize_dynamic`` int8). Both sides hold the same encoder weights. For throughput, ctxkit
 batches the sentences by length (its ``predict``); the peers get the same sentences in file
@@ -34,6 +35,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from ctxkit.inference.cpu_compile import CompiledCPUModel  # noqa: E402
 from ctxkit.inference.export import OrtTaskModel, export_onnx, quantize_onnx  # noqa: E402
 from ctxkit.models.bert import BertModel, save_bert  # noqa: E402
 from ctxkit.models.presets import PRESETS  # noqa: E402
@@ -61,6 +63,15 @@ def torch_runner(model, precision: str, hf: bool):
             if hf:
                 return model(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
             return model(input_ids=ids, token_type_ids=types, attention_mask=mask)["logits"]
+    return run
+
+
+def compiled_runner(model, precision: str):
+    """ctxkit's compiled CPU backend (one compilation per precision and length, in the warm-up)."""
+    compiled = CompiledCPUModel(model, precision)
+
+    def run(ids, mask, types):
+        return compiled(ids, types, mask)["logits"]
     return run
 
 
@@ -132,8 +143,10 @@ def main(argv=None) -> int:
     hf_fp32 = export_hf(hf, tmp / "hf.onnx")
     quantize_dynamic(str(hf_fp32), str(tmp / "hf.int8.onnx"))
     sides = {
-        "ctxkit": {"fp32": {"PyTorch": torch_runner(ours, "fp32", False), "ONNX Runtime": ort_runner(ours_fp32)},
-                   "bf16": {"PyTorch autocast": torch_runner(ours, "bf16", False)},
+        "ctxkit": {"fp32": {"PyTorch": torch_runner(ours, "fp32", False), "ONNX Runtime": ort_runner(ours_fp32),
+                            "PyTorch compiled (frozen weights, Inductor C++ GEMM)": compiled_runner(ours, "fp32")},
+                   "bf16": {"PyTorch autocast": torch_runner(ours, "bf16", False),
+                            "PyTorch compiled (frozen weights, Inductor C++ GEMM)": compiled_runner(ours, "bf16")},
                    "int8": {"PyTorch torch.ao dynamic": torch_runner(int8_torch(ours), "fp32", False), "ONNX Runtime": ort_runner(ours_int8)}},
         "peer": {"fp32": {f"transformers {transformers.__version__} sdpa": torch_runner(hf, "fp32", True),
                           "ONNX Runtime (plain HF export)": ort_runner(hf_fp32)},
