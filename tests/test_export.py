@@ -112,3 +112,16 @@ def test_compiled_cpu_backend_equals_eager_with_length_padding():
         if ref.dim() == 3:  # per-token: compare real tokens only
             ref, got = ref[mask.bool()], got[mask.bool()]
         assert torch.allclose(got, ref, atol=1e-4)
+
+
+def test_predict_backend_switch_gives_the_same_answers(sst2_run, tmp_path, capsys):
+    (tmp_path / "in.txt").write_text("a wonderful , moving film\nthe worst mess of the year\nit is fine\n", encoding="utf-8")
+    rows = {}
+    for backend in ("pytorch", "onnxruntime"):
+        assert main(["predict", str(sst2_run), str(tmp_path / "in.txt"), "--device", "cpu", "--backend", backend]) == 0
+        out = capsys.readouterr()
+        rows[backend] = [json.loads(line) for line in out.out.splitlines()]
+        assert out.err.startswith("backend: " + ("PyTorch" if backend == "pytorch" else "ONNX Runtime (fp32 export"))
+    assert [r["label"] for r in rows["pytorch"]] == [r["label"] for r in rows["onnxruntime"]]
+    for a, b in zip(rows["pytorch"], rows["onnxruntime"]):
+        assert all(abs(a["probs"][k] - b["probs"][k]) <= 1e-4 for k in a["probs"])

@@ -44,6 +44,10 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     from . import load_run
 
     task, model, tokenizer, _ = load_run(args.run_dir, args.device)
+    from ..inference.backends import with_backend
+
+    model, description = with_backend(model, args.backend, args.precision)
+    print(f"backend: {description}", file=sys.stderr)
     lines = list(decode_lines(sys.stdin.buffer, "<stdin>") if args.input == "-" else read_lines(args.input))
     lines = [line for line in lines if line.strip()]
     if not lines:
@@ -100,6 +104,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("input", nargs="?", default="-", metavar="FILE|-", help="UTF-8 input file, or - for stdin (default)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default="auto")
+    p.add_argument("--backend", choices=("pytorch", "onnxruntime", "compiled"), default="pytorch",
+                   help="CPU runtime: PyTorch as loaded, ONNX Runtime on a fresh export, or compiled PyTorch "
+                        "(see docs/deployment.md; an int8 run always uses ONNX Runtime)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="for --backend compiled")
     p.set_defaults(func=_cmd_predict)
 
 
