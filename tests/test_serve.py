@@ -424,3 +424,19 @@ def test_an_int8_run_serves_classify_and_explains_missing_embed(cls_run, tmp_pat
         r = client.post("/embed", json={"text": "hello"})
         assert r.status_code == 404 and "serves: GET /health, POST /classify" in r.json()["error"]
         assert "POST /embed" not in client.get("/health").json()["endpoints"]
+
+
+def test_onnxruntime_backend_serves_the_same_labels_and_keeps_embed(cls_run):
+    pytest.importorskip("onnxruntime")
+    from fastapi.testclient import TestClient
+
+    from ctxkit.inference.serve import create_app
+
+    texts = ["a wonderful , moving film", "the worst mess of the year", "it is fine"]
+    answers = {}
+    for backend in ("pytorch", "onnxruntime"):
+        with TestClient(create_app(cls_run, device="cpu", backend=backend)) as client:
+            assert client.get("/health").json()["backend"].startswith("PyTorch" if backend == "pytorch" else "ONNX Runtime")
+            answers[backend] = client.post("/classify", json={"texts": texts}).json()["predictions"]
+            assert len(client.post("/embed", json={"text": "hello"}).json()["embedding"]) == 384
+    assert [a["label"] for a in answers["pytorch"]] == [a["label"] for a in answers["onnxruntime"]]

@@ -235,7 +235,8 @@ class _Guard:
 
 
 def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: float = 5.0, max_text_chars: int = 10_000,
-               max_items: int = 64, max_body_bytes: Optional[int] = None, pooling: str = "mean"):
+               max_items: int = 64, max_body_bytes: Optional[int] = None, pooling: str = "mean",
+               backend: str = "pytorch", precision: str = "fp32"):
     """Build the FastAPI app for a fine-tuned run.
 
     Args:
@@ -248,6 +249,8 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         max_body_bytes: largest request body (default: room for ``max_items`` texts of
             ``max_text_chars`` characters).
         pooling: ``/embed`` vectors: ``mean`` over tokens or the ``cls`` vector.
+        backend, precision: the task endpoint's runtime (:func:`ctxkit.inference.backends.with_backend`);
+            ``/embed`` always uses the PyTorch encoder.
 
     Returns:
         The ASGI app; its lifespan starts and drains the batchers.
@@ -271,9 +274,13 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     else:
         run_dir, (task, model, tokenizer, info) = None, run
     kind = _task_kind(task)
-    params = list(model.parameters())
+    from .backends import with_backend
+
+    base = model
+    model, backend_name = with_backend(base, backend, precision)
+    params = list(base.parameters())
     dev = str(params[0].device) if params else "cpu"  # an int8 run (ONNX Runtime) has no torch parameters
-    can_embed = hasattr(model, "encoder")  # exported runs hold only the task graph, no encoder to pool
+    can_embed = hasattr(base, "encoder")  # exported runs hold only the task graph, no encoder to pool
     if max_body_bytes is None:
         max_body_bytes = 4 * max_items * max_text_chars + 65536  # JSON escapes can reach several bytes a char
 
@@ -281,7 +288,7 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         return task.predict_lines(model, tokenizer, lines, max_batch, dev)
 
     def embed_texts(texts: List[str]) -> List[List[float]]:
-        return embed(texts, (model.encoder, tokenizer), pooling=pooling, batch_size=max_batch).tolist()
+        return embed(texts, (base.encoder, tokenizer), pooling=pooling, batch_size=max_batch).tolist()
 
     endpoints = ["GET /health", f"POST /{kind}"] + (["POST /embed"] if can_embed else [])
     executor: List[ThreadPoolExecutor] = []
@@ -294,7 +301,7 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         for name, fn in ((kind, predict), ("embed", embed_texts))[: 2 if can_embed else 1]:
             batchers[name] = MicroBatcher(name, fn, executor[0], max_batch, max_wait_ms)
             batchers[name].start()
-        log_event("startup", task=task.name, run_dir=run_dir, device=dev, endpoints=endpoints,
+        log_event("startup", task=task.name, run_dir=run_dir, device=dev, backend=backend_name, endpoints=endpoints,
                   max_batch=max_batch, max_wait_ms=max_wait_ms)
         yield
         for b in batchers.values():  # in-flight and queued requests still get answers
@@ -409,7 +416,7 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     @app.get("/health")
     async def health():
         return {"status": "ok", "task": task.name, "kind": kind, "labels": getattr(task, "labels", None),
-                "model": info.get("model"), "run_dir": run_dir, "device": dev, "endpoints": endpoints,
+                "model": info.get("model"), "run_dir": run_dir, "device": dev, "backend": backend_name, "endpoints": endpoints,
                 "batching": {"max_batch": max_batch, "max_wait_ms": max_wait_ms},
                 "limits": {"max_items": max_items, "max_text_chars": max_text_chars, "max_body_bytes": max_body_bytes},
                 "uptime_s": round(time.time() - started, 1), "stats": {n: dict(b.stats) for n, b in batchers.items()}}
@@ -513,6 +520,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-text-chars", type=int, default=10_000, help="longest text/question/context (default: 10000)")
     p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body (default: fits max-items texts)")
     p.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="/embed vectors (default: mean)")
+    p.add_argument("--backend", choices=("pytorch", "onnxruntime", "compiled"), default="pytorch",
+                   help="runtime of the task endpoint (CPU; see docs/deployment.md; default: pytorch)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="for --backend compiled")
     p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on shutdown (default: 30)")
     p.set_defaults(func=_cmd_serve)
 
