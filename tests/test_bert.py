@@ -90,6 +90,42 @@ def test_padded_equals_unpadded_real_tokens(minilm, shared_data):
             assert (padded[i, :n] - alone).abs().max().item() <= TOL
 
 
+def test_packed_sequences_equal_padded_batch_and_reference(minilm, shared_data):
+    """No compute on padding: the packed path (real tokens only, attention kept within each
+    sentence) gives the reference outputs at every real token, on pairs with segments too."""
+    from ctxkit.layers import PackedSequences
+
+    ours, ref, tok = minilm
+    a, b = _pairs(shared_data, 6)
+    for batch in (tok(_sentences(shared_data, 12), padding=True, return_tensors="pt"), tok(a, b, padding=True, return_tensors="pt")):
+        mask = batch["attention_mask"].bool()
+        packed = PackedSequences(batch["attention_mask"])
+        assert packed.total == int(mask.sum()) < mask.numel()
+        with torch.no_grad():
+            o = ours(batch["input_ids"], batch["token_type_ids"], packed, output_hidden_states=True)
+            r = ref(**batch, output_hidden_states=True)
+        assert _compare(o, r, mask) <= TOL
+        assert o.last_hidden_state[~mask].abs().max() == 0  # padding rows come back as zeros
+        assert o.last_hidden_state[mask].abs().mean() > 0.1
+
+
+def test_packed_sequences_reject_left_padding_and_unsupported_options():
+    from ctxkit.layers import PackedSequences
+
+    with pytest.raises(ValueError, match="right-padded"):
+        PackedSequences(torch.tensor([[0, 1, 1], [1, 1, 1]]))
+    p = PackedSequences(torch.tensor([[1, 1, 0], [1, 1, 1]]))
+    assert p.lengths == [2, 3] and p.cu_seqlens.tolist() == [0, 2, 5] and p.positions().tolist() == [[0, 1, 0, 1, 2]]
+    x = torch.arange(6.0).view(2, 3, 1)
+    assert p.unpack(p.pack(x)).squeeze(-1).tolist() == [[0.0, 1.0, 0.0], [3.0, 4.0, 5.0]]
+    model = BertModel(get_preset("bert_2_128_2").config.replace(vocab_size=50)).eval()
+    with pytest.raises(ValueError, match="output_attentions"):
+        model(torch.ones(2, 3, dtype=torch.long), attention_mask=p, output_attentions=True)
+    model.train()
+    with pytest.raises(ValueError, match="attention dropout"):
+        model(torch.ones(2, 3, dtype=torch.long), attention_mask=p)
+
+
 def _hf_random_bert(tmp_path, cls="BertModel"):
     cfg = transformers.BertConfig(
         vocab_size=300, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512, max_position_embeddings=64

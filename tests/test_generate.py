@@ -244,3 +244,17 @@ def test_static_decoders_are_shared_across_prompt_lengths(model):
         ids, mask = left_pad([prompt])
         assert torch.equal(generate(model, ids, mask, cfg, static=True), generate(model, ids, mask, cfg, static=False))
     assert len(model._ctxkit_static_decoders) == 1  # one 64-slot decoder served all three
+
+
+def test_chunked_argmax_equals_argmax_including_ties():
+    from ctxkit.inference.static_decode import chunked_argmax
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 50257, generator=g)
+    logits[1, 7] = logits[1, 3000] = 100.0  # a tie across chunks: the first index wins
+    logits[2, 1025] = logits[2, 1030] = 100.0  # a tie inside one chunk
+    logits[3, -1] = 100.0  # the last, partial chunk
+    got = chunked_argmax(logits)
+    assert got.tolist() == logits.argmax(-1).tolist()
+    assert got[1:4].tolist() == [7, 1025, 50256]
+    assert chunked_argmax(logits[:, :300], chunk=64).tolist() == logits[:, :300].argmax(-1).tolist()

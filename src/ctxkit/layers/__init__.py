@@ -4,10 +4,12 @@ from .attention import (
     AdditiveAttention,
     DotProductAttention,
     MultiHeadAttention,
+    PackedSequences,
     causal_mask,
     masked_softmax,
     padding_mask,
     scaled_dot_product_attention,
+    varlen_attention,
 )
 from .embeddings import TransformerEmbeddings
 from .ffn import PositionwiseFFN, get_activation
@@ -34,6 +36,8 @@ __all__ = [
     "masked_softmax",
     "padding_mask",
     "scaled_dot_product_attention",
+    "PackedSequences",
+    "varlen_attention",
     "TransformerEmbeddings",
     "KVCache",
     "LayerKVCache",

@@ -9,6 +9,8 @@ The lectures build attention up in steps; each step is a module here:
   also returns the attention weights for inspection.
 * :class:`MultiHeadAttention` -- per-head projections ``W_q, W_k, W_v`` (stored fused per
   role as one ``Linear`` covering all heads), attention per head, concat, ``W_o``.
+* :class:`PackedSequences` -- a batch with its padding removed (all real tokens in one
+  row); passed as the mask, attention stays within each sequence (flash "varlen").
 
 Masks are boolean with ``True`` meaning "may attend" and broadcast against
 ``(batch, heads, query_len, key_len)``. Build them with :func:`padding_mask` and
@@ -32,6 +34,8 @@ __all__ = [
     "AdditiveAttention",
     "DotProductAttention",
     "MultiHeadAttention",
+    "PackedSequences",
+    "varlen_attention",
 ]
 
 
@@ -61,6 +65,96 @@ def causal_mask(query_len: int, key_len: Optional[int] = None, device=None) -> T
     key_len = query_len if key_len is None else key_len
     offset = key_len - query_len
     return torch.ones(query_len, key_len, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+class PackedSequences:
+    """A padded batch with the padding removed: every real token in one row.
+
+    Linear layers, norms and the FFN work per token, so on packed input they spend no
+    time on padding; attention is the only place where tokens of different sequences
+    meet, and it takes a ``PackedSequences`` as its mask to stay within each sequence
+    (through flash attention's variable-length kernel on CUDA).
+
+    Args:
+        attention_mask: ``(batch, seq)``, 1 on real tokens. Real tokens must come first
+            in each row (right padding), as tokenizers produce them.
+
+    Attributes:
+        index: ``(total,)`` flat positions of the real tokens in ``batch * seq``.
+        cu_seqlens: ``(batch + 1,)`` int32 offsets of each sequence in the packed row.
+        lengths: the lengths on the host (a list of ints).
+        max_len: the longest length (int).
+    """
+
+    def __init__(self, attention_mask: Tensor):
+        if attention_mask.dim() != 2:
+            raise ValueError(f"attention_mask must be (batch, seq), got shape {tuple(attention_mask.shape)}")
+        mask = attention_mask.bool()
+        lengths = mask.sum(1)
+        # Right padding only: a hole inside a row would be packed away and shift positions.
+        expected = torch.arange(mask.size(1), device=mask.device)[None, :] < lengths[:, None]
+        if not torch.equal(mask, expected):
+            raise ValueError("PackedSequences needs right-padded rows (real tokens first, then padding)")
+        self.batch, self.seq = mask.shape
+        self.lengths = lengths.tolist()
+        self.max_len = max(self.lengths) if self.lengths else 0
+        self.index = mask.flatten().nonzero().squeeze(1)
+        self.cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+        self.total = len(self.index)
+
+    def to(self, device) -> "PackedSequences":
+        """A copy whose index tensors live on ``device`` (build it from the host mask, then
+        move it: the lengths are read without waiting for the GPU)."""
+        moved = object.__new__(PackedSequences)
+        moved.__dict__.update(self.__dict__)
+        moved.index = self.index.to(device, non_blocking=True)
+        moved.cu_seqlens = self.cu_seqlens.to(device, non_blocking=True)
+        return moved
+
+    def pack(self, x: Tensor) -> Tensor:
+        """``(batch, seq, ...)`` -> ``(1, total, ...)``: the real tokens only."""
+        return x.flatten(0, 1).index_select(0, self.index)[None]
+
+    def unpack(self, x: Tensor) -> Tensor:
+        """``(1, total, ...)`` -> ``(batch, seq, ...)`` with zeros on the padding."""
+        flat = x.new_zeros((self.batch * self.seq,) + tuple(x.shape[2:]))
+        flat.index_copy_(0, self.index, x[0])
+        return flat.view((self.batch, self.seq) + tuple(x.shape[2:]))
+
+    def positions(self) -> Tensor:
+        """``(1, total)`` position of each packed token within its own sequence."""
+        return (self.index % self.seq)[None]
+
+
+def varlen_attention(query: Tensor, key: Tensor, value: Tensor, packed: PackedSequences, scale: Optional[float] = None) -> Tensor:
+    """Attention within each packed sequence.
+
+    Args:
+        query, key, value: ``(total, heads, head_dim)``.
+        packed: the sequence boundaries.
+
+    Returns:
+        ``(total, heads, head_dim)``.
+    """
+    if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
+        try:
+            from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10: flash attention 2, varlen
+        except ImportError:
+            varlen_attn = None
+        cu = packed.cu_seqlens.to(query.device)
+        if varlen_attn is not None:
+            return varlen_attn(query, key, value, cu, cu, packed.max_len, packed.max_len, scale=scale)
+        out = torch.ops.aten._flash_attention_forward(query, key, value, cu, cu, packed.max_len, packed.max_len, 0.0, False, False,
+                                                      scale=scale)
+        return out[0]
+    # Reference path (CPU, fp32): one SDPA call per sequence.
+    outs = []
+    start = 0
+    for n in packed.lengths:
+        q, k, v = (t[start:start + n].transpose(0, 1) for t in (query, key, value))
+        outs.append(F.scaled_dot_product_attention(q, k, v, scale=scale).transpose(0, 1))
+        start += n
+    return torch.cat(outs) if outs else query.new_zeros(query.shape)
 
 
 def masked_softmax(scores: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -307,6 +401,8 @@ class MultiHeadAttention(nn.Module):
             key: ``(batch, key_len, key_dim)``; defaults to ``query``.
             value: ``(batch, key_len, value_dim)``; defaults to ``key``.
             mask: bool broadcastable to ``(batch, heads, query_len, key_len)``; True = attend.
+                Or a :class:`PackedSequences` when ``query`` is ``(1, total, embed_dim)``
+                packed tokens (self-attention within each sequence).
             need_weights: run the eager path and return per-head weights.
             cache: a :class:`~ctxkit.layers.kv_cache.LayerKVCache` for incremental
                 decoding: the new keys/values are stored and the queries attend to every
@@ -317,6 +413,12 @@ class MultiHeadAttention(nn.Module):
         Returns:
             ``(output (batch, query_len, embed_dim), weights (batch, heads, query_len, key_len) or None)``.
         """
+        if isinstance(mask, PackedSequences):
+            if need_weights or cache is not None or static_kv is not None or key is not None or self.training and self.dropout:
+                raise ValueError("packed sequences support plain self-attention only (no weights, cache, memory or attention dropout)")
+            q, k, v = (t[0].transpose(0, 1) for t in self._project(query, None, None))  # (total, heads, head_dim)
+            out = varlen_attention(q, k, v, mask)
+            return self.out_proj(out.reshape(query.shape[:2] + (self.embed_dim,))), None
         if static_kv is not None:  # keys/values projected once (e.g. the encoder memory)
             q = self._split_heads(self.q_proj(query))
             k, v = static_kv

@@ -21,7 +21,8 @@ __all__ = ["KVCache", "LayerKVCache"]
 
 
 class KVCache:
-    """Keys and values of every layer, ``(batch, heads, max_len, head_dim)`` each.
+    """Keys and values of every layer, ``(batch, heads, max_len, head_dim)`` each
+    (:attr:`keys`, :attr:`values`; stored together in :attr:`kv`).
 
     Args:
         num_layers: layers that attend causally to their own past.
@@ -36,12 +37,23 @@ class KVCache:
 
     def __init__(self, num_layers: int, batch: int, num_heads: int, head_dim: int, max_len: int,
                  dtype: torch.dtype = torch.float32, device=None):
-        shape = (batch, num_heads, max_len, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # Keys and values of a layer share one buffer (2, batch, heads, max_len, head_dim):
+        # a static-mode step then writes both with one kernel instead of two.
+        shape = (2, batch, num_heads, max_len, head_dim)
+        self.kv = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.max_len = max_len
         self.length = 0  # positions filled so far (the same for every layer)
         self.write_index: Optional[Tensor] = None  # static mode: device tensor (1,), next slot
+
+    @property
+    def keys(self) -> list:
+        """Per layer, the key buffer ``(batch, heads, max_len, head_dim)`` (a view)."""
+        return [kv[0] for kv in self.kv]
+
+    @property
+    def values(self) -> list:
+        """Per layer, the value buffer ``(batch, heads, max_len, head_dim)`` (a view)."""
+        return [kv[1] for kv in self.kv]
 
     @property
     def is_static(self) -> bool:
@@ -69,9 +81,7 @@ class KVCache:
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` of the batch (beam search: the surviving beams' parents)."""
-        for buffers in (self.keys, self.values):
-            for i, buf in enumerate(buffers):
-                buffers[i] = buf.index_select(0, index)
+        self.kv = [kv.index_select(1, index) for kv in self.kv]
 
 
 class LayerKVCache:
@@ -93,15 +103,15 @@ class LayerKVCache:
         Raises:
             ValueError: when the cache would overflow ``max_len``.
         """
-        k_buf, v_buf = self.cache.keys[self.index], self.cache.values[self.index]
+        kv = self.cache.kv[self.index]
+        k_buf, v_buf = kv[0], kv[1]
         if self.cache.write_index is not None:
             # Static mode: one position per step, written at a device-side index, and all
             # max_len slots returned (the caller's mask hides the unfilled ones). No
             # overflow check here: it would need the index on the host.
             if key.size(2) != 1:
                 raise ValueError("a static KV cache takes one new position per step")
-            k_buf.index_copy_(2, self.cache.write_index, key)
-            v_buf.index_copy_(2, self.cache.write_index, value)
+            kv.index_copy_(3, self.cache.write_index, torch.stack((key, value)))
             return k_buf, v_buf
         start, new = self.cache.length, key.size(2)
         end = start + new

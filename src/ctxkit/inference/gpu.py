@@ -1,0 +1,143 @@
+"""Encoder inference on one GPU: bf16 weights, flash attention, no work on padding,
+CUDA graphs for fixed shapes.
+
+Two kinds of batch reach a deployed encoder, and each has its own cost:
+
+* **Fixed shapes** (every row the same length, e.g. a benchmark or a client that pads to
+  a fixed width): at small batch the GPU finishes each kernel faster than Python can
+  launch the next, so :class:`GPUEncoder` records the whole forward pass once per shape
+  in a CUDA graph and replays it (one launch instead of ~150). With no padding there is
+  no mask, so SDPA picks flash attention.
+* **Variable lengths** (real sentences padded to the longest): the rows are packed into
+  one row of real tokens (:class:`~ctxkit.layers.attention.PackedSequences`), so the
+  GEMMs, norms and activations skip the padding and attention runs flash attention's
+  variable-length kernel; outputs come back padded, so every task head works unchanged.
+
+Weights are cast to bf16 once (no autocast casts per call); LayerNorm and softmax still
+accumulate in fp32 inside their kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..layers.attention import PackedSequences
+
+__all__ = ["GPUEncoder"]
+
+
+def _map_tensors(obj: Any, fn) -> Any:
+    """Apply ``fn`` to every tensor in a model output (tensor, dict, tuple, dataclass)."""
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_map_tensors(v, fn) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _map_tensors(getattr(obj, f.name), fn) for f in dataclasses.fields(obj)})
+    return obj
+
+
+class GPUEncoder:
+    """Run an encoder task model fast on one CUDA device.
+
+    Args:
+        model: a model called as ``model(input_ids, token_type_ids, attention_mask)``
+            (a fine-tuned task model, e.g. :class:`~ctxkit.heads.classification.EncoderWithHead`,
+            or a :class:`~ctxkit.models.bert.BertModel`). It is moved to ``device`` and
+            ``dtype`` in place and put in eval mode.
+        dtype: weight and activation dtype (bf16 by default; fp32 for checking).
+        device: the CUDA device (default: the current one).
+        cuda_graphs: replay fixed-shape batches from captured CUDA graphs.
+        compile: ``torch.compile`` the forward pass (Inductor fuses the elementwise work
+            between GEMMs); a string picks the mode. Graph capture stays ctxkit's, so the
+            default mode is ``"max-autotune-no-cudagraphs"``.
+        max_graphs: fixed shapes kept captured at once (each holds its activations).
+
+    Call it like the model: ``encoder(input_ids, token_type_ids, attention_mask)`` with
+    ``(batch, seq)`` tensors on any device. A batch whose mask is all ones (or None) takes
+    the fixed-shape path; any padding takes the packed path. ``last_path`` says which ran.
+    """
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, device=None, cuda_graphs: bool = True,
+                 compile=False, max_graphs: int = 8):
+        if not torch.cuda.is_available():
+            raise RuntimeError("GPUEncoder needs a CUDA device; use ctxkit.inference.backends on CPU")
+        self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        self.model = model.to(self.device, dtype).eval()
+        self.dtype = dtype
+        self.cuda_graphs = cuda_graphs
+        self.max_graphs = max_graphs
+        self.forward = self.forward_packed = self.model
+        if compile:
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            mode = compile if isinstance(compile, str) else "max-autotune-no-cudagraphs"
+            self.forward = torch.compile(self.model, mode=mode, dynamic=False)
+            # One graph for every packed length (fuses the norms and activations that
+            # dominate once the padding is gone); the first few batches compile.
+            self.forward_packed = torch.compile(self.model, dynamic=True)
+        self._graphs: Dict[Tuple, Tuple[torch.cuda.CUDAGraph, Dict[str, Tensor], Any]] = {}
+        self.last_path: Optional[str] = None
+
+    @torch.inference_mode()
+    def __call__(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None):
+        """The model's output for one batch (same structure; tensors on the GPU, fresh copies).
+
+        Args:
+            input_ids: ``(batch, seq)``.
+            token_type_ids: ``(batch, seq)`` or None.
+            attention_mask: ``(batch, seq)``, 1 on real tokens (right padding), or None.
+        """
+        if attention_mask is not None and not bool(attention_mask.bool().all()):
+            self.last_path = "packed"
+            to = dict(device=self.device, non_blocking=True)
+            packed = PackedSequences(attention_mask).to(self.device)
+            types = token_type_ids.to(**to) if token_type_ids is not None else None
+            # No graph: the packed shape changes with every batch (a graph per shape would
+            # rarely be reused); compiled with dynamic shapes when compile is on.
+            return self.forward_packed(input_ids.to(**to), types, packed)
+        if not self.cuda_graphs:
+            self.last_path = "eager"
+            types = token_type_ids.to(self.device) if token_type_ids is not None else None
+            return self.forward(input_ids.to(self.device), types, None)
+        self.last_path = "graph"
+        return self._replay(input_ids, token_type_ids)
+
+    def _replay(self, input_ids: Tensor, token_type_ids: Optional[Tensor]):
+        key = (tuple(input_ids.shape), token_type_ids is not None)
+        entry = self._graphs.get(key)
+        if entry is None:
+            while len(self._graphs) >= self.max_graphs:
+                self._graphs.pop(next(iter(self._graphs)))
+            entry = self._capture(input_ids, token_type_ids)
+            self._graphs[key] = entry
+        graph, inputs, outputs = entry
+        inputs["input_ids"].copy_(input_ids, non_blocking=True)
+        if token_type_ids is not None:
+            inputs["token_type_ids"].copy_(token_type_ids, non_blocking=True)
+        graph.replay()
+        return _map_tensors(outputs, lambda t: t.clone())
+
+    def _capture(self, input_ids: Tensor, token_type_ids: Optional[Tensor]):
+        inputs = {"input_ids": input_ids.to(self.device).clone()}
+        if token_type_ids is not None:
+            inputs["token_type_ids"] = token_type_ids.to(self.device).clone()
+
+        def run():
+            return self.forward(inputs["input_ids"], inputs.get("token_type_ids"), None)
+
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(3):  # cuBLAS workspaces, autotuning and compilation happen here, not in the graph
+                run()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = run()
+        return graph, inputs, outputs
