@@ -123,3 +123,29 @@ def test_gpu_encoder_graphs_and_packed_batches_match_eager(compile):
         real = mask.bool()
         assert (got[real] - expect[real]).abs().max() < 0.1 and expect[real].abs().mean() > 0.5
         assert got[~real].abs().max() == 0
+
+
+def test_gpu_backend_predicts_like_pytorch():
+    """predict() through with_backend(..., "gpu") (graphs for full batches, packed batches
+    otherwise) gives the CPU fp32 logits: closely in fp32, within bf16 rounding in bf16."""
+    from ctxkit.inference.backends import with_backend
+    from ctxkit.training import predict
+
+    def sharp_model():
+        # A random head barely separates inputs (logits spread ~0.01); scale it so that a
+        # wrong answer for some inputs cannot hide inside the tolerance.
+        model = _model().eval()
+        model.head.classifier.weight.data.mul_(100)
+        return model
+
+    feats = _features(96)
+    ref = predict(sharp_model(), feats, batch_size=32, device="cpu")
+    spread = max(float(abs(a - ref[0]).max()) for a in ref)
+    assert spread > 0.3
+    for precision, tol in (("fp32", 1e-3 * spread), ("bf16", 0.25 * spread)):
+        model, description = with_backend(sharp_model(), "gpu", precision)
+        assert description.startswith(f"GPU encoder ({precision}")
+        got = predict(model, feats, batch_size=32, device="cuda", precision="fp32")  # no autocast on top
+        assert len(got) == len(ref)
+        assert max(float(abs(a - b).max()) for a, b in zip(got, ref)) < tol
+        assert model.runner.last_path in ("graph", "packed")

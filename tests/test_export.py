@@ -125,3 +125,11 @@ def test_predict_backend_switch_gives_the_same_answers(sst2_run, tmp_path, capsy
     assert [r["label"] for r in rows["pytorch"]] == [r["label"] for r in rows["onnxruntime"]]
     for a, b in zip(rows["pytorch"], rows["onnxruntime"]):
         assert all(abs(a["probs"][k] - b["probs"][k]) <= 1e-4 for k in a["probs"])
+
+
+def test_gpu_backend_refuses_cleanly_without_cuda(sst2_run, tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA (tests/test_cuda_graphs.py covers the gpu backend)")
+    (tmp_path / "in.txt").write_text("a wonderful , moving film\n", encoding="utf-8")
+    assert main(["predict", str(sst2_run), str(tmp_path / "in.txt"), "--device", "cpu", "--backend", "gpu"]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ..layers.attention import PackedSequences
 
-__all__ = ["GPUEncoder"]
+__all__ = ["GPUEncoder", "GPUTaskModel"]
 
 
 def _map_tensors(obj: Any, fn) -> Any:
@@ -141,3 +141,22 @@ class GPUEncoder:
         with torch.cuda.graph(graph):
             outputs = run()
         return graph, inputs, outputs
+
+
+class GPUTaskModel(nn.Module):
+    """A task model behind a :class:`GPUEncoder`, with the task model's interface
+    (``model(input_ids=..., token_type_ids=..., attention_mask=...)`` -> dict), so
+    ``predict``, ``evaluate`` and ``serve`` use it unchanged (``--backend gpu``).
+
+    Args: as :class:`GPUEncoder`.
+    """
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, **options):
+        super().__init__()
+        self.runner = GPUEncoder(model, dtype=dtype, **options)
+        self.model = self.runner.model  # registered, so .parameters() and .device work as usual
+
+    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None, **_):
+        """The task model's output dict (tensors on the GPU; floating outputs in fp32)."""
+        out = self.runner(input_ids, token_type_ids, attention_mask)
+        return _map_tensors(out, lambda t: t.float() if t.is_floating_point() else t)

@@ -522,7 +522,8 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="/embed vectors (default: mean)")
     p.add_argument("--backend", choices=("pytorch", "onnxruntime", "compiled"), default="pytorch",
                    help="runtime of the task endpoint (CPU; see docs/deployment.md; default: pytorch)")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="for --backend compiled")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                   help="for --backend compiled (default fp32) or gpu (default bf16)")
     p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on shutdown (default: 30)")
     p.set_defaults(func=_cmd_serve)
 

@@ -104,10 +104,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("input", nargs="?", default="-", metavar="FILE|-", help="UTF-8 input file, or - for stdin (default)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default="auto")
-    p.add_argument("--backend", choices=("pytorch", "onnxruntime", "compiled"), default="pytorch",
-                   help="CPU runtime: PyTorch as loaded, ONNX Runtime on a fresh export, or compiled PyTorch "
+    p.add_argument("--backend", choices=("pytorch", "onnxruntime", "compiled", "gpu"), default="pytorch",
+                   help="runtime: PyTorch as loaded; on CPU ONNX Runtime on a fresh export or compiled PyTorch; "
+                        "gpu = bf16 GPU encoder with CUDA graphs and packed batches "
                         "(see docs/deployment.md; an int8 run always uses ONNX Runtime)")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="for --backend compiled")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                   help="for --backend compiled (default fp32) or gpu (default bf16)")
     p.set_defaults(func=_cmd_predict)
 
 
