@@ -290,6 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="OUT.npy|OUT.npz|OUT.jsonl", help="output file; format by suffix (see below)")
     p.set_defaults(func=_cmd_embed)
 
+    from ctxkit.static_cli import add_static_parsers
+
+    add_static_parsers(sub)  # word2vec-train, neighbors, analogy, bag-classifier
+
     p = sub.add_parser("list-models", help="list presets and checkpoints, and whether each is installed",
                        description="List model presets and checkpoints.")
     p.set_defaults(func=_cmd_list_models)
