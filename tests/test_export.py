@@ -2,6 +2,7 @@
 batches of unseen shapes, and an int8 run folder is smaller and loads in predict/evaluate."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -123,6 +124,11 @@ def test_predict_backend_switch_gives_the_same_answers(sst2_run, tmp_path, capsy
         rows[backend] = [json.loads(line) for line in out.out.splitlines()]
         assert out.err.startswith("backend: " + ("PyTorch" if backend == "pytorch" else "ONNX Runtime (fp32 export"))
     assert [r["label"] for r in rows["pytorch"]] == [r["label"] for r in rows["onnxruntime"]]
+    # The default, auto, times both here and names the one it kept with the timings.
+    assert main(["predict", str(sst2_run), str(tmp_path / "in.txt"), "--device", "cpu"]) == 0
+    out = capsys.readouterr()
+    assert re.match(r"backend: auto: (ONNX Runtime \(fp32 export.*|PyTorch \(cpu\); ONNX Runtime )[\d.]+ ms vs PyTorch [\d.]+ ms", out.err)
+    assert [json.loads(line)["label"] for line in out.out.splitlines()] == [r["label"] for r in rows["pytorch"]]
     for a, b in zip(rows["pytorch"], rows["onnxruntime"]):
         assert all(abs(a["probs"][k] - b["probs"][k]) <= 1e-4 for k in a["probs"])
 

@@ -14,9 +14,9 @@ from typing import Optional, Tuple
 
 from torch import nn
 
-__all__ = ["BACKENDS", "with_backend"]
+__all__ = ["BACKENDS", "with_backend", "choose_backend"]
 
-BACKENDS = ("pytorch", "onnxruntime", "compiled", "gpu")
+BACKENDS = ("auto", "pytorch", "onnxruntime", "compiled", "gpu")
 
 
 def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional[str] = None) -> Tuple[nn.Module, str]:
@@ -24,7 +24,7 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
 
     Args:
         model: from :func:`ctxkit.tasks.load_run` (PyTorch, or ONNX Runtime for an int8 run).
-        backend: "pytorch" (as loaded), "onnxruntime" (exported now, checked against
+        backend: "auto" (see :func:`choose_backend`), "pytorch" (as loaded), "onnxruntime" (exported now, checked against
             PyTorch within 1e-4), "compiled" (:class:`~ctxkit.inference.cpu_compile.CompiledCPUModel`)
             or "gpu" (:class:`~ctxkit.inference.gpu.GPUTaskModel`, on the current CUDA device).
         precision: "fp32" or "bf16" for the compiled (default fp32) and gpu (default bf16) backends.
@@ -36,6 +36,8 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
 
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "auto":
+        return choose_backend(model, precision)
     if isinstance(model, OrtTaskModel):
         if backend == "compiled":
             raise ValueError("this run is an exported ONNX model (ctxkit quantize): it runs on ONNX Runtime only")
@@ -66,3 +68,49 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
     from .cpu_compile import CompiledCPUModel
 
     return CompiledCPUModel(model, precision), f"compiled PyTorch ({precision}, frozen weights, Inductor C++ GEMMs)"
+
+
+def _median_ms(fn, reps: int = 5) -> float:
+    import statistics
+    import time
+
+    fn()  # warm-up (ONNX Runtime plans its memory on the first run)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def choose_backend(model: nn.Module, precision: Optional[str] = None) -> Tuple[nn.Module, str]:
+    """The fastest correct backend for ``model`` here, and a description saying which and why.
+
+    * an exported (int8) run: ONNX Runtime, the only runtime it has;
+    * a CUDA device: the GPU encoder (bf16 unless ``precision="fp32"``);
+    * CPU, bf16: the compiled backend (AVX-512 BF16 GEMMs; autocast is 1.2-1.45x slower,
+      docs/performance.md);
+    * CPU, fp32: PyTorch and ONNX Runtime (exported and checked against PyTorch within
+      1e-4) are both timed on a 4 x 64 batch and the faster is kept: which one wins depends
+      on the CPU's BLAS (MKL is ~2x slower than ONNX Runtime's kernels on AMD CPUs).
+    """
+    import torch
+
+    from .export import OrtTaskModel, _example_batch, _vocab_size
+
+    if isinstance(model, OrtTaskModel):
+        return with_backend(model, "onnxruntime")
+    if torch.cuda.is_available() and next(model.parameters()).device.type == "cuda":
+        gpu, description = with_backend(model, "gpu", precision)
+        return gpu, f"auto: {description}"
+    if (precision or "fp32") == "bf16":
+        compiled, description = with_backend(model, "compiled", "bf16")
+        return compiled, f"auto: {description}"
+    ort, ort_description = with_backend(model, "onnxruntime")
+    batch = _example_batch(_vocab_size(model), batch=4, seq=64)
+    with torch.inference_mode():
+        ms = {"pytorch": _median_ms(lambda: model(**batch)), "onnxruntime": _median_ms(lambda: ort(**batch))}
+    timing = f"{ms['onnxruntime']:.1f} ms vs PyTorch {ms['pytorch']:.1f} ms on a 4x64 batch"
+    if ms["onnxruntime"] <= ms["pytorch"]:
+        return ort, f"auto: {ort_description}; {timing}"
+    return model, f"auto: PyTorch (cpu); ONNX Runtime {timing}"
