@@ -175,6 +175,12 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_pretrain_elmo(args: argparse.Namespace) -> int:
+    from ctxkit.pretraining.bilm import main as bilm_main
+
+    return bilm_main(args.bilm_args)
+
+
 def _cmd_list_models(args: argparse.Namespace) -> int:
     from ctxkit.zoo import list_models
 
@@ -290,6 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="OUT.npy|OUT.npz|OUT.jsonl", help="output file; format by suffix (see below)")
     p.set_defaults(func=_cmd_embed)
 
+    p = sub.add_parser("pretrain-elmo", help="pretrain an ELMo biLM (char CNN + biLSTM) on text files",
+                       description="Pretrain an ELMo bidirectional LM; all options are those of "
+                                   "`python -m ctxkit.pretraining.bilm --help`.", add_help=False)
+    p.add_argument("bilm_args", nargs=argparse.REMAINDER, help="--train FILES --out DIR [--preset ...] (see --help)")
+    p.set_defaults(func=_cmd_pretrain_elmo)
+
     from ctxkit.static_cli import add_static_parsers
 
     add_static_parsers(sub)  # word2vec-train, neighbors, analogy, bag-classifier
@@ -344,7 +356,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         Exit status: 0 on success, 2 on a user error (argparse also exits with 2).
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["pretrain-elmo"]:
+        # Every option (--help included) belongs to the biLM trainer's own parser.
+        args = argparse.Namespace(func=_cmd_pretrain_elmo, bilm_args=argv[1:])
+    else:
+        args = parser.parse_args(argv)
     # Windowing/truncation warnings from embed() go to stderr, never silently dropped.
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_LineFormatter("ctxkit: warning: %(message)s"))

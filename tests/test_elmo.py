@@ -1,0 +1,370 @@
+"""ELMo: character ids, the biLM's directions, ScalarMix, bilm-tf hdf5 weights, pretraining."""
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from ctxkit.checkpoint import CheckpointError, CheckpointMismatchError
+from ctxkit.models.elmo import (
+    ELMO_PRESETS,
+    ElmoBiLM,
+    ElmoConfig,
+    ElmoLanguageModel,
+    ScalarMix,
+    elmo_embed,
+    reverse_padded,
+    sampled_softmax_nll,
+)
+from ctxkit.models.elmo_chars import batch_to_char_ids, word_to_char_ids
+from ctxkit.models.elmo_io import bilm_tf_shapes, load_bilm_tf, load_elmo_lm, read_options, write_bilm_tf
+from ctxkit.models.sampled_softmax import _sampler_tries
+from ctxkit.pretraining.bilm import BiLMTrainConfig, train_bilm
+
+h5py = pytest.importorskip("h5py")
+
+TINY = ElmoConfig(filters=((1, 4), (2, 8), (3, 16)), n_highway=2, char_embed_dim=4, cell_size=24, projection_dim=12, dropout=0.0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # Tiny sequential LSTM steps: a second thread only adds synchronisation on a shared CPU.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _randomised(config: ElmoConfig, seed: int = 0) -> ElmoBiLM:
+    torch.manual_seed(seed)
+    model = ElmoBiLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+        model.char_cnn.char_embedding.weight[0].zero_()
+    return model
+
+
+# ---------------------------------------------------------------------------- character ids
+
+
+def test_character_ids_follow_the_elmo_mapper():
+    pad = 261  # padding-inside-a-token 260, shifted by one
+    assert word_to_char_ids("hello") == [259, 105, 102, 109, 109, 112, 260] + [pad] * 43
+    # Non-ASCII: UTF-8 bytes (c3 af for 'ï'), each + 1.
+    assert word_to_char_ids("naïve")[:8] == [259, 111, 98, 0xC3 + 1, 0xAF + 1, 119, 102, 260]
+    # Sentence markers: begin-of-word, 256/257, end-of-word.
+    assert word_to_char_ids("<S>")[:4] == [259, 257, 260, pad]
+    assert word_to_char_ids("</S>")[:4] == [259, 258, 260, pad]
+    # Over-long words keep their first 48 bytes, even when that splits a character.
+    long_ascii = word_to_char_ids("x" * 60)
+    assert len(long_ascii) == 50 and long_ascii[1:49] == [ord("x") + 1] * 48 and long_ascii[49] == 260
+    long_utf8 = word_to_char_ids("a" + "é" * 30)  # 61 bytes; byte 48 is the lead byte of the 24th 'é'
+    assert long_utf8[1] == ord("a") + 1 and long_utf8[2:4] == [0xC3 + 1, 0xA9 + 1]
+    assert long_utf8[48] == 0xC3 + 1 and long_utf8[49] == 260
+    assert all(len(word_to_char_ids(w)) == 50 for w in ("", "a", "x" * 48, "x" * 49))
+    assert word_to_char_ids("x" * 48)[49] == 260 and word_to_char_ids("x" * 47)[48:] == [260, pad]
+
+
+def test_batch_character_ids_pad_with_zero_rows():
+    ids = batch_to_char_ids([["a", "bb"], ["c"]])
+    assert ids.shape == (2, 2, 50)
+    assert ids[1, 1].eq(0).all() and ids[0, 1].tolist() == word_to_char_ids("bb")
+    wrapped = batch_to_char_ids([["a", "bb"], ["c"]], add_boundaries=True)
+    assert wrapped.shape == (2, 4, 50)
+    assert [wrapped[1, i].tolist() for i in range(3)] == [word_to_char_ids(w) for w in ("<S>", "c", "</S>")]
+    assert wrapped[1, 3].eq(0).all() and wrapped[0, 3].tolist() == word_to_char_ids("</S>")
+    assert batch_to_char_ids([]).shape == (0, 0, 50)
+
+
+# ---------------------------------------------------------------------------- directions
+
+
+def test_forward_and_backward_lms_see_only_their_side():
+    model = _randomised(TINY)
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "dogs"]
+    base = batch_to_char_ids([words])
+    t = 3
+    with torch.no_grad():
+        ref = model(base)
+        later = model(batch_to_char_ids([words[: t + 1] + ["ELEPHANT"] + words[t + 2 :]]))
+        earlier = model(batch_to_char_ids([words[: t - 1] + ["ELEPHANT"] + words[t:]]))
+    for layer in range(TINY.num_layers):
+        # Forward LM: a change at t+1 leaves positions <= t bit-identical, and does reach t+1.
+        assert torch.equal(later["forward"][layer][:, : t + 1], ref["forward"][layer][:, : t + 1])
+        assert not torch.allclose(later["forward"][layer][:, t + 1], ref["forward"][layer][:, t + 1])
+        # ... and changes every backward state up to t+1.
+        assert not torch.allclose(later["backward"][layer][:, : t + 2], ref["backward"][layer][:, : t + 2])
+        # Backward LM: a change at t-1 leaves positions >= t bit-identical.
+        assert torch.equal(earlier["backward"][layer][:, t:], ref["backward"][layer][:, t:])
+        assert not torch.allclose(earlier["backward"][layer][:, t - 1], ref["backward"][layer][:, t - 1])
+        assert not torch.allclose(earlier["forward"][layer][:, t - 1 :], ref["forward"][layer][:, t - 1 :])
+    # The representation layers: 0 = token encoding twice, then [forward; backward].
+    p = TINY.projection_dim
+    assert torch.equal(ref["layers"][0][..., :p], ref["layers"][0][..., p:])
+    assert torch.equal(ref["layers"][2], torch.cat([ref["forward"][1], ref["backward"][1]], dim=-1))
+
+
+def test_padding_does_not_leak_into_the_backward_lm():
+    model = _randomised(TINY, seed=1)
+    short, long = ["a", "b", "c"], ["d", "e", "f", "g", "h", "i"]
+    with torch.no_grad():
+        batch = model(batch_to_char_ids([long, short]))
+        alone = model(batch_to_char_ids([short]))
+    assert batch["mask"].tolist() == [[True] * 6, [True] * 3 + [False] * 3]
+    for got, want in zip(batch["layers"], alone["layers"]):
+        torch.testing.assert_close(got[1, :3], want[0], atol=1e-5, rtol=1e-5)
+        assert got[1, 3:].eq(0).all()
+    x = torch.arange(10.0).view(2, 5)
+    assert reverse_padded(x, torch.tensor([5, 3])).tolist() == [[4, 3, 2, 1, 0], [7, 6, 5, 8, 9]]
+
+
+# ---------------------------------------------------------------------------- ScalarMix and the embedder
+
+
+def test_scalar_mix_is_a_normalised_weighted_sum():
+    mix = ScalarMix(3, initial_scalar_parameters=[0.1, -0.5, 1.0])
+    with torch.no_grad():
+        mix.gamma.fill_(1.7)
+    weights = mix.weights()
+    assert weights.sum().item() == pytest.approx(1.0, abs=1e-6)
+    e = [math.exp(v) for v in (0.1, -0.5, 1.0)]
+    assert weights.tolist() == pytest.approx([v / sum(e) for v in e], abs=1e-6)
+    layers = [torch.randn(2, 4, 6) for _ in range(3)]
+    manual = 1.7 * sum(w * t for w, t in zip([v / sum(e) for v in e], layers))
+    torch.testing.assert_close(mix(layers), manual)
+    mix(layers).sum().backward()
+    assert mix.scalar_parameters.grad is not None and mix.gamma.grad is not None
+
+    # AllenNLP's layer norm: one mean/variance per layer over the unmasked elements only.
+    mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
+    normed_mix = ScalarMix(3, do_layer_norm=True)
+    expected = 0
+    for t in layers:
+        values = t[mask]  # (5, 6)
+        expected = expected + (t - values.mean()) / torch.sqrt(values.var(unbiased=False) + 1e-12) / 3
+    torch.testing.assert_close(normed_mix(layers, mask), expected)
+
+
+def test_elmo_embed_returns_word_aligned_layers():
+    model = _randomised(TINY, seed=2)
+    sentences = [["Hello", "world", "!"], ["Bonjour"], []]
+    out = elmo_embed(model, sentences, batch_size=2)
+    dim = 2 * TINY.projection_dim
+    assert out.layers.shape == (3, 3, 3, dim) and out.mixed.shape == (3, 3, dim)
+    assert out.mask.tolist() == [[True] * 3, [True, False, False], [False] * 3]
+    with torch.no_grad():
+        ref = model(batch_to_char_ids([sentences[0]], add_boundaries=True))
+    for i in range(3):  # markers dropped: word j is position j + 1
+        torch.testing.assert_close(out.layers[0, i], ref["layers"][i][0, 1:4])
+    torch.testing.assert_close(out.mixed, out.layers.mean(dim=1))  # default mix: equal weights, gamma 1
+    assert out.layers[1, :, 1:].eq(0).all() and out.layers[2].eq(0).all()
+    layers, mixed = out.sentence(1)
+    assert layers.shape == (3, 1, dim) and mixed.shape == (1, dim)
+
+
+# ---------------------------------------------------------------------------- bilm-tf hdf5
+
+
+def test_bilm_tf_hdf5_round_trip(tmp_path):
+    model = _randomised(TINY, seed=3)
+    weights, options = tmp_path / "weights.hdf5", tmp_path / "options.json"
+    write_bilm_tf(model, weights, options)
+
+    c, p = TINY.cell_size, TINY.projection_dim
+    expected = {"char_embed": (261, 4),
+                "CNN/W_cnn_0": (1, 1, 4, 4), "CNN/W_cnn_1": (1, 2, 4, 8), "CNN/W_cnn_2": (1, 3, 4, 16),
+                "CNN/b_cnn_0": (4,), "CNN/b_cnn_1": (8,), "CNN/b_cnn_2": (16,),
+                "CNN_proj/W_proj": (28, p), "CNN_proj/b_proj": (p,)}
+    for k in range(2):
+        expected.update({f"CNN_high_{k}/W_carry": (28, 28), f"CNN_high_{k}/b_carry": (28,),
+                         f"CNN_high_{k}/W_transform": (28, 28), f"CNN_high_{k}/b_transform": (28,)})
+    for d in range(2):
+        for layer in range(2):
+            root = f"RNN_{d}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
+            expected.update({f"{root}/W_0": (2 * p, 4 * c), f"{root}/B": (4 * c,), f"{root}/W_P_0": (c, p)})
+    with h5py.File(weights, "r") as f:
+        found = {}
+        f.visititems(lambda name, obj: found.__setitem__(name, obj[...]) if isinstance(obj, h5py.Dataset) else None)
+    assert {k: v.shape for k, v in found.items()} == expected == bilm_tf_shapes(TINY)
+    assert all(v.dtype.name == "float32" for v in found.values())
+
+    sd = {k: v.numpy() for k, v in model.state_dict().items()}
+    assert (found["char_embed"] == sd["char_cnn.char_embedding.weight"][1:]).all()
+    assert (found["CNN/W_cnn_2"][0] == sd["char_cnn.convolutions.2.weight"].transpose(2, 1, 0)).all()
+    assert (found["CNN_high_1/W_carry"] == sd["char_cnn.highways.1.carry.weight"].T).all()
+    assert (found["CNN_proj/W_proj"] == sd["char_cnn.projection.weight"].T).all()
+    # LSTM: TF kernel rows are [input; state], gate columns i, j, f, o; forget bias 1.0 not stored.
+    w0, b = found["RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/W_0"], found["RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/B"]
+    w_in, w_state = sd["backward_layers.1.input_linearity.weight"], sd["backward_layers.1.state_linearity.weight"]
+    bias = sd["backward_layers.1.state_linearity.bias"]
+    for tf_gate, torch_gate in ((0, 0), (1, 2), (2, 1), (3, 3)):
+        cols, rows = slice(tf_gate * c, (tf_gate + 1) * c), slice(torch_gate * c, (torch_gate + 1) * c)
+        assert (w0[:p, cols] == w_in[rows].T).all() and (w0[p:, cols] == w_state[rows].T).all()
+        shift = 1.0 if tf_gate == 2 else 0.0
+        assert abs(b[cols] - (bias[rows] - shift)).max() <= 2e-7
+    assert (found["RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_P_0"] == sd["forward_layers.0.state_projection.weight"].T).all()
+
+    opts = json.loads(options.read_text())
+    assert opts["lstm"] == {"dim": c, "projection_dim": p, "n_layers": 2, "cell_clip": 3.0, "proj_clip": 3.0, "use_skip_connections": True}
+    assert opts["char_cnn"]["filters"] == [[1, 4], [2, 8], [3, 16]] and opts["char_cnn"]["n_characters"] == 262
+
+    loaded = load_bilm_tf(options, weights)
+    assert loaded.config == TINY
+    ours, theirs = model.state_dict(), loaded.state_dict()
+    assert list(ours) == list(theirs)
+    for key in ours:
+        if key.endswith("state_linearity.bias"):  # the forget-bias shift costs one float32 rounding
+            torch.testing.assert_close(theirs[key], ours[key], atol=2.5e-7, rtol=0)
+        else:
+            assert torch.equal(theirs[key], ours[key]), key
+    chars = batch_to_char_ids([["round", "trip", "works"], ["ok"]], add_boundaries=True)
+    with torch.no_grad():
+        for got, want in zip(loaded(chars)["layers"], model(chars)["layers"]):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_bilm_tf_mismatches_are_listed(tmp_path):
+    model = _randomised(TINY)
+    weights, options = tmp_path / "weights.hdf5", tmp_path / "options.json"
+    write_bilm_tf(model, weights, options)
+    with h5py.File(weights, "a") as f:
+        del f["CNN/b_cnn_0"]
+        del f["CNN_proj/b_proj"]
+        f.create_dataset("CNN_proj/b_proj", data=torch.zeros(5).numpy())
+        f.create_dataset("softmax/W", data=torch.zeros(3, 2).numpy())
+    with pytest.raises(CheckpointMismatchError) as err:
+        load_bilm_tf(options, weights)
+    assert err.value.missing == ["CNN/b_cnn_0"] and err.value.unexpected == ["softmax/W"]
+    assert err.value.misshaped == [("CNN_proj/b_proj", (5,), (12,))]
+    assert str(weights) in str(err.value)
+
+
+def test_malformed_options_name_the_file(tmp_path):
+    bad = tmp_path / "broken_options.json"
+    bad.write_text('{"lstm": {"dim": 8,}')
+    with pytest.raises(CheckpointError, match=r"broken_options\.json:1:\d+: malformed options JSON"):
+        read_options(bad)
+    incomplete = tmp_path / "incomplete_options.json"
+    incomplete.write_text(json.dumps({"lstm": {"dim": 8}, "char_cnn": {}}))
+    with pytest.raises(CheckpointError, match=r"incomplete_options\.json: options field char_cnn\.filters is missing"):
+        read_options(incomplete)
+
+
+# ---------------------------------------------------------------------------- presets
+
+
+def _expected_counts(cell: int, proj: int, highways: int) -> dict:
+    filters = [(1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024)]
+    n_filters = sum(n for _, n in filters)
+    # Per direction and layer: W_0 (input + projected state) x 4 gates, B, W_P_0.
+    lstm = 2 * 2 * ((proj + proj) * 4 * cell + 4 * cell + cell * proj)
+    char_cnn = 261 * 16 + sum(w * 16 * n + n for w, n in filters)
+    highway = highways * 2 * (n_filters * n_filters + n_filters)
+    projection = n_filters * proj + proj
+    return {"lstm": lstm, "total": lstm + char_cnn + highway + projection}
+
+
+@pytest.mark.parametrize("name, cell, proj, highways, published_millions", [
+    ("elmo_2x1024_128_2048cnn_1xhighway", 1024, 128, 1, 13.6),
+    ("elmo_2x2048_256_2048cnn_1xhighway", 2048, 256, 1, 28.0),
+    ("elmo_2x4096_512_2048cnn_2xhighway", 4096, 512, 2, 93.6),
+])
+def test_preset_parameter_counts(name, cell, proj, highways, published_millions):
+    config = ELMO_PRESETS[name]
+    assert (config.cell_size, config.projection_dim, config.n_highway, config.n_filters) == (cell, proj, highways, 2048)
+    assert (config.char_embed_dim, config.max_chars, config.n_characters, config.cell_clip, config.proj_clip) == (16, 50, 262, 3.0, 3.0)
+    with torch.device("meta"):
+        model = ElmoBiLM(config)
+    expected = _expected_counts(cell, proj, highways)
+    lstm = sum(p.numel() for n, p in model.named_parameters() if "_layers." in n)
+    total = sum(p.numel() for p in model.parameters()) - config.char_embed_dim  # the padding row is not in the files
+    assert lstm == expected["lstm"] and total == expected["total"]
+    assert round(total / 1e6, 1) == published_millions
+    if name.startswith("elmo_2x4096"):
+        assert lstm == 75_563_008 and total == 93_600_848
+
+
+# ---------------------------------------------------------------------------- language model and pretraining
+
+
+def test_sampled_softmax_learns_the_true_distribution():
+    # Its optimum must be the full softmax's: fit output biases to draws from a known
+    # distribution (ids not sorted by frequency, so the corrections matter) with the
+    # sampled loss alone. An uncorrected or wrongly corrected loss lands far off (TV > 0.3).
+    torch.manual_seed(0)
+    vocab, num_samples = 200, 20
+    p = torch.softmax(torch.randn(vocab) * 2, dim=0)
+    weight, bias = torch.zeros(vocab, 1), torch.zeros(vocab, requires_grad=True)
+    opt = torch.optim.Adam([bias], lr=0.05)
+    for _ in range(400):
+        targets = torch.multinomial(p, 256, replacement=True)
+        loss = sampled_softmax_nll(torch.zeros(256, 1), targets, weight, bias, num_samples).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    q = torch.softmax(bias.detach(), dim=0)
+    assert 0.5 * (q - p).abs().sum() < 0.15 and (p * (p / q).log()).sum() < 0.1
+    # About num_samples distinct negatives per batch, as TF's unique sampler gives.
+    tries = _sampler_tries(vocab, num_samples)
+    distinct = [len(torch.unique(torch.exp(torch.rand(tries) * math.log(vocab + 1)).floor().long() - 1)) for _ in range(200)]
+    assert abs(sum(distinct) / len(distinct) - num_samples) < 1.0
+    lm = ElmoLanguageModel(TINY, 50, softmax="sampled", num_samples=16)
+    assert lm.token_nll(torch.randn(6, 12), torch.tensor([1, -100, 2, 3, -100, 4])).shape == (4,)
+
+
+def _write_corpus(path, lines):
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_tiny_bilm_learns_a_deterministic_grammar(tmp_path):
+    # After "a" the next word depends on the one before it, in either reading direction,
+    # so both LMs need their recurrent state to reach zero loss.
+    train = _write_corpus(tmp_path / "train.txt", ["a b a c a d"] * 200)
+    valid = _write_corpus(tmp_path / "valid.txt", ["a b a c a d"] * 20)
+    arch = ElmoConfig(filters=((1, 8), (2, 8)), n_highway=1, char_embed_dim=8, cell_size=32, projection_dim=16, dropout=0.0)
+    cfg = BiLMTrainConfig(batch_size=8, unroll=10, epochs=8, lr=1e-2, softmax="full", eval_batch_size=2, progress=False, save_every=1000)
+    summary = train_bilm([train], [valid], tmp_path / "run", arch, cfg)
+    assert summary["steps"] == 160 and summary["vocab_size"] == 7
+    assert max(summary["losses"][-10:]) < 0.02 < summary["losses"][0]
+    valid_result = summary["valid"]
+    assert valid_result["forward_perplexity"] < 1.05 and valid_result["backward_perplexity"] < 1.05
+    # 2 rows of 80 tokens, 79 targets each, minus the 9 "<S> after </S>" targets per row.
+    assert valid_result["tokens"] == 2 * (79 - 9)
+    # The exported folder and hdf5 reproduce the trained network.
+    lm, vocab = load_elmo_lm(tmp_path / "run" / "final")
+    assert vocab[:3] == ["<S>", "</S>", "<UNK>"] and sorted(vocab[3:]) == ["a", "b", "c", "d"]
+    bilm = load_bilm_tf(tmp_path / "run" / "final" / "options.json", tmp_path / "run" / "final" / "weights.hdf5")
+    chars = batch_to_char_ids([["a", "b", "a", "c"]], add_boundaries=True)
+    with torch.no_grad():
+        for got, want in zip(bilm(chars)["layers"], lm.bilm(chars)["layers"]):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_resume_equals_an_uninterrupted_run(tmp_path):
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(30)]
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) for _ in range(60)]
+    train = _write_corpus(tmp_path / "train.txt", lines)
+    valid = _write_corpus(tmp_path / "valid.txt", lines[:8])
+    arch = ElmoConfig(filters=((1, 4), (2, 4)), n_highway=1, char_embed_dim=4, cell_size=16, projection_dim=8, dropout=0.2)
+    # Sampled softmax (8 of 33 words) and dropout both draw random numbers: their RNG must resume too.
+    cfg = BiLMTrainConfig(batch_size=4, unroll=6, epochs=2, lr=3e-3, softmax="sampled", num_samples=8, save_every=5,
+                          eval_batch_size=2, progress=False)
+    full = train_bilm([train], [valid], tmp_path / "full", arch, cfg)
+    steps = full["steps"]
+    assert steps > 20 and len(full["losses"]) == steps
+
+    first = train_bilm([train], [valid], tmp_path / "split", arch, BiLMTrainConfig(**{**cfg.__dict__, "max_steps": 13}))
+    assert first["steps"] == 13 and first["losses"] == full["losses"][:13]
+    resumed = train_bilm([train], [valid], tmp_path / "split", arch, cfg, resume=True)
+    assert resumed["steps"] == steps
+    assert resumed["losses"] == full["losses"]  # bit-identical, including the steps after the resume
+    assert resumed["valid"]["perplexity"] == full["valid"]["perplexity"]
+    assert not list((tmp_path / "split").glob("*.tmp"))  # atomic writes leave no temporaries
+
+    with pytest.raises(CheckpointError, match="batch_size"):
+        train_bilm([train], [valid], tmp_path / "split", arch, BiLMTrainConfig(**{**cfg.__dict__, "batch_size": 2}), resume=True)
