@@ -154,3 +154,37 @@ def test_python_m_ctxkit_demo(tmp_path):
     assert (out / "attention_L2_H3.png").read_bytes()[:8] == PNG_MAGIC
     assert (out / "positional_encoding.png").is_file()
     assert "Traceback" not in proc.stderr
+
+
+def test_elmo_column(tmp_path):
+    """With an ELMo folder the demo adds ELMo similarity matrices and verdicts, computed from
+    the word-aligned ELMo vectors of the same words (a tiny random biLM here)."""
+    import torch
+
+    from ctxkit.models.elmo import ELMO_PRESETS, ElmoLanguageModel, elmo_embed
+    from ctxkit.models.elmo_io import save_elmo_lm
+
+    torch.manual_seed(0)
+    config = ELMO_PRESETS["elmo_2x1024_128_2048cnn_1xhighway"].replace(
+        filters=((1, 8), (2, 8), (3, 16)), cell_size=32, projection_dim=16)
+    vocab = ["<S>", "</S>", "<UNK>", "bank", "river"]
+    lm = ElmoLanguageModel(config, len(vocab), softmax="full")
+    folder = save_elmo_lm(lm, tmp_path / "elmo", vocab)
+    stream = io.StringIO()
+    result = run_demo(out_dir=str(tmp_path / "out"), stream=stream, elmo=str(folder))
+    bank = result["words"]["bank"]
+    sim = bank["elmo"]
+    assert sim.shape == bank["contextual"].shape and np.allclose(np.diag(sim), 1.0) and np.allclose(sim, sim.T)
+    assert "bank: ELMo sim river-vs-money" in stream.getvalue()
+    # The river#1 / money#1 entry equals the cosine of direct elmo_embed vectors.
+    first = next(i for i, (w, sense, _) in enumerate(SENTENCES) if w == "bank" and sense == "river")
+    from ctxkit.embedding import embed
+
+    split = embed([SENTENCES[first][2]], layers="last")[0].words
+    vec = elmo_embed(lm.bilm, [split]).sentence(0)[1].numpy()[[w.lower() for w in split].index("bank")]
+    second = next(i for i, (w, sense, _) in enumerate(SENTENCES) if w == "bank" and sense == "money")
+    split2 = embed([SENTENCES[second][2]], layers="last")[0].words
+    vec2 = elmo_embed(lm.bilm, [split2]).sentence(0)[1].numpy()[[w.lower() for w in split2].index("bank")]
+    cos = float(vec @ vec2 / np.linalg.norm(vec) / np.linalg.norm(vec2))
+    row, col = bank["labels"].index("bank/river#1"), bank["labels"].index("bank/money#1")
+    assert abs(sim[row, col] - cos) < 1e-4

@@ -98,7 +98,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from ctxkit.demo import run_demo
 
     run_demo(out_dir=args.out, layer=args.layer, head=args.head, checkpoint=args.checkpoint,
-             sentence_index=args.sentence, stream=sys.stdout)
+             sentence_index=args.sentence, stream=sys.stdout, elmo=args.elmo)
     return 0
 
 
@@ -276,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--head", type=int, default=0, help="attention head to plot (default: 0)")
     p.add_argument("--sentence", type=int, default=0, help="index of the demo sentence to plot (default: 0)")
     p.add_argument("--checkpoint", default="all_minilm_l6_v2", help="checkpoint to use (default: all_minilm_l6_v2)")
+    p.add_argument("--elmo", default=None, metavar="DIR", help="also compare an ELMo biLM (a `ctxkit pretrain-elmo` final/ folder)")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("embed", help="embed one text per line of FILE (or stdin) into .npy/.npz/.jsonl",

@@ -151,6 +151,17 @@ def _verdict(word: str, senses: List[str], ctx_means: Dict[str, float], static: 
     return line, separated
 
 
+def _elmo_vectors(folder: str, sentences: List[List[str]]) -> List[np.ndarray]:
+    """Per sentence ``(n_words, dim)`` ELMo vectors (equal-weight mix of all layers) from a
+    ``ctxkit pretrain-elmo`` folder, for the words the BERT embedder split the text into."""
+    from ctxkit.models.elmo import elmo_embed
+    from ctxkit.models.elmo_io import load_elmo_lm
+
+    lm, _ = load_elmo_lm(folder)
+    out = elmo_embed(lm.bilm, sentences)
+    return [out.sentence(i)[1].numpy() for i in range(len(sentences))]
+
+
 def _static_vector(word: str, tokenizer: Any, table: torch.Tensor) -> np.ndarray:
     """Mean input-embedding row of the word's sub-words: ``(hidden,)``."""
     ids = tokenizer.encode(word, add_special_tokens=False).input_ids
@@ -164,6 +175,7 @@ def run_demo(
     checkpoint: str = "all_minilm_l6_v2",
     sentence_index: int = 0,
     stream: Optional[TextIO] = None,
+    elmo: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Runs the bank/bat/crane demo, printing matrices and verdicts and saving two PNGs.
 
@@ -176,12 +188,15 @@ def run_demo(
         checkpoint: Model name for :func:`ctxkit.zoo.get_model`.
         sentence_index: Which demo sentence (see :data:`SENTENCES`) to plot.
         stream: Where to print; defaults to ``sys.stdout``.
+        elmo: An ELMo language-model folder (``ctxkit pretrain-elmo``'s ``final/``): adds
+            an ELMo column (equal-weight mix of its layers) to the comparison.
 
     Returns:
         Dict with ``"words"``: per target word a dict of ``labels`` (e.g. "bank/river#1"),
         ``senses``, ``contextual`` and ``static`` cosine matrices ``(n, n)``,
         ``mean_contextual`` / ``mean_static`` (keys like "river-vs-money"),
-        ``separated`` (bool) and ``verdict`` (the printed line); plus
+        ``separated`` (bool) and ``verdict`` (the printed line), and with ``elmo``
+        also ``elmo`` (matrix), ``mean_elmo`` and ``elmo_separated``; plus
         ``attention_png``, ``positional_png`` (paths), ``sentence``, ``tokens`` and
         ``attention`` ``(seq, seq)`` of the plotted head.
 
@@ -214,12 +229,13 @@ def run_demo(
 
     word_vecs = embed([s for _, _, s in SENTENCES], model=(net, tokenizer), layers="last")
     table = net.embeddings.word_embeddings.weight.detach()
+    elmo_vecs = _elmo_vectors(elmo, [wv.words for wv in word_vecs]) if elmo else None
     results: Dict[str, Any] = {}
     verdicts = []
     for word, senses_map in DEMO_WORDS.items():
-        labels, senses, ctx_rows, static_rows = [], [], [], []
+        labels, senses, ctx_rows, static_rows, elmo_rows = [], [], [], [], []
         counts: Dict[str, int] = {}
-        for (w, sense, _), wv in zip(SENTENCES, word_vecs):
+        for i, ((w, sense, _), wv) in enumerate(zip(SENTENCES, word_vecs)):
             if w != word:
                 continue
             for j, surface in enumerate(wv.words):
@@ -229,6 +245,8 @@ def run_demo(
                     senses.append(sense)
                     ctx_rows.append(wv.vectors[j])
                     static_rows.append(_static_vector(surface, tokenizer, table))
+                    if elmo_vecs is not None:
+                        elmo_rows.append(elmo_vecs[i][j])
         ctx = _cosine_matrix(np.stack(ctx_rows))
         static = _cosine_matrix(np.stack(static_rows))
         ctx_means, static_means = _mean_sims(ctx, senses), _mean_sims(static, senses)
@@ -241,6 +259,14 @@ def run_demo(
             "mean_contextual": ctx_means, "mean_static": static_means,
             "separated": separated, "verdict": verdict,
         }
+        if elmo_rows:
+            elmo_sim = _cosine_matrix(np.stack(elmo_rows))
+            elmo_means = _mean_sims(elmo_sim, senses)
+            a, b = list(senses_map)
+            across, within = elmo_means[f"{a}-vs-{b}"], min(elmo_means[f"{a}-vs-{a}"], elmo_means[f"{b}-vs-{b}"])
+            results[word].update(elmo=elmo_sim, mean_elmo=elmo_means, elmo_separated=across < within)
+            verdicts.append(f"{word}: ELMo sim {a}-vs-{b} {across:.2f} {'<' if across < within else '>='} "
+                            f"within-sense {within:.2f} -> " + ("the senses separate" if across < within else "the senses do not separate here"))
     p("Verdict (mean cosine similarity; within-sense pairs exclude self-pairs):", file=stream)
     for v in verdicts:
         p("  " + v, file=stream)
