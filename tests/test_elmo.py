@@ -4,6 +4,7 @@ import json
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -368,3 +369,36 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
 
     with pytest.raises(CheckpointError, match="batch_size"):
         train_bilm([train], [valid], tmp_path / "split", arch, BiLMTrainConfig(**{**cfg.__dict__, "batch_size": 2}), resume=True)
+
+
+def test_embed_with_elmo_gives_word_aligned_vectors_like_bert(tmp_path):
+    """``embed(model="elmo:DIR")`` and ``ctxkit embed --model elmo:DIR``: BERT's words and
+    spans, ELMo's vectors (equal to elmo_embed's), layer choices, mean pooling."""
+    from ctxkit.cli import main
+    from ctxkit.embedding import embed
+    from ctxkit.models.elmo import ELMO_PRESETS, ElmoLanguageModel, elmo_embed
+    from ctxkit.models.elmo_io import save_elmo_lm
+
+    torch.manual_seed(0)
+    config = ELMO_PRESETS["elmo_2x1024_128_2048cnn_1xhighway"].replace(filters=((1, 8), (2, 8)), cell_size=32, projection_dim=16)
+    lm = ElmoLanguageModel(config, 4, softmax="full")
+    folder = save_elmo_lm(lm, tmp_path / "elmo", ["<S>", "</S>", "<UNK>", "bank"])
+    texts = ["The bank's rates rose.", "", "river bank"]
+    out = embed(texts, model=f"elmo:{folder}", layers="mix")
+    assert out[0].words == ["The", "bank", "'", "s", "rates", "rose", "."]
+    assert out[0].spans[1] == (4, 8) and texts[0][slice(*out[0].spans[4])] == "rates"
+    assert out[1].words == [] and out[1].vectors.shape == (0, 32)
+    ref = elmo_embed(lm.bilm, [out[0].words]).sentence(0)[0]  # (3, n_words, 32)
+    np.testing.assert_allclose(out[0].vectors, ref.mean(0).numpy(), atol=1e-5)
+    last = embed(texts, model=folder, layers="last")  # a bare ELMo folder works too
+    np.testing.assert_allclose(last[2].vectors, elmo_embed(lm.bilm, [["river", "bank"]]).sentence(0)[0][2].numpy(), atol=1e-5)
+    assert not np.allclose(last[0].vectors, out[0].vectors)
+    pooled = embed(texts, model=f"elmo:{folder}", layers="mix", pooling="mean")
+    np.testing.assert_allclose(pooled[0], out[0].vectors.mean(0), atol=1e-6)
+    with pytest.raises(ValueError, match="no \\[CLS\\]"):
+        embed(texts, model=f"elmo:{folder}", pooling="cls")
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    assert main(["embed", str(tmp_path / "in.txt"), "--model", f"elmo:{folder}", "--layers", "mix",
+                 "--out", str(tmp_path / "v.npz"), "--no-progress"]) == 0
+    saved = np.load(tmp_path / "v.npz")
+    np.testing.assert_allclose(saved["vectors_0"], out[0].vectors, atol=1e-6)

@@ -29,6 +29,8 @@ Every input line is one text, empty lines included, so output row i is line i+1.
 An empty line gives 0 words, or with --pooling the vector of "[CLS] [SEP]".
 --layers takes a name or comma-separated hidden_states indices
 (0 = embeddings), e.g. --layers=-1,-2 (use '=' when the first is negative).
+With --model elmo:DIR the layers are the token layer (0) and the two biLSTM
+layers (1, 2); --layers mix averages all three.
 """
 
 
@@ -80,7 +82,7 @@ def _read_texts(source: str) -> List[str]:
 def _parse_layers(value: str) -> Any:
     from ctxkit.embedding import LAYER_CHOICES
 
-    if value in LAYER_CHOICES:
+    if value in LAYER_CHOICES or value == "mix":  # mix: ELMo models only
         return value
     try:
         return [int(v) for v in value.split(",")]
@@ -283,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Embed one text per line with a frozen BERT.", epilog=EMBED_FORMATS,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", nargs="?", default="-", metavar="FILE|-", help="UTF-8 text file, or - for stdin (default)")
-    p.add_argument("--model", default="all_minilm_l6_v2", help="checkpoint name or folder (default: all_minilm_l6_v2)")
+    p.add_argument("--model", default="all_minilm_l6_v2",
+                   help="checkpoint name or folder, or elmo:DIR for an ELMo biLM (default: all_minilm_l6_v2)")
     p.add_argument("--layers", default="last", metavar="CHOICE",
                    help="first, last, second_to_last, sum_last_four, concat_last_four, sum_all, or ints like 0,-1 (default: last)")
     p.add_argument("--pooling", choices=POOLING_CHOICES, default=None, help="one vector per line instead of word vectors")

@@ -15,9 +15,11 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import math
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -372,7 +374,13 @@ def embed(
         model: Checkpoint name (or folder) for :func:`ctxkit.zoo.get_model`, or a
             ``(model, tokenizer)`` tuple (the model is used on its own device, in eval
             mode; its train/eval mode is restored afterwards). A bare preset name has
-            no vocabulary and raises ValueError.
+            no vocabulary and raises ValueError. ``"elmo:DIR"`` (or an ELMo folder:
+            ``ctxkit pretrain-elmo``'s run or ``final/``, or bilm-tf ``options.json`` +
+            ``weights.hdf5``) embeds with an ELMo biLM instead: the same words and spans
+            (BERT's whitespace/punctuation pre-tokenizer), ``hidden_states`` = the token
+            layer and the two biLSTM layers, plus ``layers="mix"`` (their mean, ELMo's
+            default task feature before a task learns its own weights). Its LSTMs have
+            no length limit, so nothing is windowed; ``pooling="mean"`` averages words.
         layers: Which hidden states make the features (``hidden_states`` has
             num_layers + 1 entries ``(batch, seq, hidden)``; 0 is the embedding output):
             ``"first"`` (hidden_states[0]), ``"last"``, ``"second_to_last"``,
@@ -426,6 +434,9 @@ def embed(
     if not isinstance(stride, int) or stride < 0:
         raise ValueError(f"stride must be a non-negative int, got {stride!r}")
 
+    elmo_dir = _elmo_folder(model)
+    if elmo_dir is not None:
+        return _embed_elmo(texts, elmo_dir, layers, pooling, batch_size, device, progress)
     net, tokenizer = _resolve_model(model, device)
     cfg = net.config
     indices, mode = resolve_layers(layers, cfg.num_layers)
@@ -454,6 +465,71 @@ def embed(
     out.num_windows = [len(p.windows) for p in plans]
     out.truncated_words = [p.truncated_words for p in plans]
     return out
+
+
+def _elmo_folder(model: Any) -> Optional[str]:
+    """The ELMo folder ``model`` names ("elmo:DIR", or a folder holding an ELMo biLM), else None."""
+    if not isinstance(model, (str, os.PathLike)):
+        return None
+    text = os.fspath(model)
+    if text.startswith("elmo:"):
+        return text[len("elmo:"):]
+    folder = Path(text)
+    for candidate in (folder, folder / "final"):
+        if (candidate / "options.json").is_file() and not (candidate / "config.json").is_file():
+            return text
+    return None
+
+
+def _embed_elmo(texts: List[str], folder: str, layers: LayerSpec, pooling: Optional[str], batch_size: int, device: str,
+                progress: bool) -> Union[List[WordVectors], PooledEmbeddings]:
+    """:func:`embed` with an ELMo biLM (see its ``model`` argument)."""
+    from tokenizers.pre_tokenizers import BertPreTokenizer
+
+    from ctxkit.models.elmo import elmo_embed
+    from ctxkit.tasks.feature_sources import load_bilm
+
+    if pooling not in (None, "mean"):
+        raise ValueError(f"ELMo has no [CLS] vector: pooling must be None or 'mean', got {pooling!r}")
+    bilm, _ = load_bilm(folder)
+    bilm.to(device)
+    n_states = bilm.num_representation_layers  # token layer + LSTM layers
+    if layers == "mix":
+        indices, mode = list(range(n_states)), "mean"
+    else:
+        indices, mode = resolve_layers(layers, n_states - 1)
+    pre = BertPreTokenizer()
+    split = [pre.pre_tokenize_str(t) for t in texts]
+    words = [[w for w, _ in s] for s in split]
+    results: List[WordVectors] = []
+    iterator = range(0, len(texts), 512)
+    if progress:
+        iterator = tqdm(iterator, desc="ELMo", unit="chunk")
+    for start in iterator:
+        chunk = words[start:start + 512]
+        nonempty = [i for i, w in enumerate(chunk) if w]
+        out = elmo_embed(bilm, [chunk[i] for i in nonempty], batch_size=batch_size) if nonempty else None
+        dim = bilm.config.output_dim * (len(indices) if mode == "concat" else 1)
+        for i, ws in enumerate(chunk):
+            vecs = np.zeros((0, dim), dtype=np.float32)
+            if ws:
+                states = out.sentence(nonempty.index(i))[0]  # (n_states, n_words, dim)
+                picked = states[indices]
+                if mode == "concat":
+                    feats = torch.cat(list(picked), dim=-1)
+                else:
+                    feats = picked.sum(0) / (len(indices) if mode == "mean" else 1)
+                vecs = feats.numpy().astype(np.float32)
+            results.append(WordVectors(ws, [span for _, span in split[start + i]], vecs))
+    if pooling is None:
+        return results
+    dim = results[0].vectors.shape[1] if results else bilm.config.output_dim
+    mat = np.stack([r.vectors.mean(0) if len(r.vectors) else np.zeros(dim, np.float32) for r in results]) if results \
+        else np.zeros((0, dim), np.float32)
+    pooled = mat.astype(np.float32).view(PooledEmbeddings)
+    pooled.num_windows = [1] * len(results)
+    pooled.truncated_words = [0] * len(results)
+    return pooled
 
 
 def _feature_dim(hidden: int, indices: List[int], mode: str) -> int:
