@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from ctxkit.inference.cpu_compile import CompiledCPUModel  # noqa: E402
 from ctxkit.inference.export import OrtTaskModel, export_onnx, quantize_onnx  # noqa: E402
+from ctxkit.data.batching import collate  # noqa: E402
 from ctxkit.models.bert import BertModel, save_bert  # noqa: E402
 from ctxkit.models.presets import PRESETS  # noqa: E402
 from ctxkit.tasks import get_task  # noqa: E402
@@ -104,15 +105,9 @@ def sst2_batches(tokenizer_dir: Path, data: Path, batch: int):
     examples = task.load(data, "dev")
     feats = task.featurize(WordPieceTokenizer.from_dir(tokenizer_dir), examples, train=False)
     padded = []
-    for start in range(0, len(feats), batch):
-        rows = feats[start:start + batch]
-        width = max(len(f["input_ids"]) for f in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, f in enumerate(rows):
-            ids[r, :len(f["input_ids"])] = torch.tensor(f["input_ids"])
-            mask[r, :len(f["input_ids"])] = 1
-        padded.append((ids, mask, torch.zeros_like(ids)))
+    for start in range(0, len(feats), batch):  # file order, each batch padded to its longest
+        b = collate([{k: f[k] for k in ("input_ids", "attention_mask")} for f in feats[start:start + batch]])
+        padded.append((b["input_ids"], b["attention_mask"], torch.zeros_like(b["input_ids"])))
     return feats, padded, examples
 
 

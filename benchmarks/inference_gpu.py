@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from ctxkit.inference.gpu import GPUEncoder  # noqa: E402
+from ctxkit.data.batching import collate  # noqa: E402
 from ctxkit.models.bert import BertModel, save_bert  # noqa: E402
 from ctxkit.models.presets import PRESETS  # noqa: E402
 from ctxkit.tasks import get_task  # noqa: E402
@@ -76,15 +77,10 @@ def sst2_batches(tokenizer_dir: Path, data: Path, batch: int):
     task = get_task("sst-2")
     feats = task.featurize(WordPieceTokenizer.from_dir(tokenizer_dir), task.load(data, "dev"), train=False)
     out = []
-    for start in range(0, len(feats), batch):
-        rows = feats[start:start + batch]
-        width = max(len(f["input_ids"]) for f in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, f in enumerate(rows):
-            ids[r, :len(f["input_ids"])] = torch.tensor(f["input_ids"])
-            mask[r, :len(f["input_ids"])] = 1
-        out.append(tuple(t.pin_memory() if torch.cuda.is_available() else t for t in (ids, mask, torch.zeros_like(ids))))
+    for start in range(0, len(feats), batch):  # file order, each batch padded to its longest
+        b = collate([{k: f[k] for k in ("input_ids", "attention_mask")} for f in feats[start:start + batch]])
+        tensors = (b["input_ids"], b["attention_mask"], torch.zeros_like(b["input_ids"]))
+        out.append(tuple(t.pin_memory() if torch.cuda.is_available() else t for t in tensors))
     return out, len(feats), sum(len(f["input_ids"]) for f in feats)
 
 

@@ -28,6 +28,16 @@ def minilm_dir() -> Path:
     return Path(gt.get_model_path())
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Torch on one thread for a module: tiny models (sequential LSTM steps) on a shared CPU
+    only gain synchronisation from a second thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)

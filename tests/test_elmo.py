@@ -29,13 +29,7 @@ h5py = pytest.importorskip("h5py")
 TINY = ElmoConfig(filters=((1, 4), (2, 8), (3, 16)), n_highway=2, char_embed_dim=4, cell_size=24, projection_dim=12, dropout=0.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny sequential LSTM steps: a second thread only adds synchronisation on a shared CPU.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _randomised(config: ElmoConfig, seed: int = 0) -> ElmoBiLM:

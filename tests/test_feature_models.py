@@ -27,13 +27,7 @@ LABELS = ["O", "B-A", "I-A", "B-B"]
 TAG_OF = {(False, False): "O", (True, False): "B-A", (True, True): "I-A", (False, True): "B-B"}  # (own, previous word's)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny models on a shared CPU: more threads only add synchronisation.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _synthetic_tagging(n: int, seed: int, layers: int = 1, dim: int = 6):
