@@ -23,7 +23,6 @@ import argparse
 import datetime
 import json
 import shlex
-import statistics
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from ctxkit.inference.backends import median_ms  # noqa: E402
 from ctxkit.inference.cpu_compile import CompiledCPUModel  # noqa: E402
 from ctxkit.inference.export import OrtTaskModel, export_onnx, quantize_onnx  # noqa: E402
 from ctxkit.data.batching import collate  # noqa: E402
@@ -44,17 +44,6 @@ from ctxkit.tasks import get_task  # noqa: E402
 from ctxkit.training import predict  # noqa: E402
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-
-
-def median_ms(fn, reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
 
 
 def torch_runner(model, precision: str, hf: bool):
@@ -157,7 +146,7 @@ def main(argv=None) -> int:
         ids = torch.randint(1000, 20000, (1, seq))
         feed = (ids, torch.ones_like(ids), torch.zeros_like(ids))
         for precision in ("fp32", "bf16", "int8"):
-            ms = {side: {name: median_ms(lambda fn=fn: fn(*feed), args.reps) for name, fn in sides[side][precision].items()} for side in sides}
+            ms = {side: {name: median_ms(lambda fn=fn: fn(*feed), args.reps, warmup=3) for name, fn in sides[side][precision].items()} for side in sides}
             best = {side: min(ms[side], key=ms[side].get) for side in ms}
             print(f"seq {seq} {precision}: " + "; ".join(f"{side} {name} {v:.1f} ms" for side in ms for name, v in ms[side].items()), flush=True)
             records.append({"benchmark": "inference_cpu", "case": f"BERT-base classifier, batch 1, seq {seq}, {precision}",

@@ -14,7 +14,7 @@ from typing import Optional, Tuple
 
 from torch import nn
 
-__all__ = ["BACKENDS", "with_backend", "choose_backend"]
+__all__ = ["BACKENDS", "with_backend", "choose_backend", "median_ms"]
 
 BACKENDS = ("auto", "pytorch", "onnxruntime", "compiled", "gpu")
 
@@ -70,11 +70,14 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
     return CompiledCPUModel(model, precision), f"compiled PyTorch ({precision}, frozen weights, Inductor C++ GEMMs)"
 
 
-def _median_ms(fn, reps: int = 5) -> float:
+def median_ms(fn, reps: int = 5, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` in milliseconds over ``reps`` calls, after ``warmup``
+    calls (ONNX Runtime plans its memory on the first run)."""
     import statistics
     import time
 
-    fn()  # warm-up (ONNX Runtime plans its memory on the first run)
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
@@ -109,7 +112,7 @@ def choose_backend(model: nn.Module, precision: Optional[str] = None) -> Tuple[n
     ort, ort_description = with_backend(model, "onnxruntime")
     batch = _example_batch(_vocab_size(model), batch=4, seq=64)
     with torch.inference_mode():
-        ms = {"pytorch": _median_ms(lambda: model(**batch)), "onnxruntime": _median_ms(lambda: ort(**batch))}
+        ms = {"pytorch": median_ms(lambda: model(**batch)), "onnxruntime": median_ms(lambda: ort(**batch))}
     timing = f"{ms['onnxruntime']:.1f} ms vs PyTorch {ms['pytorch']:.1f} ms on a 4x64 batch"
     if ms["onnxruntime"] <= ms["pytorch"]:
         return ort, f"auto: {ort_description}; {timing}"
