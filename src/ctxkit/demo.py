@@ -132,21 +132,24 @@ def _format_pair(word: str, labels: List[str], ctx: np.ndarray, static: np.ndarr
     return "\n".join(lines)
 
 
-def _verdict(word: str, senses: List[str], ctx_means: Dict[str, float], static: np.ndarray) -> Tuple[str, bool]:
+def _verdict(word: str, senses: List[str], ctx_means: Dict[str, float], static: Optional[np.ndarray],
+             kind: str = "contextual") -> Tuple[str, bool]:
     a, b = senses[0], senses[1]
     across = ctx_means[f"{a}-vs-{b}"]
     within_a, within_b = ctx_means[f"{a}-vs-{a}"], ctx_means[f"{b}-vs-{b}"]
     separated = across < min(within_a, within_b)
-    off = static[~np.eye(len(static), dtype=bool)]
-    if np.allclose(off, 1.0, atol=5e-3):
-        static_txt = "static sim is 1.00 for every pair."
-    else:
-        static_txt = f"static sim ranges {off.min():.2f}..{off.max():.2f}."
+    static_txt = ""
+    if static is not None:
+        off = static[~np.eye(len(static), dtype=bool)]
+        if np.allclose(off, 1.0, atol=5e-3):
+            static_txt = "; static sim is 1.00 for every pair."
+        else:
+            static_txt = f"; static sim ranges {off.min():.2f}..{off.max():.2f}."
     rel = "<" if separated else ">="
     outcome = "the senses separate" if separated else "the senses do not separate here"
     line = (
-        f"{word}: contextual sim {a}-vs-{b} {across:.2f} {rel} {a}-vs-{a} {within_a:.2f}, "
-        f"{b}-vs-{b} {within_b:.2f} -> {outcome}; {static_txt}"
+        f"{word}: {kind} sim {a}-vs-{b} {across:.3f} {rel} {a}-vs-{a} {within_a:.3f}, "
+        f"{b}-vs-{b} {within_b:.3f} -> {outcome}{static_txt}"
     )
     return line, separated
 
@@ -262,11 +265,9 @@ def run_demo(
         if elmo_rows:
             elmo_sim = _cosine_matrix(np.stack(elmo_rows))
             elmo_means = _mean_sims(elmo_sim, senses)
-            a, b = list(senses_map)
-            across, within = elmo_means[f"{a}-vs-{b}"], min(elmo_means[f"{a}-vs-{a}"], elmo_means[f"{b}-vs-{b}"])
-            results[word].update(elmo=elmo_sim, mean_elmo=elmo_means, elmo_separated=across < within)
-            verdicts.append(f"{word}: ELMo sim {a}-vs-{b} {across:.2f} {'<' if across < within else '>='} "
-                            f"within-sense {within:.2f} -> " + ("the senses separate" if across < within else "the senses do not separate here"))
+            line, elmo_separated = _verdict(word, list(senses_map), elmo_means, None, kind="ELMo")
+            results[word].update(elmo=elmo_sim, mean_elmo=elmo_means, elmo_separated=elmo_separated)
+            verdicts.append(line)
     p("Verdict (mean cosine similarity; within-sense pairs exclude self-pairs):", file=stream)
     for v in verdicts:
         p("  " + v, file=stream)
