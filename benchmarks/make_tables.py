@@ -106,15 +106,18 @@ def _elmo_section() -> list:
            "task models (`benchmarks/elmo_results.py`: a BiLSTM tagger / sentence encoder over frozen features, the ELMo "
            "scalar mix learned with the task) see the same data. The point is the ordering, static < ELMo < fine-tuned "
            "BERT, on corpora 400x smaller than the ELMo paper's 1B words; the paper's numbers are given as anchors only.\n"]
-    lm = [r for r in elmo if r["task"].startswith("wikitext")]
+    lm = [r for r in elmo if r["task"].endswith("language modelling")]
     if lm:
-        out.append("| split | metric | value | anchor | device | date |")
-        out.append("|---|---|---|---|---|---|")
+        out.append("| corpus | split | metric | value | anchor | device | date |")
+        out.append("|---|---|---|---|---|---|---|")
         for r in lm:
             anchor = f"{_fmt(r['peer_value'])} ({r['peer_name']})" if r.get("peer_value") else ""
-            out.append(f"| {r['split']} | {r['metric']} | {_fmt(r['value'])} | {anchor} | {r['device']} | {r['date']} |")
-        out.append(f"\nbiLM: {lm[0]['model']}. Command: `{lm[0]['command']}`.\n")
-    tasks = [r for r in elmo if not r["task"].startswith("wikitext")]
+            out.append(f"| {r['task'].split()[0]} | {r['split']} | {r['metric']} | {_fmt(r['value'])} | {anchor} | {r['device']} | {r['date']} |")
+        for corpus in dict.fromkeys(r["task"] for r in lm):
+            first = next(r for r in lm if r["task"] == corpus)
+            out.append(f"\n{corpus.split()[0]} biLM: {first['model']}. Command: `{first['command']}`.")
+        out.append("")
+    tasks = [r for r in elmo if not r["task"].endswith("language modelling")]
     if tasks or static:
         out.append("| task | split | metric | features | value | comparison | comparison value | device | date |")
         out.append("|---|---|---|---|---|---|---|---|---|")
