@@ -434,9 +434,12 @@ def test_onnxruntime_backend_serves_the_same_labels_and_keeps_embed(cls_run):
 
     texts = ["a wonderful , moving film", "the worst mess of the year", "it is fine"]
     answers = {}
-    for backend in ("pytorch", "onnxruntime"):
+    for backend in ("pytorch", "onnxruntime", "auto"):
         with TestClient(create_app(cls_run, device="cpu", backend=backend)) as client:
-            assert client.get("/health").json()["backend"].startswith("PyTorch" if backend == "pytorch" else "ONNX Runtime")
+            name = client.get("/health").json()["backend"]
+            assert name.startswith({"pytorch": "PyTorch", "onnxruntime": "ONNX Runtime", "auto": "auto: "}[backend])
             answers[backend] = client.post("/classify", json={"texts": texts}).json()["predictions"]
             assert len(client.post("/embed", json={"text": "hello"}).json()["embedding"]) == 384
-    assert [a["label"] for a in answers["pytorch"]] == [a["label"] for a in answers["onnxruntime"]]
+    assert [a["label"] for a in answers["pytorch"]] == [a["label"] for a in answers["onnxruntime"]] == [a["label"] for a in answers["auto"]]
+    with pytest.raises(ValueError, match="--backend gpu"):
+        create_app(cls_run, device="cpu", backend="gpu")

@@ -277,6 +277,11 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     from .backends import with_backend
 
     base = model
+    first = next(iter(base.parameters()), None)
+    if backend == "gpu":
+        raise ValueError("serve does not take --backend gpu yet (/embed shares the model); use pytorch on a GPU")
+    if backend == "auto" and first is not None and first.is_cuda:
+        backend = "pytorch"  # the GPU encoder would cast the model /embed shares to bf16 in place
     model, backend_name = with_backend(base, backend, precision)
     params = list(base.parameters())
     dev = str(params[0].device) if params else "cpu"  # an int8 run (ONNX Runtime) has no torch parameters
@@ -520,8 +525,10 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-text-chars", type=int, default=10_000, help="longest text/question/context (default: 10000)")
     p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body (default: fits max-items texts)")
     p.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="/embed vectors (default: mean)")
-    p.add_argument("--backend", choices=("pytorch", "onnxruntime", "compiled"), default="pytorch",
-                   help="runtime of the task endpoint (CPU; see docs/deployment.md; default: pytorch)")
+    p.add_argument("--backend", choices=("auto", "pytorch", "onnxruntime", "compiled"), default="pytorch",
+                   help="runtime of the task endpoint: auto picks the fastest correct one on CPU by timing PyTorch and "
+                        "a verified ONNX export (named in /health and the startup log; see docs/deployment.md; "
+                        "default: pytorch)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
                    help="for --backend compiled (default fp32) or gpu (default bf16)")
     p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on shutdown (default: 30)")
