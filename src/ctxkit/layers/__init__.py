@@ -19,6 +19,7 @@ from .position import (
     SinusoidalPositionalEncoding,
     sinusoidal_table,
 )
+from .relative_attention import RelativeMultiHeadAttention, rel_shift, relative_distance_index
 from .transformer import (
     AddNorm,
     EncoderOutput,
@@ -46,6 +47,9 @@ __all__ = [
     "LearnedPositionalEmbedding",
     "SinusoidalPositionalEncoding",
     "sinusoidal_table",
+    "RelativeMultiHeadAttention",
+    "rel_shift",
+    "relative_distance_index",
     "AddNorm",
     "EncoderOutput",
     "TransformerDecoder",

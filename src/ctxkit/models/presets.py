@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Tuple
 
 __all__ = ["BertConfig", "Preset", "PRESETS", "get_preset", "GPT2Config", "GPT2_PRESETS", "Seq2SeqConfig", "SEQ2SEQ_PRESETS", "RNNSeq2SeqConfig",
-           "RNN_SEQ2SEQ_PRESETS"]
+           "RNN_SEQ2SEQ_PRESETS", "TransformerXLConfig", "TRANSFO_XL_PRESETS"]
 
 
 @dataclass(frozen=True)
@@ -255,3 +255,56 @@ RNN_SEQ2SEQ_PRESETS: Dict[str, RNNSeq2SeqConfig] = {
     "rnn_attention_256_512": RNNSeq2SeqConfig(),  # the lectures' recap baseline on Multi30k
 }
 
+
+@dataclass(frozen=True)
+class TransformerXLConfig:
+    """Architecture and segment lengths of a Transformer-XL language model (Dai et al. 2019).
+
+    Attributes:
+        vocab_size: word vocabulary size (267735 for WikiText-103, 33278 for WikiText-2).
+        d_model: model width (also the embedding projection size).
+        n_heads: attention heads; must divide ``d_model``.
+        d_inner: FFN inner size.
+        n_layers: depth.
+        mem_len: hidden states kept per layer from earlier segments (training).
+        tgt_len: segment length (training).
+        dropout: embedding, residual, FFN and output dropout.
+        dropatt: dropout on attention weights.
+        cutoffs: adaptive input/softmax cluster boundaries (empty: plain embedding and softmax).
+        div_val: embedding size divisor per cluster (``d_model // div_val**i``); 1 keeps
+            full-size embeddings in every cluster.
+        pre_lnorm: pre-norm layers (False in the paper: post-norm).
+        untie_r: every layer has its own ``u``/``v`` (the released WT103 models) instead
+            of one pair shared by all layers (the paper's description).
+        clamp_len: longest relative distance encoded (-1: no limit); longer ones reuse it.
+        d_embed: largest embedding size (0: ``d_model``).
+    """
+
+    vocab_size: int = 267735
+    d_model: int = 410
+    n_heads: int = 10
+    d_inner: int = 2100
+    n_layers: int = 16
+    mem_len: int = 150
+    tgt_len: int = 150
+    dropout: float = 0.1
+    dropatt: float = 0.0
+    cutoffs: Tuple[int, ...] = (20000, 40000, 200000)
+    div_val: int = 1
+    pre_lnorm: bool = False
+    untie_r: bool = True
+    clamp_len: int = -1
+    d_embed: int = 0
+
+    def replace(self, **changes) -> "TransformerXLConfig":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+TRANSFO_XL_PRESETS: Dict[str, TransformerXLConfig] = {
+    # The paper's base WikiText-103 model (train: tgt_len 150, mem_len 150).
+    "transfo_xl_base_wt103": TransformerXLConfig(),
+    # Small enough to train on WikiText-2 on one GPU in minutes.
+    "transfo_xl_wt2_small": TransformerXLConfig(vocab_size=33278, d_model=256, n_heads=8, d_inner=1024, n_layers=4, mem_len=128,
+                                                tgt_len=128, dropout=0.1, dropatt=0.0, cutoffs=(2000, 10000), div_val=2),
+}
