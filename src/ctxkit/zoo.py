@@ -266,6 +266,16 @@ def list_models() -> List[dict]:
             layers = getattr(config, "num_layers", None) or config.num_encoder_layers
             rows.append({"name": preset_name, "kind": f"preset ({family})", "available": True, "path": None,
                          "description": f"{what}, {layers} layers, width {config.hidden_size}"})
+    from .models.elmo import ELMO_PRESETS
+    from .models.presets import TRANSFO_XL_PRESETS
+
+    for preset_name, c in ELMO_PRESETS.items():
+        rows.append({"name": preset_name, "kind": "preset (ELMo)", "available": True, "path": None,
+                     "description": f"biLM: char CNN ({c.n_filters} filters, {c.n_highway} highway), "
+                                    f"{c.num_layers} x LSTM {c.cell_size} -> {c.projection_dim}; ctxkit pretrain-elmo"})
+    for preset_name, c in TRANSFO_XL_PRESETS.items():
+        rows.append({"name": preset_name, "kind": "preset (Transformer-XL)", "available": True, "path": None,
+                     "description": f"LM with segment memory, {c.n_layers} layers, width {c.d_model}, memory {c.mem_len}"})
     for entry in _all_entries().values():
         folder = entry.locate()
         rows.append(
