@@ -267,7 +267,7 @@ def list_models() -> List[dict]:
             rows.append({"name": preset_name, "kind": f"preset ({family})", "available": True, "path": None,
                          "description": f"{what}, {layers} layers, width {config.hidden_size}"})
     from .models.elmo import ELMO_PRESETS
-    from .models.presets import TRANSFO_XL_PRESETS
+    from .models.presets import TRANSFO_XL_PRESETS, XLNET_PRESETS
 
     for preset_name, c in ELMO_PRESETS.items():
         rows.append({"name": preset_name, "kind": "preset (ELMo)", "available": True, "path": None,
@@ -276,6 +276,9 @@ def list_models() -> List[dict]:
     for preset_name, c in TRANSFO_XL_PRESETS.items():
         rows.append({"name": preset_name, "kind": "preset (Transformer-XL)", "available": True, "path": None,
                      "description": f"LM with segment memory, {c.n_layers} layers, width {c.d_model}, memory {c.mem_len}"})
+    for preset_name, c in XLNET_PRESETS.items():
+        rows.append({"name": preset_name, "kind": "preset (XLNet)", "available": True, "path": None,
+                     "description": f"permutation LM, two-stream relative attention, {c.n_layers} layers, width {c.d_model}"})
     for entry in _all_entries().values():
         folder = entry.locate()
         rows.append(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Dict, Tuple
 
 __all__ = ["BertConfig", "Preset", "PRESETS", "get_preset", "GPT2Config", "GPT2_PRESETS", "Seq2SeqConfig", "SEQ2SEQ_PRESETS", "RNNSeq2SeqConfig",
-           "RNN_SEQ2SEQ_PRESETS", "TransformerXLConfig", "TRANSFO_XL_PRESETS"]
+           "RNN_SEQ2SEQ_PRESETS", "TransformerXLConfig", "TRANSFO_XL_PRESETS", "XLNetConfig", "XLNET_PRESETS"]
 
 
 @dataclass(frozen=True)
@@ -307,4 +307,45 @@ TRANSFO_XL_PRESETS: Dict[str, TransformerXLConfig] = {
     # Small enough to train on WikiText-2 on one GPU in minutes.
     "transfo_xl_wt2_small": TransformerXLConfig(vocab_size=33278, d_model=256, n_heads=8, d_inner=1024, n_layers=4, mem_len=128,
                                                 tgt_len=128, dropout=0.1, dropatt=0.0, cutoffs=(2000, 10000), div_val=2),
+}
+
+
+@dataclass(frozen=True)
+class XLNetConfig:
+    """Architecture of an XLNet model (Yang et al. 2019): a post-norm Transformer-XL body
+    with bidirectional relative positions, relative segment encodings and two-stream attention.
+
+    Attributes:
+        vocab_size: SentencePiece vocabulary size (32000 for the released models).
+        d_model: model width.
+        n_heads: attention heads; must divide ``d_model``.
+        d_inner: FFN inner size.
+        n_layers: depth.
+        activation: FFN activation (``gelu``: the exact erf form).
+        dropout: embedding, attention-weight, residual and FFN dropout (one rate, as in HF).
+        layer_norm_eps: LayerNorm epsilon.
+        clamp_len: longest relative distance encoded (-1: no limit); longer ones reuse it.
+        mem_len: hidden states kept per layer as memory for the next segment (0: keep all
+            that are passed back).
+    """
+
+    vocab_size: int = 32000
+    d_model: int = 768
+    n_heads: int = 12
+    d_inner: int = 3072
+    n_layers: int = 12
+    activation: str = "gelu"
+    dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    clamp_len: int = -1
+    mem_len: int = 0
+
+    def replace(self, **changes) -> "XLNetConfig":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+XLNET_PRESETS: Dict[str, XLNetConfig] = {
+    "xlnet_12_768_12": XLNetConfig(),  # xlnet-base-cased
+    "xlnet_24_1024_16": XLNetConfig(d_model=1024, n_heads=16, d_inner=4096, n_layers=24),  # xlnet-large-cased
 }

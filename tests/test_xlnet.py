@@ -1,0 +1,220 @@
+"""XLNet: parity with transformers.XLNetModel / XLNetLMHeadModel (content and two-stream),
+checkpoints both ways with strict keys, permutation masks, causality and preset sizes."""
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from ctxkit.checkpoint import CheckpointMismatchError
+from ctxkit.models.presets import XLNET_PRESETS, XLNetConfig
+from ctxkit.models.xlnet import (
+    XLNetLMHeadModel,
+    XLNetModel,
+    load_xlnet,
+    sample_permutation_masks,
+    save_xlnet,
+)
+
+transformers = pytest.importorskip("transformers")
+
+TINY = dict(vocab_size=100, d_model=64, n_layer=2, n_head=4, d_inner=128)
+
+
+def _perturb(model, seed=1):
+    """Random values in every parameter (LayerNorms and biases included) for a stronger check."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def _batch():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 100, (3, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 9:] = 0  # right padding
+    mask[2, :3] = 0  # left padding
+    types = torch.zeros_like(ids)
+    types[:, 6:] = 1
+    types[2, 10:] = 2  # the CLS segment of XLNet's inputs
+    return ids, mask, types
+
+
+@pytest.fixture(scope="module")
+def hf_lm(tmp_path_factory):
+    torch.manual_seed(0)
+    model = _perturb(transformers.XLNetLMHeadModel(transformers.XLNetConfig(**TINY))).eval()
+    folder = tmp_path_factory.mktemp("xlnet_lm")
+    model.save_pretrained(folder)
+    return folder, model
+
+
+@pytest.fixture(scope="module")
+def hf_body(tmp_path_factory):
+    torch.manual_seed(1)
+    model = _perturb(transformers.XLNetModel(transformers.XLNetConfig(**TINY)), seed=2).eval()
+    folder = tmp_path_factory.mktemp("xlnet_body")
+    model.save_pretrained(folder)
+    return folder, model
+
+
+def test_content_stream_matches_transformers(hf_body):
+    folder, hf = hf_body
+    ours = load_xlnet(folder)
+    ids, mask, types = _batch()
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        got = ours.transformer(ids, token_type_ids=types, attention_mask=mask)
+    assert got.query is None
+    torch.testing.assert_close(got.content, expected, atol=1e-5, rtol=0)
+    with torch.no_grad():  # no masks at all, no segments
+        torch.testing.assert_close(ours.transformer(ids).content, hf(input_ids=ids).last_hidden_state, atol=1e-5, rtol=0)
+
+
+def test_memory_matches_transformers(hf_body):
+    folder, hf = hf_body
+    ours = load_xlnet(folder)
+    ids, _, types = _batch()
+    with torch.no_grad():
+        first = hf(input_ids=ids[:, :5], use_mems=True)
+        expected = hf(input_ids=ids[:, 5:], token_type_ids=types[:, 5:], mems=first.mems, use_mems=True).last_hidden_state
+        mems = ours.transformer(ids[:, :5]).mems
+        got = ours.transformer(ids[:, 5:], token_type_ids=types[:, 5:], mems=mems).content
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_two_stream_logits_match_transformers(hf_lm):
+    folder, hf = hf_lm
+    ours = load_xlnet(folder)
+    ids, mask, types = _batch()
+    masks = sample_permutation_masks(ids, 3, attention_mask=mask, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, perm_mask=masks.perm_mask,
+                      target_mapping=masks.target_mapping).logits
+        got = ours(ids, token_type_ids=types, attention_mask=mask, perm_mask=masks.perm_mask,
+                   target_mapping=masks.target_mapping)
+        assert got.shape == (3, 3, 100)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+        # content-stream logits too (no target mapping)
+        torch.testing.assert_close(ours(ids, types, mask), hf(input_ids=ids, attention_mask=mask, token_type_ids=types).logits,
+                                   atol=1e-5, rtol=0)
+
+
+def test_save_then_transformers_loads_it(tmp_path):
+    torch.manual_seed(5)
+    ours = XLNetLMHeadModel(XLNetConfig(vocab_size=100, d_model=64, n_heads=4, d_inner=128, n_layers=2)).eval()
+    _perturb(ours, seed=7)
+    save_xlnet(ours, tmp_path)
+    hf = transformers.XLNetLMHeadModel.from_pretrained(tmp_path).eval()
+    ids, mask, types = _batch()
+    masks = sample_permutation_masks(ids, 2, attention_mask=mask, generator=torch.Generator().manual_seed(4))
+    kw = dict(token_type_ids=types, attention_mask=mask, perm_mask=masks.perm_mask, target_mapping=masks.target_mapping)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, **kw), hf(input_ids=ids, **kw).logits, atol=1e-5, rtol=0)
+    again = load_xlnet(tmp_path)
+    for (k, a), (_, b) in zip(ours.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(a, b), k
+
+
+def test_mismatching_checkpoint_lists_keys(tmp_path, hf_lm):
+    folder, _ = hf_lm
+    state = load_file(str(folder / "model.safetensors"))
+    del state["transformer.layer.1.rel_attn.seg_embed"]
+    state["transformer.layer.0.rel_attn.extra"] = torch.zeros(3)
+    state["transformer.layer.0.ff.layer_1.weight"] = torch.zeros(5, 64)
+    state["transformer.layer.1.rel_attn.q"] = torch.zeros(32, 4, 16)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    with pytest.raises(CheckpointMismatchError) as err:
+        load_xlnet(tmp_path)
+    msg = str(err.value)
+    assert "transformer.layers.1.attn.seg_embed" in msg
+    assert "transformer.layer.0.rel_attn.extra" in msg
+    assert "transformer.layers.0.ffn.fc1.weight" in msg
+    assert "transformer.layers.1.attn.q_proj.weight" in msg
+
+
+def _tiny_model(seed=0):
+    torch.manual_seed(seed)
+    return _perturb(XLNetModel(XLNetConfig(vocab_size=100, d_model=32, n_heads=4, d_inner=64, n_layers=2)), seed).eval()
+
+
+def test_permutation_masks_hide_own_and_later_tokens():
+    ids, _, _ = _batch()
+    seq = ids.size(1)
+    m = sample_permutation_masks(ids, 4, generator=torch.Generator().manual_seed(0))
+    assert m.perm_mask.shape == (3, seq, seq) and m.target_mapping.shape == (3, 4, seq)
+    rank = m.rank
+    is_target = rank >= seq - 4
+    for b in range(3):
+        # targets are the last four of the order, in order
+        assert rank[b, m.target_positions[b]].tolist() == list(range(seq - 4, seq))
+        for i in range(seq):
+            for j in range(seq):
+                blocked = bool(m.perm_mask[b, i, j])
+                if is_target[b, j] and rank[b, j] >= rank[b, i]:
+                    assert blocked  # own token and later targets hidden
+                else:
+                    assert not blocked  # context and earlier targets visible
+        assert m.perm_mask[b].diagonal()[is_target[b]].all()  # query stream never sees its own token
+
+    model = _tiny_model()
+    with torch.no_grad():
+        base = model(ids, perm_mask=m.perm_mask, target_mapping=m.target_mapping)
+        for b in range(3):
+            for k, t in enumerate(m.target_positions[b].tolist()):
+                later = [j for j in range(seq) if rank[b, j] >= rank[b, t]]  # t itself and later in the order
+                changed = ids.clone()
+                changed[b, later] = (changed[b, later] + 17) % 100
+                out = model(changed, perm_mask=m.perm_mask, target_mapping=m.target_mapping)
+                torch.testing.assert_close(out.query[b, k], base.query[b, k], atol=1e-6, rtol=0)
+                if k > 0:  # an earlier target does see the changes of t
+                    earlier = [j for j in range(seq) if rank[b, j] == rank[b, t] - 1]
+                    changed = ids.clone()
+                    changed[b, earlier] = (changed[b, earlier] + 17) % 100
+                    out = model(changed, perm_mask=m.perm_mask, target_mapping=m.target_mapping)
+                    assert not torch.allclose(out.query[b, k], base.query[b, k], atol=1e-4)
+        # the content stream sees its own token: changing a target changes its content state
+        t = m.target_positions[0, 0].item()
+        changed = ids.clone()
+        changed[0, t] = (changed[0, t] + 17) % 100
+        out = model(changed, perm_mask=m.perm_mask, target_mapping=m.target_mapping)
+        assert not torch.allclose(out.content[0, t], base.content[0, t], atol=1e-4)
+
+
+def test_identity_permutation_is_causal():
+    ids, _, types = _batch()
+    seq = ids.size(1)
+    m = sample_permutation_masks(ids, seq - 1, shuffle=False)
+    assert torch.equal(m.perm_mask[0].bool(), torch.ones(seq, seq).triu().bool() & (torch.arange(seq) > 0)[None, :])
+    causal = torch.ones(seq, seq).triu(1).expand(3, seq, seq)  # may not see later tokens
+    model = _tiny_model(1)
+    with torch.no_grad():
+        base = model(ids, token_type_ids=types, perm_mask=causal).content
+        for t in range(seq - 1):
+            changed = ids.clone()
+            changed[:, t + 1:] = (changed[:, t + 1:] + 31) % 100
+            out = model(changed, token_type_ids=types, perm_mask=causal).content
+            torch.testing.assert_close(out[:, :t + 1], base[:, :t + 1], atol=1e-6, rtol=0)
+            assert not torch.allclose(out[:, t + 1], base[:, t + 1], atol=1e-4)
+
+
+def _count(module):
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize("name, hf_kwargs", [
+    ("xlnet_12_768_12", dict(d_model=768, n_layer=12, n_head=12, d_inner=3072)),  # xlnet-base-cased
+    ("xlnet_24_1024_16", {}),  # transformers' defaults are xlnet-large-cased
+])
+def test_preset_parameter_counts_match_transformers(name, hf_kwargs):
+    config = XLNET_PRESETS[name]
+    with torch.device("meta"):
+        ours_body, ours_lm = XLNetModel(config), XLNetLMHeadModel(config)
+        hf_config = transformers.XLNetConfig(**hf_kwargs)
+        hf_body, hf_lm = transformers.XLNetModel(hf_config), transformers.XLNetLMHeadModel(hf_config)
+    assert _count(ours_body) == _count(hf_body)
+    assert _count(ours_lm) == _count(hf_lm)
+    if name == "xlnet_12_768_12":
+        assert 116e6 < _count(ours_body) < 118e6
