@@ -179,6 +179,18 @@ def test_lm_head_log_probs_and_loss_agree():
         torch.testing.assert_close(scored.nll, -log_probs.gather(-1, labels[..., None])[..., 0], rtol=1e-5, atol=1e-5)
 
 
+def test_lm_head_under_bf16_autocast_matches_fp32():
+    """The body may run in bf16; the adaptive softmax stays fp32 (it rejects mixed dtypes)."""
+    torch.manual_seed(6)
+    model = TransformerXLLMHeadModel(_tiny(cutoffs=(10, 30))).eval()
+    ids, labels = torch.randint(0, 50, (2, 7)), torch.randint(0, 50, (2, 7))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model(ids, labels=labels)
+    full = model(ids, labels=labels)
+    assert low.nll.dtype == torch.float32
+    torch.testing.assert_close(low.nll, full.nll, rtol=0.05, atol=0.05)
+
+
 def test_presets():
     base = TRANSFO_XL_PRESETS["transfo_xl_base_wt103"]
     assert (base.n_layers, base.d_model, base.n_heads, base.d_inner, base.mem_len) == (16, 410, 10, 2100, 150)

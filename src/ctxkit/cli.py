@@ -177,10 +177,21 @@ def _cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_pretrain_elmo(args: argparse.Namespace) -> int:
-    from ctxkit.pretraining.bilm import main as bilm_main
+# Verbs whose options belong to a trainer module's own parser (``main(argv)``).
+PASSTHROUGH_VERBS = {
+    "pretrain-elmo": ("ctxkit.pretraining.bilm", "pretrain an ELMo biLM (char CNN + biLSTM) on text files"),
+    "train-transformer-xl": ("ctxkit.pretraining.xl_lm", "train a Transformer-XL (or a vanilla Transformer) word-level LM; "
+                                                         "test perplexity at several memory lengths"),
+}
 
-    return bilm_main(args.bilm_args)
+
+def _passthrough(module: str):
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return importlib.import_module(module).main(args.verb_args)
+
+    return run
 
 
 def _cmd_list_models(args: argparse.Namespace) -> int:
@@ -300,11 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="OUT.npy|OUT.npz|OUT.jsonl", help="output file; format by suffix (see below)")
     p.set_defaults(func=_cmd_embed)
 
-    p = sub.add_parser("pretrain-elmo", help="pretrain an ELMo biLM (char CNN + biLSTM) on text files",
-                       description="Pretrain an ELMo bidirectional LM; all options are those of "
-                                   "`python -m ctxkit.pretraining.bilm --help`.", add_help=False)
-    p.add_argument("bilm_args", nargs=argparse.REMAINDER, help="--train FILES --out DIR [--preset ...] (see --help)")
-    p.set_defaults(func=_cmd_pretrain_elmo)
+    for verb, (module, what) in PASSTHROUGH_VERBS.items():
+        p = sub.add_parser(verb, help=what, description=f"{what}; options: `ctxkit {verb} --help`.", add_help=False)
+        p.add_argument("verb_args", nargs=argparse.REMAINDER, help="the trainer's own options (see --help)")
+        p.set_defaults(func=_passthrough(module))
 
     from ctxkit.static_cli import add_static_parsers
 
@@ -361,9 +371,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["pretrain-elmo"]:
-        # Every option (--help included) belongs to the biLM trainer's own parser.
-        args = argparse.Namespace(func=_cmd_pretrain_elmo, bilm_args=argv[1:])
+    if argv[:1] and argv[0] in PASSTHROUGH_VERBS:
+        # Every option (--help included) belongs to the trainer's own parser.
+        args = argparse.Namespace(func=_passthrough(PASSTHROUGH_VERBS[argv[0]][0]), verb_args=argv[1:])
     else:
         args = parser.parse_args(argv)
     # Windowing/truncation warnings from embed() go to stderr, never silently dropped.

@@ -311,17 +311,21 @@ class TransformerXLLMHeadModel(nn.Module):
             else ``log_probs``.
         """
         hidden, new_mems = self.transformer(input_ids, mems)
-        flat = hidden.reshape(-1, hidden.size(-1))
+        # The (adaptive) softmax runs in fp32 outside autocast: AdaptiveLogSoftmaxWithLoss
+        # fails on the mixed dtypes autocast would give it, and log-probs want fp32 anyway.
+        flat = hidden.reshape(-1, hidden.size(-1)).float()
         loss = nll = log_probs = None
         if labels is not None:
             target = labels.reshape(-1)
             if self.crit is not None:
-                nll = -self.crit(flat, target).output
+                with torch.autocast(flat.device.type, enabled=False):
+                    nll = -self.crit(flat, target).output
             else:
                 nll = F.cross_entropy(self.out(flat), target, reduction="none")
             loss = nll.mean()
             nll = nll.view_as(labels)
         else:
-            flat_lp = self.crit.log_prob(flat) if self.crit is not None else F.log_softmax(self.out(flat), dim=-1)
+            with torch.autocast(flat.device.type, enabled=False):
+                flat_lp = self.crit.log_prob(flat) if self.crit is not None else F.log_softmax(self.out(flat), dim=-1)
             log_probs = flat_lp.view(*hidden.shape[:2], -1)
         return TransformerXLLMOutput(loss=loss, nll=nll, log_probs=log_probs, mems=new_mems, hidden=hidden)
