@@ -180,6 +180,8 @@ def _cmd_embed(args: argparse.Namespace) -> int:
 # Verbs whose options belong to a trainer module's own parser (``main(argv)``).
 PASSTHROUGH_VERBS = {
     "pretrain-elmo": ("ctxkit.pretraining.bilm", "pretrain an ELMo biLM (char CNN + biLSTM) on text files"),
+    "pretrain-xlnet": ("ctxkit.pretraining.xlnet_pretrain", "pretrain XLNet (permutation LM, partial prediction) on "
+                                                            "`ctxkit pretrain-data` shards"),
     "train-transformer-xl": ("ctxkit.pretraining.xl_lm", "train a Transformer-XL (or a vanilla Transformer) word-level LM; "
                                                          "test perplexity at several memory lengths"),
 }
