@@ -7,7 +7,11 @@ benchmarks/results/ (the records are the source of truth; the pages are views).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tables_xl import xl_performance_section, xl_results_section  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -105,7 +109,11 @@ def _elmo_section() -> list:
            "(`benchmarks/static_baselines.py`, CPU) and an ELMo biLM (`ctxkit pretrain-elmo`, 400 s on an H100); the "
            "task models (`benchmarks/elmo_results.py`: a BiLSTM tagger / sentence encoder over frozen features, the ELMo "
            "scalar mix learned with the task) see the same data. The point is the ordering, static < ELMo < fine-tuned "
-           "BERT, on corpora 400x smaller than the ELMo paper's 1B words; the paper's numbers are given as anchors only.\n"]
+           "BERT, on corpora 400x smaller than the ELMo paper's 1B words; the paper's numbers are given as anchors only. "
+           "The same biLM recipe was also pretrained on PTB (300 s) and on the Wikipedia extract (`ctxkit lm-corpus`: "
+           "sentence split, punctuation split off, cased; files wiki_00-61 train = 10.4M words, wiki_62 valid, wiki_63 "
+           "test; 100k-word vocabulary with a sampled softmax of 8,192 candidates; 360 s, 1.1 epochs); the task "
+           "models use the WikiText-2 biLM.\n"]
     lm = [r for r in elmo if r["task"].endswith("language modelling")]
     if lm:
         out.append("| corpus | split | metric | value | anchor | device | date |")
@@ -240,6 +248,7 @@ def results_page() -> str:
                        f"{r['model']} | {r['device']} | {r['date']} |")
         out.append("\nCommand: `" + q8[0]["command"] + "`.\n")
     out.extend(_elmo_section())
+    out.extend(xl_results_section())
     out.append("\nTraining curves (loss per step, dev metric per epoch), from the run folders' `curve.png`:\n")
     out.append("![SST-2](sst2_curve.png) ![CoNLL-2003](conll_curve.png)\n")
     return "\n".join(out) + "\n"
@@ -394,6 +403,7 @@ def performance_page() -> str:
                    "epilogue fusion (bias + GELU, residual + LayerNorm) and FP8, not tried yet. Real, variable-length "
                    "sentences are where unpadding pays: 1.84x HF compiled on SST-2 dev (the batches hold 21,943 real "
                    "tokens in 46,832 padded slots).")
+    out.extend(xl_performance_section())
     return "\n".join(out) + "\n"
 
 

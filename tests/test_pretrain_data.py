@@ -2,6 +2,7 @@
 
 import argparse
 import filecmp
+import json
 import lzma
 import math
 import random
@@ -262,3 +263,34 @@ def test_train_vocab_function(tmp_path):
     assert tok.convert_ids_to_tokens(range(5)) == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     assert tok.encode("the bank").tokens == ["[CLS]", "the", "bank", "[SEP]"]
     assert (tmp_path / "v" / "vocab.txt").is_file()
+
+
+def test_word_tokenize_splits_punctuation_keeps_inner_joins():
+    from ctxkit.pretraining.corpus import word_tokenize
+
+    assert word_tokenize('He said: "U.S. rates rose 3.5% in 2019-20, didn\'t they?"') == [
+        "He", "said", ":", '"', "U.S", ".", "rates", "rose", "3.5", "%", "in", "2019-20", ",", "didn't", "they", "?", '"']
+    assert word_tokenize("Bank BANK", lower=True) == ["bank", "bank"]
+    assert word_tokenize("  ") == []
+
+
+def test_lm_corpus_cli_writes_one_sentence_per_line(wiki00, tmp_path, capsys):
+    from ctxkit.pretraining.corpus import split_sentences, word_tokenize
+
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers(dest="verb", required=True))
+    out = tmp_path / "wiki.txt.xz"
+    args = parser.parse_args(["lm-corpus", str(wiki00), "--out", str(out), "--no-progress"])
+    assert args.func(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    docs = list(read_documents(wiki00))
+    with lzma.open(out, "rt", encoding="utf-8") as fh:
+        text = fh.read()
+    blocks = [b.splitlines() for b in text.strip("\n").split("\n\n")]
+    assert summary["documents"] == len(docs) == len(blocks) == 620
+    # Document 0, independently: every line's sentences, words joined by single spaces.
+    expected = [" ".join(word_tokenize(s)) for line in docs[0] for s in split_sentences(line)]
+    assert blocks[0] == [e for e in expected if e]
+    assert summary["sentences"] == sum(len(b) for b in blocks)
+    assert summary["words"] == sum(len(line.split()) for b in blocks for line in b)
+    assert "<doc" not in text and not (tmp_path / "wiki.txt.xz.tmp").exists()

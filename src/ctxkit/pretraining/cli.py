@@ -62,8 +62,17 @@ def cmd_pretrain_vocab(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lm_corpus(args: argparse.Namespace) -> int:
+    """Handler of ``lm-corpus``; prints a JSON summary and returns 0."""
+    from .corpus import write_word_corpus
+
+    _check_inputs(args.corpus)
+    print(json.dumps(write_word_corpus(args.corpus, args.out, args.format, args.lower, not args.no_progress), indent=2))
+    return 0
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Register ``pretrain-data`` and ``pretrain-vocab`` on the ``ctxkit`` parser."""
+    """Register ``pretrain-data``, ``pretrain-vocab`` and ``lm-corpus`` on the ``ctxkit`` parser."""
     fmt_help = "corpus format: auto (WikiExtractor if the file starts with '<doc ', else blank), blank, file, wikiextractor"
     p = sub.add_parser("pretrain-data", help="raw text -> MLM/NSP pretraining shards (.npy + meta.json)",
                        description="Split documents into sentences, tokenize, build BERT sentence pairs and write shards.")
@@ -94,6 +103,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit-docs", type=int, default=None, metavar="N", help="use only the first N documents")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=cmd_pretrain_vocab)
+
+    p = sub.add_parser("lm-corpus", help="raw documents -> one tokenised sentence per line (for word-level LMs)",
+                       description="Split documents into sentences and words (punctuation split off) for pretrain-elmo, "
+                                   "train-transformer-xl and word2vec-train; a blank line between documents.")
+    p.add_argument("corpus", nargs="+", metavar="CORPUS", help="text files (plain or .xz)")
+    p.add_argument("--out", required=True, metavar="FILE", help="output text file (.xz: compressed)")
+    p.add_argument("--lower", action="store_true", help="lowercase the words")
+    p.add_argument("--format", choices=FORMATS, default="auto", help=fmt_help)
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=cmd_lm_corpus)
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:

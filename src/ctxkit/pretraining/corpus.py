@@ -14,6 +14,7 @@ import os
 import random
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Union
 
 from ..tokenizers.wordpiece import decode_lines
@@ -21,7 +22,8 @@ from ..tokenizers.wordpiece import decode_lines
 PathLike = Union[str, os.PathLike]
 FORMATS = ("auto", "blank", "file", "wikiextractor")
 
-__all__ = ["FORMATS", "Instance", "create_instances", "read_documents", "split_sentences", "truncate_seq_pair"]
+__all__ = ["FORMATS", "Instance", "create_instances", "read_documents", "split_sentences", "truncate_seq_pair", "word_tokenize",
+           "write_word_corpus"]
 
 
 # ---------------------------------------------------------------- documents
@@ -155,6 +157,59 @@ def split_sentences(text: str) -> List[str]:
     if tail:
         sentences.append(tail)
     return [s for s in sentences if s]
+
+
+# A word is letters/digits, possibly joined by inner hyphens, apostrophes, periods or commas
+# ("well-known", "don't", "U.S", "3.14", "1,000"); every other non-space character stands alone.
+_WORD = re.compile(r"\w+(?:[-'’.,]\w+)*|[^\w\s]")
+
+
+def word_tokenize(sentence: str, lower: bool = False) -> List[str]:
+    """Whitespace- and punctuation-split words of one sentence (for word-level LMs).
+
+    >>> word_tokenize("Its river-side branch (1,000 m away) isn't open.")
+    ['Its', 'river-side', 'branch', '(', '1,000', 'm', 'away', ')', "isn't", 'open', '.']
+    """
+    return _WORD.findall(sentence.lower() if lower else sentence)
+
+
+def write_word_corpus(paths: Sequence[PathLike], out: PathLike, format: str = "auto", lower: bool = False,
+                      show_progress: bool = True) -> dict:
+    """Documents -> one whitespace-tokenised sentence per line, a blank line between documents.
+
+    The output feeds the word-level trainers (``ctxkit pretrain-elmo``,
+    ``ctxkit train-transformer-xl``, ``ctxkit word2vec-train``). A name ending in ``.xz`` is
+    compressed. The file is written to a temporary name and renamed when complete.
+
+    Returns:
+        ``{"documents", "sentences", "words", "out"}``.
+    """
+    from tqdm.auto import tqdm
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    stats = {"documents": 0, "sentences": 0, "words": 0}
+    opener = lzma.open if out.name.endswith(".xz") else open
+    try:
+        with opener(tmp, "wt", encoding="utf-8") as fh:
+            for path in tqdm(paths, desc="lm-corpus", unit="file", disable=not show_progress):
+                for doc in read_documents(path, format):
+                    if stats["documents"]:
+                        fh.write("\n")
+                    stats["documents"] += 1
+                    for line in doc:
+                        for sentence in split_sentences(line):
+                            words = word_tokenize(sentence, lower)
+                            if words:
+                                fh.write(" ".join(words) + "\n")
+                                stats["sentences"] += 1
+                                stats["words"] += len(words)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return {**stats, "out": str(out)}
 
 
 # ---------------------------------------------------------------- instances
