@@ -237,14 +237,22 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
 
 
 def _other_family(name: str, checkpoint, device: str):
-    """GPT-2 presets and HF GPT-2 folders (the registry holds BERT-family checkpoints)."""
+    """GPT-2 presets, HF GPT-2 folders and HF XLNet folders (as task encoders); the registry
+    holds BERT-family checkpoints."""
     from .models.gpt2 import GPT2LMHeadModel, load_gpt2
     from .models.presets import GPT2_PRESETS
 
     if checkpoint is None and name in GPT2_PRESETS:
         return GPT2LMHeadModel(GPT2_PRESETS[name]).to(device).eval(), None
     folder = Path(checkpoint if checkpoint is not None else name)
-    if folder.is_dir() and (folder / "config.json").is_file() and read_config(folder).get("model_type") == "gpt2":
+    model_type = read_config(folder).get("model_type") if folder.is_dir() and (folder / "config.json").is_file() else None
+    if model_type == "xlnet":  # an encoder for the task heads, with its WordPiece vocabulary when saved
+        from .models.xlnet_encoder import XLNetEncoder
+        from .tokenizers import WordPieceTokenizer
+
+        has_vocab = (folder / "vocab.txt").is_file() or (folder / "tokenizer.json").is_file()
+        return XLNetEncoder.from_dir(folder).to(device), WordPieceTokenizer.from_dir(folder) if has_vocab else None
+    if model_type == "gpt2":
         from .tokenizers import ByteLevelBPETokenizer
 
         has_vocab = (folder / "tokenizer.json").is_file() or (folder / "vocab.json").is_file()

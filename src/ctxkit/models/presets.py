@@ -348,4 +348,6 @@ class XLNetConfig:
 XLNET_PRESETS: Dict[str, XLNetConfig] = {
     "xlnet_12_768_12": XLNetConfig(),  # xlnet-base-cased
     "xlnet_24_1024_16": XLNetConfig(d_model=1024, n_heads=16, d_inner=4096, n_layers=24),  # xlnet-large-cased
+    # The size of bert_4_256_4 (BERT-mini), for from-scratch comparisons at equal size.
+    "xlnet_4_256_4": XLNetConfig(d_model=256, n_heads=4, d_inner=1024, n_layers=4),
 }

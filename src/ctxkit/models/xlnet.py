@@ -255,10 +255,10 @@ class XLNetModel(nn.Module):
 class XLNetLMHeadModel(nn.Module):
     """XLNet with its LM head: the word embeddings (tied) plus a vocabulary bias."""
 
-    def __init__(self, config: XLNetConfig):
+    def __init__(self, config: XLNetConfig, transformer: Optional[XLNetModel] = None):
         super().__init__()
         self.config = config
-        self.transformer = XLNetModel(config)
+        self.transformer = transformer if transformer is not None else XLNetModel(config)
         self.lm_bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,

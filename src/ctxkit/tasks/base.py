@@ -30,7 +30,7 @@ from ..checkpoint import (
     save_weights,
     write_json,
 )
-from ..models.bert import load_bert, save_bert
+from ..models.encoders import load_encoder, save_encoder
 from ..training import TrainConfig, Trainer, resolve_device
 
 __all__ = ["Task", "finetune", "evaluate_run", "load_run", "save_run_model"]
@@ -86,7 +86,7 @@ class Task:
 
 def save_run_model(model: nn.Module, tokenizer, folder: Path) -> None:
     """Write the encoder (HF layout, with tokenizer) and the head weights."""
-    save_bert(model.encoder, folder, tokenizer)
+    save_encoder(model.encoder, folder, tokenizer)
     save_weights(model.head.state_dict(), folder / "head.safetensors")
 
 
@@ -116,7 +116,7 @@ def load_run(run_dir: os.PathLike, device: str = "auto"):
         return task, OrtTaskModel(best / backend["file"]).eval(), tokenizer, {**info, "backend": backend}
     if not (best / "head.safetensors").is_file():
         raise CheckpointError(f"{run_dir}: no saved model in best/ (did training finish an epoch?)")
-    model = task.build_model(load_bert(best))
+    model = task.build_model(load_encoder(best))
     load_state_dict_strict(model.head, read_weights_file(best / "head.safetensors"), source=str(best / "head.safetensors"))
     return task, model.to(resolve_device(device)).eval(), tokenizer, info
 

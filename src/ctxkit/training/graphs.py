@@ -101,7 +101,10 @@ class GraphedTrainStep:
         torch.cuda.synchronize()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: the DataLoader's pin-memory thread keeps allocating pinned host
+        # memory while this thread captures; in the default (global) mode that invalidates
+        # the capture ("operation failed due to a previous error during capture").
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             scalars = self._body(static)
         self.graphs[key] = (graph, static, scalars)
 
