@@ -22,7 +22,8 @@ def _fmt(v) -> str:
 def xl_results_section() -> list:
     """Transformer-XL vs a vanilla Transformer LM (WikiText-2) and XLNet vs BERT from scratch."""
     out = []
-    lm = [r for r in _load("transformer_xl.json") if "task" in r]
+    records = [r for r in _load("transformer_xl.json") if "benchmark" not in r]
+    lm = [r for r in records if r["task"].startswith("wikitext-2")]
     if lm:
         out.append("\n## Transformer-XL vs a vanilla Transformer LM: WikiText-2 (issue 8)\n")
         out.append("`benchmarks/transformer_xl_wt2.py`: both models have the same depth, width and adaptive softmax and train "
@@ -45,6 +46,14 @@ def xl_results_section() -> list:
                    "Both models overfit WikiText-2's 2M tokens after about 3,000 steps (validation curves in the logs); the "
                    "anchors (Transformer-XL 18.3 large / 23.2-24.0 base) are on WikiText-103 with 50x the data and far "
                    "larger budgets, so only the ordering carries over.")
+    for task in dict.fromkeys(r["task"] for r in records if not r["task"].startswith("wikitext-2")):
+        rows = [r for r in records if r["task"] == task]
+        out.append(f"\n### Transformer-XL on {task.split()[0]}\n")
+        out.append("| model | test perplexity | vocabulary | device | date |")
+        out.append("|---|---|---|---|---|")
+        for r in rows:
+            out.append(f"| {r['model']} | {_fmt(r['value'])} | {r.get('vocab_size', '')} | {r['device']} | {r['date']} |")
+        out.append(f"\nCommand: `{rows[0]['command']}`. Words outside the vocabulary are `<unk>` and scored as such.")
     xlnet = _load("xlnet_vs_bert.json")
     if xlnet:
         out.append("\n## XLNet vs BERT pretrained from scratch, same size and budget (issue 8)\n")

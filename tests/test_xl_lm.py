@@ -56,6 +56,17 @@ def test_vocab_stream_and_rows(tmp_path):
     assert flat_t == ids[1:] and inputs.flatten()[: len(ids) - 1].tolist() == ids[:-1]
 
 
+def test_vocab_cap_keeps_the_most_frequent_words(tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text("a a a b b c\nd a b\n", encoding="utf-8")  # a:4 b:3 <eos>:2 c:1 d:1
+    assert build_xl_vocab([f], max_size=4) == ["a", "b", "<eos>", "<unk>"]
+    assert build_xl_vocab([f], max_size=3) == ["a", "<eos>", "<unk>"]  # <eos> is never dropped
+    vocab = build_xl_vocab([f], max_size=4)
+    assert [vocab[i] for i in xl_stream([f], vocab).tolist()] == "a a a b b <unk> <eos> <unk> a b <eos>".split()
+    with pytest.raises(ValueError, match="at least 3"):
+        build_xl_vocab([f], max_size=2)
+
+
 def test_memory_helps_on_long_range_repeats(tmp_path):
     train = _repeat_corpus(tmp_path / "train.txt", 120)
     valid = _repeat_corpus(tmp_path / "valid.txt", 12, seed=1)

@@ -58,15 +58,21 @@ logger = logging.getLogger("ctxkit")
 EOS, UNK = "<eos>", "<unk>"
 
 
-def build_xl_vocab(files: Sequence[os.PathLike]) -> List[str]:
+def build_xl_vocab(files: Sequence[os.PathLike], max_size: Optional[int] = None) -> List[str]:
     """Words of the files plus ``<eos>`` (one per line), by descending count, ties alphabetically;
-    ``<unk>`` is appended when the text has none."""
+    ``<unk>`` is appended when the text has none. ``max_size`` keeps the most frequent words
+    (``<unk>`` included), the rest map to ``<unk>``."""
     counts: Counter = Counter()
     for path in files:
         for line in read_lines(path):
             counts.update(line.split())
             counts[EOS] += 1
     vocab = sorted(counts, key=lambda w: (-counts[w], w))
+    if max_size is not None:
+        if max_size < 3:
+            raise ValueError(f"max_size must be at least 3 (<eos>, <unk> and a word), got {max_size}")
+        kept = [w for w in vocab if w != UNK][: max_size - 1]
+        return kept + [UNK] if EOS in kept else kept[:-1] + [EOS, UNK]
     return vocab if UNK in counts else vocab + [UNK]
 
 
@@ -210,12 +216,14 @@ class XLTrainConfig:
     stop_step: Optional[int] = None
     log_every: int = 50
     seed: int = 1111
+    max_vocab: Optional[int] = None  # most frequent words kept (None: all); the rest are <unk>
     device: str = "auto"
     precision: str = "auto"
     progress: bool = True
 
 
-_RESUME_FIXED = ("model", "batch_size", "tgt_len", "mem_len", "max_steps", "lr", "warmup_steps", "min_lr_ratio", "seed")
+_RESUME_FIXED = ("model", "batch_size", "tgt_len", "mem_len", "max_steps", "lr", "warmup_steps", "min_lr_ratio", "seed",
+                 "max_vocab")
 
 
 def _lr_factor(cfg: XLTrainConfig, step: int, train_time: float) -> float:
@@ -278,7 +286,7 @@ def train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
             raise CheckpointError(f"{ckpt_path}: cannot resume with changed settings: {', '.join(changed)}")
         vocab = (out / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
     else:
-        vocab = build_xl_vocab(train_files)
+        vocab = build_xl_vocab(train_files, cfg.max_vocab)
         _write_text(out / "vocab.txt", "".join(w + "\n" for w in vocab))
     cutoffs = tuple(c for c in config.cutoffs if c < len(vocab))  # those that fit the vocabulary
     arch = config.replace(vocab_size=len(vocab), cutoffs=cutoffs, tgt_len=cfg.tgt_len,
@@ -408,7 +416,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--cutoffs", type=int, nargs="*", help="override the adaptive cutoffs (none: full softmax)")
     p.add_argument("--model", default=d.model, choices=["xl", "vanilla"])
     for name in ("batch_size", "tgt_len", "mem_len", "max_steps", "warmup_steps", "eval_every", "eval_batch_size", "save_every",
-                 "stop_step", "log_every", "seed", "max_time_s", "lr", "min_lr_ratio", "clip_norm"):
+                 "stop_step", "log_every", "seed", "max_vocab", "max_time_s", "lr", "min_lr_ratio", "clip_norm"):
         kind = float if name in ("max_time_s", "lr", "min_lr_ratio", "clip_norm") else int
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(d, name))
     p.add_argument("--eval-mem-lens", type=int, nargs="*", default=None,
