@@ -118,6 +118,12 @@ def test_finetune_selects_an_xlnet_folder(shared_data, minilm_dir, tmp_path):
     assert isinstance(model.encoder, XLNetEncoder)
     again, _ = sst2.evaluate(model, sst2_tok, sst2.load(shared_data / "glue" / "SST-2", "dev")[:48], device="cpu")
     assert again["accuracy"] == summary["results"]["dev"]["accuracy"]
+    # Deployment verbs take an XLNet run too: ONNX export (checked against PyTorch) and int8.
+    assert main(["export", str(tmp_path / "sst2"), "--onnx", str(tmp_path / "m.onnx")]) == 0
+    assert main(["quantize", str(tmp_path / "sst2"), "--out", str(tmp_path / "q8")]) == 0
+    _, q8, _, _ = load_run(tmp_path / "q8", device="cpu")
+    int8, _ = sst2.evaluate(q8, sst2_tok, sst2.load(shared_data / "glue" / "SST-2", "dev")[:48], device="cpu")
+    assert abs(int8["accuracy"] - again["accuracy"]) <= 100 * 3 / 48  # a tiny model: at most 3 answers flip
 
     task = get_task("squad", max_seq_len=96, doc_stride=48)
     result = finetune(task, str(tmp_path / "xlnet"), shared_data / "squad_v1.1", tmp_path / "squad",

@@ -50,6 +50,9 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
 
         if not torch.cuda.is_available():
             raise ValueError("the gpu backend needs a CUDA device; on CPU use pytorch, onnxruntime or compiled")
+        if not _is_bert(model):
+            raise ValueError(f"the gpu backend runs BERT-family encoders (packed batches go through BertModel); this run's "
+                             f"encoder is {type(model.encoder).__name__}: use --backend pytorch on the GPU")
         from .gpu import GPUTaskModel
 
         precision = precision or "bf16"
@@ -104,6 +107,8 @@ def choose_backend(model: nn.Module, precision: Optional[str] = None) -> Tuple[n
     if isinstance(model, OrtTaskModel):
         return with_backend(model, "onnxruntime")
     if torch.cuda.is_available() and next(model.parameters()).device.type == "cuda":
+        if not _is_bert(model):
+            return model, f"auto: PyTorch ({next(model.parameters()).device}; the gpu backend runs BERT-family encoders only)"
         gpu, description = with_backend(model, "gpu", precision)
         return gpu, f"auto: {description}"
     if (precision or "fp32") == "bf16":
@@ -117,3 +122,10 @@ def choose_backend(model: nn.Module, precision: Optional[str] = None) -> Tuple[n
     if ms["onnxruntime"] <= ms["pytorch"]:
         return ort, f"auto: {ort_description}; {timing}"
     return model, f"auto: PyTorch (cpu); ONNX Runtime {timing}"
+
+
+def _is_bert(model) -> bool:
+    """Whether a task model's encoder is ctxkit's BertModel (what the GPU encoder packs)."""
+    from ..models.bert import BertModel
+
+    return isinstance(getattr(model, "encoder", None), BertModel)

@@ -223,7 +223,8 @@ class XLNetModel(nn.Module):
             blocked = perm_mask > 0 if blocked is None else blocked | (perm_mask > 0)
         mask_h = mask_g = None
         if blocked is not None:
-            own = torch.eye(qlen, dtype=torch.bool, device=device)
+            pos = torch.arange(qlen, device=device)
+            own = pos[:, None] == pos[None, :]  # not torch.eye: ONNX Runtime has no boolean EyeLike
             mem_cols = torch.ones(batch, qlen, mlen, dtype=torch.bool, device=device)
             mask_g = torch.cat([mem_cols, ~blocked], dim=-1)[:, None]
             mask_h = torch.cat([mem_cols, ~blocked | own], dim=-1)[:, None]  # the content stream sees itself
