@@ -191,6 +191,8 @@ def main(argv=None) -> int:
                         "model": f"{args.run} quantised by ctxkit quantize (ONNX Runtime int8, {q['int8_mb']} MB vs {q['fp32_mb']} MB)",
                         "peer_name": "the same run in fp32 (PyTorch)", "peer_value": round(acc["fp32"], 2),
                         "drop": round(acc["fp32"] - acc["int8"], 2), **base})
+    if args.run is None and Path(args.results).is_file():  # keep the accuracy records of an earlier --run
+        records += [r for r in json.loads(Path(args.results).read_text()) if "task" in r]
     Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
     print(f"wrote {args.results}")
     return 0

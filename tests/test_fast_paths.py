@@ -53,6 +53,35 @@ def test_sparse_last_layer_equals_full_layer_values_and_grads():
         assert g_full.abs().sum() > 0
 
 
+def test_sentence_classifier_runs_the_last_layer_at_cls_only_with_equal_logits_and_grads():
+    from ctxkit.models import BertModel
+    from ctxkit.tasks import get_task
+
+    torch.manual_seed(0)
+    config = get_preset("bert_4_256_4").config.replace(vocab_size=100, num_layers=3, dropout=0.0, attention_dropout=0.0)
+    model = get_task("sst-2").build_model(BertModel(config))
+    assert model.cls_only
+    ids = torch.randint(5, 100, (3, 12))
+    mask = torch.tensor([[1] * 12, [1] * 7 + [0] * 5, [1] * 9 + [0] * 3])
+    labels = torch.tensor([0, 1, 1])
+    seen = []
+    hook = model.encoder.encoder.layers[-1].register_forward_hook(lambda m, args, out: seen.append(out[0].shape[1]))
+    sparse = model(ids, None, mask, labels=labels)
+    sparse["loss"].backward()
+    g_sparse = _grads(model)
+    model.zero_grad()
+    model.cls_only = False
+    dense = model(ids, None, mask, labels=labels)
+    dense["loss"].backward()
+    hook.remove()
+    assert seen == [1, 12]  # the last layer produced one position, then all twelve
+    torch.testing.assert_close(sparse["logits"], dense["logits"], atol=1e-5, rtol=1e-5)
+    g_dense = _grads(model)
+    assert g_sparse.keys() == g_dense.keys()
+    for name in g_dense:
+        torch.testing.assert_close(g_sparse[name], g_dense[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_pretraining_losses_and_grads_with_sparse_last_layer_equal_dense_ones():
     torch.manual_seed(0)
     config = get_preset("bert_2_128_2").config.replace(vocab_size=300, max_position=64)

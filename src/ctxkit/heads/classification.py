@@ -12,6 +12,9 @@ from typing import Dict, Optional
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..layers.attention import PackedSequences
+from ..models.bert import BertModel
+
 __all__ = ["SequenceClassificationHead", "TokenClassificationHead", "EncoderWithHead", "IGNORE_INDEX"]
 
 IGNORE_INDEX = -100
@@ -80,18 +83,27 @@ class EncoderWithHead(nn.Module):
     """An encoder and a task head, with one ``forward`` used by the trainer.
 
     Args:
-        encoder: a :class:`~ctxkit.models.bert.BertModel`.
+        encoder: a :class:`~ctxkit.models.bert.BertModel` (or another encoder returning a
+            :class:`~ctxkit.models.bert.BertOutput`).
         head: a head with ``forward(encoder_output, attention_mask)`` and ``loss(logits, labels)``.
+        cls_only: the head reads the [CLS] position only (sentence tasks): a BertModel then
+            runs its last layer at [CLS] alone (keys and values still from every token), an
+            exact rewrite that skips ~7 % of a 12-layer encoder's work in training and
+            inference alike.
     """
 
-    def __init__(self, encoder: nn.Module, head: nn.Module):
+    def __init__(self, encoder: nn.Module, head: nn.Module, cls_only: bool = False):
         super().__init__()
         self.encoder = encoder
         self.head = head
+        self.cls_only = cls_only
 
     def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None, labels: Optional[Tensor] = None, **_) -> Dict[str, Tensor]:
         """Returns ``{"logits": ..., "loss": ...}`` (loss only when labels are given)."""
-        out = self.encoder(input_ids, token_type_ids, attention_mask)
+        extra = {}
+        if self.cls_only and isinstance(self.encoder, BertModel) and not isinstance(attention_mask, PackedSequences):
+            extra["output_positions"] = input_ids.new_zeros(input_ids.size(0), 1)
+        out = self.encoder(input_ids, token_type_ids, attention_mask, **extra)
         logits = self.head(out, attention_mask)
         result = {"logits": logits}
         if labels is not None:

@@ -32,7 +32,8 @@ class _TextTask(Task):
 
     def build_model(self, encoder: nn.Module) -> nn.Module:
         num = 1 if self.is_regression else len(self.labels)
-        return EncoderWithHead(encoder, SequenceClassificationHead(encoder.config.hidden_size, num, encoder.config.dropout))
+        return EncoderWithHead(encoder, SequenceClassificationHead(encoder.config.hidden_size, num, encoder.config.dropout),
+                               cls_only=True)
 
     def featurize(self, tokenizer, examples: list, train: bool) -> List[dict]:
         texts = [e.text for e in examples]
