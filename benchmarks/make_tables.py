@@ -6,15 +6,14 @@ benchmarks/results/ (the records are the source of truth; the pages are views).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from records_io import fmt as _fmt, load_records as _load  # noqa: E402
 from tables_xl import xl_performance_section, xl_results_section  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
 
 RESULTS_INTRO = """# Results
 
@@ -86,17 +85,6 @@ few shapes occur; a replay costs about as much as one launch. The graphed path i
 against the eager path on the GPU (`tests/test_cuda_graphs.py`, losses and weights equal
 within bf16 tolerance; skipped on CPU-only CI).
 """
-
-
-def _load(name: str) -> list:
-    path = RESULTS / name
-    return json.loads(path.read_text()) if path.is_file() else []
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return ""
-    return f"{v:.2f}" if isinstance(v, float) else str(v)
 
 
 def _elmo_section() -> list:

@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from records_io import fmt, load_records
 
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _load(name: str) -> list:
-    path = RESULTS / name
-    return json.loads(path.read_text()) if path.is_file() else []
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return ""
-    return f"{v:.2f}" if isinstance(v, float) else str(v)
+_load, _fmt = load_records, fmt  # the names make_tables.py uses too
 
 
 def xl_results_section() -> list:
