@@ -39,7 +39,7 @@ from ctxkit.pretraining.train import PretrainingModel, training_flops_per_token 
 from ctxkit.training import build_adamw  # noqa: E402
 from ctxkit.training.graphs import GraphedTrainStep  # noqa: E402
 from ctxkit.training.reducer import OverlappedGradReducer  # noqa: E402
-from ctxkit.training.speed import all_reduce_gradients, compile_blocks, set_stream_dtype  # noqa: E402
+from ctxkit.training.speed import FlatGradAllReduce, compile_blocks, compile_model, set_stream_dtype  # noqa: E402
 
 
 def measured_peak_tflops(n: int = 8192, reps: int = 20) -> float:
@@ -94,9 +94,15 @@ def time_steps(step, warmup: int, steps: int) -> float:
 #                  fused epilogues compete with cuBLAS; minutes of autotuning)
 #   bf16grad       with --scaling: all-reduce the gradients in bf16 (TrainConfig.grad_reduce_dtype)
 #   overlap        with --scaling: bucketed all-reduce during backward (OverlappedGradReducer;
-#                  pair with "compile", per layer, not "compile-model")
+#                  pair with "compile" (per layer) or "compile-model+segN")
+#   seg2|seg3|seg4 with compile-model: the encoder compiled as N graphs, so gradients of the
+#                  upper layers are complete before the lower layers' backward runs
+#   nosync         with --scaling: no gradient all-reduce at all -- diagnostic only (what
+#                  running N GPUs at once costs without communication)
+#   synconly       with --scaling: all-reduce one number per step instead of the gradients --
+#                  diagnostic only (what waiting for the slower rank costs)
 OPTIONS = ("compile", "compile-model", "bf16res", "flash", "cudnn", "efficient", "nodrop", "coordesc", "autotune", "bf16grad",
-           "overlap")
+           "overlap", "seg2", "seg3", "seg4", "nosync", "synconly")
 
 
 def parse_variant(name: str) -> set:
@@ -118,8 +124,8 @@ def build_ctxkit(cfg, variant: str, grad_sync=None):
     if "compile" in opts:
         compile_blocks(model)
     elif "compile-model" in opts:
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        model.compile(mode="max-autotune-no-cudagraphs" if "autotune" in opts else "default")
+        segments = max([int(o[3:]) for o in opts if o.startswith("seg")] or [1])
+        compile_model(model, segments=segments, mode="max-autotune-no-cudagraphs" if "autotune" in opts else "default")
     opt = build_adamw(model, 1e-4, 0.01, capturable=True)
     return GraphedTrainStep(model, opt, 1.0, lambda: torch.autocast("cuda", torch.bfloat16, cache_enabled=False), grad_sync=grad_sync)
 
@@ -153,7 +159,7 @@ def profile_ctxkit(cfg, batch, variant: str, rows: int = 30) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=90)
 
 
-def run_hf(cfg, batch, compile_model: bool, ddp: bool = False) -> float:
+def run_hf(cfg, batch, compiled: bool, ddp: bool = False) -> float:
     import transformers
 
     hf_cfg = transformers.BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
@@ -162,7 +168,7 @@ def run_hf(cfg, batch, compile_model: bool, ddp: bool = False) -> float:
     model = transformers.BertForPreTraining(hf_cfg).cuda().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
     fwd = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
-    fwd = torch.compile(fwd) if compile_model else fwd
+    fwd = torch.compile(fwd) if compiled else fwd
 
     def step():
         with torch.autocast("cuda", torch.bfloat16):
@@ -172,7 +178,7 @@ def run_hf(cfg, batch, compile_model: bool, ddp: bool = False) -> float:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return time_steps(step, 5 if compile_model else 3, args_steps)
+    return time_steps(step, 5 if compiled else 3, args_steps)
 
 
 args_steps = 20
@@ -195,15 +201,19 @@ def scaling(cfg, args, command: str) -> int:
             print(f"{side} 1 GPU: {args.batch / one:.0f} seq/s", flush=True)
         dist.barrier()
         if side == "ctxkit":
-            holder = {}
             backend = sdpa_backend(args.scaling_variant)
             backend.__enter__()
             opts = parse_variant(args.scaling_variant)
             reduce_dtype = torch.bfloat16 if "bf16grad" in opts else None
-            step = build_ctxkit(cfg, args.scaling_variant, grad_sync=lambda: all_reduce_gradients(holder["model"].parameters(), reduce_dtype))
-            holder["model"] = step.model
+            step = build_ctxkit(cfg, args.scaling_variant)
+            step.grad_sync = FlatGradAllReduce(step.model, reduce_dtype)  # what the trainer uses
             if "overlap" in opts:
                 step.grad_sync = OverlappedGradReducer(step.model, reduce_dtype=reduce_dtype)
+            if "nosync" in opts:
+                step.grad_sync = None
+            if "synconly" in opts:
+                token = torch.zeros(1, device="cuda")
+                step.grad_sync = lambda: dist.all_reduce(token)
             many = time_steps(lambda: step(batch["ours"]), 3, args_steps)
             backend.__exit__(None, None, None)
         else:

@@ -165,6 +165,7 @@ def test_flat_and_overlapped_gradient_all_reduce_equal_ddp(tmp_path):
     assert result["world"] == 2 and result["same_weights"]
     assert result["local_differs"]  # the ranks' own gradients really differed before the average
     assert result["max_diff_vs_ddp"] < 1e-6
+    assert result["loss_scale"] == 0.5 and result["prescaled_max_diff"] < 1e-6  # loss / world, then a plain sum
     assert result["bf16_is_rounded"] and result["bf16_max_rel_err"] < 1e-2  # bf16: ~3 significant digits
     # The overlapped reducer (buckets sent from gradient hooks during backward), two steps:
     assert result["reducer_buckets"] >= 2
@@ -288,3 +289,52 @@ def test_fused_weights_are_reused_in_inference_and_refreshed_after_updates():
     reference = fresh(x)[0].detach()  # with autograd on: concatenated afresh
     assert not changed.equal(first)
     torch.testing.assert_close(changed, reference)
+
+
+def test_segmented_compile_equals_eager_and_hands_upper_gradients_over_first():
+    from ctxkit.training.speed import compile_model
+
+    torch.manual_seed(0)
+    config = get_preset("bert_4_256_4").config.replace(vocab_size=300, max_position=64, dropout=0.0, attention_dropout=0.0)
+    eager = BertForPreTraining(config).train()
+    compiled = BertForPreTraining(config).train()
+    compiled.load_state_dict(eager.state_dict())
+    compile_model(compiled, segments=2)
+    encoder = compiled.bert.encoder
+    assert encoder.compile_breaks == {1}  # layers 0-1 | 2-3
+    ids = torch.randint(5, 300, (3, 12))
+    positions = torch.tensor([[1, 4, 7], [2, 3, 10], [5, 6, 11]])
+    labels = ids.gather(1, positions)
+    ce = torch.nn.functional.cross_entropy
+
+    def compiled_nodes(fn):  # backward nodes of compiled graphs reachable from fn
+        seen, stack, found = set(), [fn], 0
+        while stack:
+            node = stack.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            found += "CompiledFunction" in type(node).__name__
+            stack.extend(n for n, _ in node.next_functions)
+        return found
+
+    nodes = []
+
+    def step(model):
+        mlm, nsp = model(ids, torch.zeros_like(ids), None, masked_positions=positions)
+        loss = ce(mlm.flatten(0, 1), labels.flatten()) + nsp.logsumexp(-1).sum()
+        nodes.append(compiled_nodes(loss.grad_fn))
+        loss.backward()
+        return loss.detach()
+
+    torch._dynamo.reset()
+    torch.testing.assert_close(step(compiled), step(eager), atol=1e-5, rtol=1e-5)
+    # Several graphs (embeddings, layers 0-1, layers 2-3, heads), so several backward
+    # nodes: the upper segment's gradients are complete (and their hooks fire) before the
+    # lower segment's backward runs, which is what lets an all-reduce of the upper buckets
+    # overlap it. One whole-model graph has a single node.
+    assert nodes[0] >= 3 and nodes[1] == 0
+    want, got = _grads(eager), _grads(compiled)
+    assert want.keys() == got.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4, msg=name)

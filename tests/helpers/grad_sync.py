@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ctxkit.training.distributed import broadcast_parameters, setup
-from ctxkit.training.speed import all_reduce_gradients
+from ctxkit.training.speed import FlatGradAllReduce, all_reduce_gradients
 
 
 class Net(torch.nn.Module):
@@ -73,6 +73,11 @@ def main(out: str) -> None:
     all_reduce_gradients(model.parameters(), torch.bfloat16)
     in_bf16 = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
+    sync = FlatGradAllReduce(model)  # sums only: the loss is divided by the world size first
+    (model(x).square().sum() * sync.loss_scale).backward()
+    sync()
+    presummed = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     ddp(x).square().sum().backward()
     reference = [p.grad for p in model.parameters()]
@@ -83,6 +88,8 @@ def main(out: str) -> None:
             "world": world,
             "same_weights": all(torch.equal(g, gathered[0]) for g in gathered),
             "max_diff_vs_ddp": max((a - b).abs().max().item() for a, b in zip(synced, reference)),
+            "loss_scale": sync.loss_scale,
+            "prescaled_max_diff": max((a - b).abs().max().item() for a, b in zip(presummed, reference)),
             "bf16_max_rel_err": max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(in_bf16, reference)),
             "bf16_is_rounded": any(not torch.equal(a, b) for a, b in zip(in_bf16, reference)),
             "local_differs": max((a - b).abs().max().item() for a, b in zip(manual, reference)) > 1e-3,

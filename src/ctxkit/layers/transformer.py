@@ -242,6 +242,11 @@ class TransformerEncoder(nn.Module):
         # Activation checkpointing: keep only each layer's input and recompute the layer
         # in the backward pass (about a third more compute for a fraction of the memory).
         self.checkpoint_layers = False
+        # Layer indices after which torch.compile starts a new graph (see
+        # ctxkit.training.speed.compile_model): each graph's backward is its own autograd
+        # node, so the later layers' gradients are complete (and can be all-reduced) while
+        # autograd still runs the earlier ones. No effect without torch.compile.
+        self.compile_breaks: frozenset = frozenset()
 
     def forward(
         self,
@@ -268,19 +273,8 @@ class TransformerEncoder(nn.Module):
         """
         hidden: List[Tensor] = [x] if output_hidden_states else []
         attentions: List[Tensor] = []
-        last = len(self.layers) - 1
         new_positions = x.size(1)
-        for i, layer in enumerate(self.layers):
-            index = output_positions if i == last else None
-            if self.checkpoint_layers and self.training and torch.is_grad_enabled():
-                x, weights = checkpoint(layer, x, mask, output_attentions, index, use_reentrant=False)
-            else:
-                x, weights = layer(x, mask=mask, need_weights=output_attentions, query_index=index,
-                                   cache=cache.layer(i) if cache is not None else None)
-            if output_hidden_states:
-                hidden.append(x)
-            if output_attentions:
-                attentions.append(weights)
+        x = self._run_layers(x, 0, mask, hidden, attentions, output_attentions, output_positions, cache)
         if cache is not None:
             cache.advance(new_positions)
         if self.final_norm is not None:
@@ -292,6 +286,31 @@ class TransformerEncoder(nn.Module):
             hidden_states=tuple(hidden) if output_hidden_states else None,
             attentions=tuple(attentions) if output_attentions else None,
         )
+
+    def _run_layers(self, x: Tensor, start: int, mask, hidden: List[Tensor], attentions: List[Tensor], output_attentions: bool,
+                    output_positions: Optional[Tensor], cache) -> Tensor:
+        """Run the layers from ``start`` to the next compile break (or the end), appending
+        to ``hidden`` / ``attentions``; then recurse past the break. The break sits outside
+        any loop, which is what lets torch.compile resume after it (a graph break inside a
+        loop makes it give up on the whole frame)."""
+        last = len(self.layers) - 1
+        stop = min([b for b in self.compile_breaks if start <= b < last] + [last])
+        for i in range(start, stop + 1):
+            layer = self.layers[i]
+            index = output_positions if i == last else None
+            if self.checkpoint_layers and self.training and torch.is_grad_enabled():
+                x, weights = checkpoint(layer, x, mask, output_attentions, index, use_reentrant=False)
+            else:
+                x, weights = layer(x, mask=mask, need_weights=output_attentions, query_index=index,
+                                   cache=cache.layer(i) if cache is not None else None)
+            if hidden:  # holds the input when hidden states are wanted
+                hidden.append(x)
+            if output_attentions:
+                attentions.append(weights)
+        if stop == last:
+            return x
+        torch._dynamo.graph_break()
+        return self._run_layers(x, stop + 1, mask, hidden, attentions, output_attentions, output_positions, cache)
 
 
 class TransformerDecoder(nn.Module):

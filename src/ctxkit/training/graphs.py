@@ -44,7 +44,8 @@ class GraphedTrainStep:
         max_grad_norm: clip threshold (0 disables).
         autocast: ``autocast()`` context factory for the forward pass.
         grad_sync: called between backward and clipping, e.g. the data-parallel gradient
-            average of :func:`ctxkit.training.speed.all_reduce_gradients` (captured too);
+            average of :class:`ctxkit.training.speed.FlatGradAllReduce` (captured too; its
+            ``loss_scale`` multiplies the loss before backward);
             or an :class:`~ctxkit.training.reducer.OverlappedGradReducer`, started before
             the forward pass and finished after backward.
     """
@@ -75,7 +76,9 @@ class GraphedTrainStep:
             self.grad_sync.start()
         with self.autocast():
             out = self.model(**batch)
-        out["loss"].backward()
+        # A flat all-reduce that only sums asks for the loss pre-divided by the world size.
+        scale = getattr(self.grad_sync, "loss_scale", 1.0)
+        (out["loss"] * scale if scale != 1.0 else out["loss"]).backward()
         if overlapped:
             self.grad_sync.finish()
         elif self.grad_sync is not None:

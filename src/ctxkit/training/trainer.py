@@ -68,6 +68,9 @@ class TrainConfig:
             None = the task's choice (:func:`ctxkit.tasks.finetune`), else 50.
         compile: ``torch.compile`` the model (each Transformer layer under FSDP): fused
             elementwise kernels, still inside the CUDA graphs.
+        compile_segments: with ``compile``, split the encoder into this many compiled
+            graphs (:func:`~ctxkit.training.speed.compile_model`); 0 = automatic (1, or 2
+            with ``overlap_grad_reduce`` on several ranks, so gradients arrive early).
         activation_checkpointing: recompute each encoder layer in the backward pass
             (less memory, about a third more compute).
         schedule: ``"linear"`` warmup + linear decay, ``"polynomial"`` warmup +
@@ -104,7 +107,8 @@ class TrainConfig:
             and no ``keyed`` support always runs inline.
         overlap_grad_reduce: on CUDA with several ranks, all-reduce gradient buckets while
             the backward pass runs (:class:`~ctxkit.training.reducer.OverlappedGradReducer`;
-            ``compile`` then compiles per layer) instead of one flat all-reduce after it.
+            ``compile`` then compiles the model in segments) instead of one flat
+            all-reduce after it.
     """
 
     epochs: float = 3.0
@@ -124,6 +128,7 @@ class TrainConfig:
     pad_multiple: int = 1
     group_factor: Optional[int] = None
     compile: bool = False
+    compile_segments: int = 0
     progress: bool = True
     eval_each_epoch: bool = True
     save_checkpoints: bool = True
@@ -287,9 +292,11 @@ class Trainer:
                       and graphs_supported(self.device, config.grad_accum))
         # Under FSDP rank 0 keeps an unsharded CPU twin to hand gathered weights to save_best.
         self._twin = cpu_copy(self.model) if self.sharded and save_best is not None and self.rank == 0 else None
-        # Per-layer compilation under FSDP (before sharding, as FSDP2 expects) and for an
-        # overlapped all-reduce (a whole-model graph would deliver every gradient at the end).
-        apply_speed_options(self.model, config, whole_model=not (self.sharded or (config.overlap_grad_reduce and self.world > 1)))
+        # Per-layer compilation under FSDP (before sharding, as FSDP2 expects); for an
+        # overlapped all-reduce the model is compiled in segments (one whole-model graph
+        # would deliver every gradient at the end).
+        overlap = config.overlap_grad_reduce and self.world > 1
+        apply_speed_options(self.model, config, whole_model=not self.sharded, segments=2 if overlap else 1)
         if self.sharded:
             shard_model(self.model, self.device)
         # Built after sharding: the optimiser must hold FSDP's DTensor shards.
