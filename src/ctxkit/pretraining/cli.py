@@ -169,7 +169,7 @@ def add_pretrain_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grad-reduce-dtype", choices=("float32", "bfloat16"), default="float32",
                    help="dtype of the multi-GPU gradient all-reduce (bfloat16: half the bytes, rounded average)")
     p.add_argument("--overlap-grad-reduce", action="store_true",
-                   help="multi-GPU: all-reduce gradient buckets during the backward pass (compiles per layer)")
+                   help="multi-GPU: all-reduce gradient buckets during the backward pass (with --compile: the model compiled as 2 segments)")
     p.add_argument("--keep-last", type=int, default=1, help="checkpoints to keep (the latest is checkpoint/)")
     p.add_argument("--whole-word", action="store_true", help="whole-word masking")
     p.add_argument("--max-predictions", type=int, default=20, help="masked positions per sequence at most (BERT: 20 at seq 128)")

@@ -9,10 +9,12 @@ autograd goes on with earlier layers. Because the buckets exist before any graph
 captured and are zeroed inside the step, the same launches are captured into the
 trainer's CUDA graph and replayed.
 
-Overlap needs gradients to appear layer by layer: with the whole model compiled as one
-graph its backward is a single autograd node and every gradient lands at the end (still
-correct, no overlap), so pair this with per-layer compilation
-(:func:`ctxkit.training.speed.compile_blocks`).
+Overlap needs gradients to appear before the backward pass ends: with the whole model
+compiled as one graph its backward is a single autograd node and every gradient lands at
+the end (still correct, no overlap), so pair this with per-layer compilation
+(:func:`ctxkit.training.speed.compile_blocks`) or a model compiled in segments
+(:func:`ctxkit.training.speed.compile_model` with ``segments > 1``, what the trainer does).
+On 2 H100s neither beat the flat all-reduce after backward (docs/performance.md).
 """
 
 from __future__ import annotations
