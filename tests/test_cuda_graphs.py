@@ -40,13 +40,15 @@ def test_graphed_steps_match_eager_steps(tmp_path, precision):
         assert torch.allclose(p, q, atol=tol * 10, rtol=tol * 10)
 
 
-def test_overlapped_reducer_and_compiled_layers_inside_graphs(tmp_path):
+@pytest.mark.parametrize("compiled", ["blocks", "segments"])
+def test_overlapped_reducer_and_compiled_layers_inside_graphs(tmp_path, compiled):
     """One rank: the reducer's bucket views, hooks and zeroing captured in the graph, with
-    per-layer compiled blocks, train like plain eager steps."""
+    per-layer compiled blocks or the model compiled in 2 segments, train like plain eager
+    steps."""
     from ctxkit.training.graphs import GraphedTrainStep
     from ctxkit.training.optim import build_adamw
     from ctxkit.training.reducer import OverlappedGradReducer
-    from ctxkit.training.speed import compile_blocks
+    from ctxkit.training.speed import compile_blocks, compile_model
 
     feats = _features(64)
     from ctxkit.data.batching import collate
@@ -57,7 +59,7 @@ def test_overlapped_reducer_and_compiled_layers_inside_graphs(tmp_path):
         model = _model().cuda()
         opt = build_adamw(model, 1e-4, 0.01, capturable=True)
         if mode == "graphed":
-            compile_blocks(model)
+            compile_blocks(model) if compiled == "blocks" else compile_model(model, segments=2)
         step = GraphedTrainStep(model, opt, 1.0, lambda: torch.autocast("cuda", torch.bfloat16, cache_enabled=False),
                                 grad_sync=OverlappedGradReducer(model, bucket_mb=1.0) if mode == "graphed" else None)
         run = [step(b)["loss"].item() if mode == "graphed" else step.eager(b)["loss"].item() for b in batches * 3]
