@@ -151,3 +151,45 @@ def test_gpu_backend_predicts_like_pytorch():
         assert len(got) == len(ref)
         assert max(float(abs(a - b).max()) for a, b in zip(got, ref)) < tol
         assert model.runner.last_path in ("graph", "packed")
+
+
+def test_serve_gpu_backend_answers_like_pytorch_and_keeps_fp32_embed(tmp_path):
+    """`ctxkit serve --backend gpu`: /classify through the GPU encoder (bf16 copy of the
+    model) gives the fp32 PyTorch probabilities within bf16 rounding and the same labels;
+    /embed still runs the fp32 encoder (equal vectors); /health names the backend."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from ctxkit.inference.serve import create_app
+    from ctxkit.tasks import get_task
+    from ctxkit.tokenizers import WordPieceTokenizer
+
+    words = "a film great bad movie the it is was fine worst best mess of year moving wonderful , .".split()
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words) + "\n")
+    tokenizer = WordPieceTokenizer.from_vocab(tmp_path / "vocab.txt")
+    task = get_task("sst-2")
+    torch.manual_seed(0)
+    config = get_preset("bert_4_256_4").config.replace(vocab_size=len(words) + 5)
+    texts = ["a wonderful , moving film", "the worst mess of the year", "it is fine", "best film", "bad",
+             "the film was a mess of bad and great and fine and wonderful"]
+
+    def answers(backend):
+        torch.manual_seed(0)
+        model = task.build_model(BertModel(config)).cuda().eval()
+        with torch.no_grad():
+            for p in model.head.parameters():  # wide logits: answers far from ties
+                p.normal_(0.0, 0.5)
+        with TestClient(create_app((task, model, tokenizer, {}), backend=backend, max_batch=4, max_wait_ms=20)) as client:
+            health = client.get("/health").json()
+            preds = client.post("/classify", json={"texts": texts}).json()["predictions"]
+            vector = client.post("/embed", json={"text": texts[0]}).json()["embedding"]
+        assert next(model.parameters()).dtype == torch.float32  # the served copy took the bf16 cast
+        return health["backend"], preds, vector
+
+    name, ours, our_vector = answers("gpu")
+    ref_name, ref, ref_vector = answers("pytorch")
+    assert name.startswith("GPU encoder (bf16") and ref_name.startswith("PyTorch")
+    assert [p["label"] for p in ours] == [p["label"] for p in ref]
+    for a, b in zip(ours, ref):
+        assert abs(max(a["probs"].values()) - max(b["probs"].values())) < 0.03
+    assert our_vector == pytest.approx(ref_vector, abs=1e-5)

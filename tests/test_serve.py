@@ -441,5 +441,5 @@ def test_onnxruntime_backend_serves_the_same_labels_and_keeps_embed(cls_run):
             answers[backend] = client.post("/classify", json={"texts": texts}).json()["predictions"]
             assert len(client.post("/embed", json={"text": "hello"}).json()["embedding"]) == 384
     assert [a["label"] for a in answers["pytorch"]] == [a["label"] for a in answers["onnxruntime"]] == [a["label"] for a in answers["auto"]]
-    with pytest.raises(ValueError, match="--backend gpu"):
+    with pytest.raises(ValueError, match="gpu backend needs a CUDA device"):
         create_app(cls_run, device="cpu", backend="gpu")

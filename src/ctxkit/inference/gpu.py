@@ -138,7 +138,9 @@ class GPUEncoder:
                 run()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: other threads (a server's event loop, a DataLoader's pin-memory
+        # thread) may touch CUDA while this one captures.
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             outputs = run()
         return graph, inputs, outputs
 

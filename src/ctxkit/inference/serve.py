@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import copy
 import json
 import logging
 import math
@@ -236,7 +237,7 @@ class _Guard:
 
 def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: float = 5.0, max_text_chars: int = 10_000,
                max_items: int = 64, max_body_bytes: Optional[int] = None, pooling: str = "mean",
-               backend: str = "pytorch", precision: str = "fp32"):
+               backend: str = "pytorch", precision: Optional[str] = None):
     """Build the FastAPI app for a fine-tuned run.
 
     Args:
@@ -249,8 +250,9 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         max_body_bytes: largest request body (default: room for ``max_items`` texts of
             ``max_text_chars`` characters).
         pooling: ``/embed`` vectors: ``mean`` over tokens or the ``cls`` vector.
-        backend, precision: the task endpoint's runtime (:func:`ctxkit.inference.backends.with_backend`);
-            ``/embed`` always uses the PyTorch encoder.
+        backend, precision: the task endpoint's runtime (:func:`ctxkit.inference.backends.with_backend`;
+            precision None = that backend's default); ``/embed`` always uses the PyTorch
+            encoder (with ``gpu``, the task endpoint gets its own bf16 copy of the model).
 
     Returns:
         The ASGI app; its lifespan starts and drains the batchers.
@@ -274,15 +276,14 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     else:
         run_dir, (task, model, tokenizer, info) = None, run
     kind = _task_kind(task)
-    from .backends import with_backend
+    from .backends import _is_bert, with_backend
 
     base = model
     first = next(iter(base.parameters()), None)
-    if backend == "gpu":
-        raise ValueError("serve does not take --backend gpu yet (/embed shares the model); use pytorch on a GPU")
-    if backend == "auto" and first is not None and first.is_cuda:
-        backend = "pytorch"  # the GPU encoder would cast the model /embed shares to bf16 in place
-    model, backend_name = with_backend(base, backend, precision)
+    # The GPU encoder casts its model to bf16 in place: give it a copy, so /embed keeps
+    # the fp32 encoder (and its answers equal offline `ctxkit embed`).
+    on_gpu = first is not None and first.is_cuda and (backend == "gpu" or (backend == "auto" and _is_bert(base)))
+    model, backend_name = with_backend(copy.deepcopy(base) if on_gpu else base, backend, precision)
     params = list(base.parameters())
     dev = str(params[0].device) if params else "cpu"  # an int8 run (ONNX Runtime) has no torch parameters
     can_embed = hasattr(base, "encoder")  # exported runs hold only the task graph, no encoder to pool
@@ -525,10 +526,11 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-text-chars", type=int, default=10_000, help="longest text/question/context (default: 10000)")
     p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body (default: fits max-items texts)")
     p.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="/embed vectors (default: mean)")
-    p.add_argument("--backend", choices=("auto", "pytorch", "onnxruntime", "compiled"), default="pytorch",
-                   help="runtime of the task endpoint: auto picks the fastest correct one on CPU by timing PyTorch and "
-                        "a verified ONNX export (named in /health and the startup log; see docs/deployment.md; "
-                        "default: pytorch)")
+    p.add_argument("--backend", choices=("auto", "pytorch", "onnxruntime", "compiled", "gpu"), default="pytorch",
+                   help="runtime of the task endpoint: auto picks the fastest correct one (on CPU by timing PyTorch and "
+                        "a verified ONNX export; on a GPU the gpu backend for BERT-family runs); gpu = bf16 CUDA graphs "
+                        "and packed flash-attention batches (named in /health and the startup log; see "
+                        "docs/deployment.md; default: pytorch)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
                    help="for --backend compiled (default fp32) or gpu (default bf16)")
     p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on shutdown (default: 30)")
