@@ -22,11 +22,13 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+
+from .ort_model import OrtTaskModel, _session
 
 __all__ = ["export_onnx", "verify_onnx", "quantize_onnx", "OrtTaskModel", "quantize_run", "ONNX_INPUTS", "folder_size_mb"]
 
@@ -102,16 +104,6 @@ def export_onnx(model: nn.Module, path: os.PathLike, opset: int = 17) -> Path:
     return path
 
 
-def _session(path: os.PathLike, threads: Optional[int] = None):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads or torch.get_num_threads()
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
 def verify_onnx(model: nn.Module, path: os.PathLike, atol: float = 1e-4, batch: int = 4, seq: int = 37) -> float:
     """Largest absolute difference between PyTorch and ONNX Runtime on a padded batch of a
     shape the export never saw.
@@ -145,33 +137,6 @@ def quantize_onnx(src: os.PathLike, dst: os.PathLike) -> Path:
     dst.parent.mkdir(parents=True, exist_ok=True)
     quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm", "Gather"])
     return dst
-
-
-class OrtTaskModel(nn.Module):
-    """An exported task model run by ONNX Runtime behind the PyTorch module interface.
-
-    ``forward`` takes and returns what :class:`~ctxkit.heads.EncoderWithHead` does
-    (without the loss), so :func:`ctxkit.training.predict` and the tasks use it as is.
-
-    Args:
-        path: the ``.onnx`` file.
-        config: the encoder's config (for code that reads ``model.encoder.config``).
-        threads: ONNX Runtime intra-op threads (default: PyTorch's thread count).
-    """
-
-    def __init__(self, path: os.PathLike, config=None, threads: Optional[int] = None):
-        super().__init__()
-        self.path = Path(path)
-        self.session = _session(self.path, threads)
-        self.outputs = [o.name for o in self.session.get_outputs()]
-        self.config = config
-
-    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None, **_) -> Dict:
-        feed = {"input_ids": input_ids.cpu().numpy().astype(np.int64),
-                "attention_mask": (torch.ones_like(input_ids) if attention_mask is None else attention_mask).cpu().numpy().astype(np.int64),
-                "token_type_ids": (torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids).cpu().numpy().astype(np.int64)}
-        out = [torch.from_numpy(o) for o in self.session.run(self.outputs, feed)]
-        return {"logits": out[0] if len(out) == 1 else tuple(out)}
 
 
 def folder_size_mb(paths: Sequence[os.PathLike]) -> float:

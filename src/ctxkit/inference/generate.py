@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from .cpu_gemv import cpu_decoding_context
+from .sampling import apply_repetition_penalty, filter_logits
 from .static_decode import static_decoding_unsupported, static_generate
 
 __all__ = ["GenerationConfig", "generate", "filter_logits", "apply_repetition_penalty", "left_pad"]
@@ -82,34 +83,6 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_token_id: int = 0) -> Tuple[T
         ids[row, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
         mask[row, width - len(p):] = 1
     return ids, mask
-
-
-def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
-    """CTRL's repetition penalty on ``logits (batch, vocab)`` for the ids in ``seen (batch, n)``."""
-    if penalty == 1.0:
-        return logits
-    picked = logits.gather(1, seen)
-    picked = torch.where(picked > 0, picked / penalty, picked * penalty)
-    return logits.scatter(1, seen, picked)
-
-
-def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
-    """Set the logits of tokens outside the top-k / nucleus to -inf (``(batch, vocab)``).
-
-    The most likely token always survives, so a row never becomes empty; tokens tied
-    with the k-th logit survive top-k too.
-    """
-    if top_k > 0:
-        kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # Drop a token when the tokens before it already reach top_p.
-        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
-        drop_sorted[:, 0] = False
-        logits = logits.masked_fill(drop_sorted.scatter(1, order, drop_sorted), float("-inf"))
-    return logits
 
 
 def _real_tokens(tokens: Tensor, mask: Tensor) -> Tensor:

@@ -32,6 +32,8 @@ from typing import Callable, Dict, Optional
 import torch
 from torch import Tensor
 
+from .sampling import apply_repetition_penalty, filter_logits
+
 __all__ = ["StaticDecoder", "chunked_argmax", "static_decoding_unsupported", "static_generate"]
 
 CPU_COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
@@ -133,8 +135,6 @@ class StaticDecoder:
     def choose(self, logits: Tensor, seen: Tensor) -> Tensor:
         """Next tokens ``(batch,)`` from ``logits (batch, vocab)``; ``seen (batch, n)`` feeds
         the repetition penalty. Fixed shapes and no host syncs (graph-safe)."""
-        from .generate import apply_repetition_penalty, filter_logits
-
         c = self.config
         logits = apply_repetition_penalty(logits, seen, c.repetition_penalty)
         if not c.do_sample:

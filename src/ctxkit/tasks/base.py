@@ -108,7 +108,7 @@ def load_run(run_dir: os.PathLike, device: str = "auto"):
     task = get_task(info["task"], **info.get("options", {}))
     tokenizer = WordPieceTokenizer.from_dir(best) if best.is_dir() else None
     if (best / "backend.json").is_file():  # an exported run (ctxkit quantize): ONNX Runtime instead of PyTorch
-        from ..inference.export import OrtTaskModel
+        from ..inference.ort_model import OrtTaskModel
 
         backend = json.loads((best / "backend.json").read_text(encoding="utf-8"))
         if not (best / backend["file"]).is_file():
