@@ -97,12 +97,16 @@ def time_steps(step, warmup: int, steps: int) -> float:
 #                  pair with "compile" (per layer) or "compile-model+segN")
 #   seg2|seg3|seg4 with compile-model: the encoder compiled as N graphs, so gradients of the
 #                  upper layers are complete before the lower layers' backward runs
+#   aggrfuse       with compile: Inductor's aggressive_fusion (fuse kernels that share no reads)
+#   combo          with compile: Inductor's combo_kernels (independent small kernels launched as one)
+#   tma            with compile-model+autotune: Hopper TMA persistent matmul templates in the autotuning
 #   nosync         with --scaling: no gradient all-reduce at all -- diagnostic only (what
 #                  running N GPUs at once costs without communication)
 #   synconly       with --scaling: all-reduce one number per step instead of the gradients --
 #                  diagnostic only (what waiting for the slower rank costs)
 OPTIONS = ("compile", "compile-model", "bf16res", "flash", "cudnn", "efficient", "nodrop", "coordesc", "autotune", "bf16grad",
-           "overlap", "seg2", "seg3", "seg4", "nosync", "synconly")
+           "overlap", "seg2", "seg3", "seg4", "nosync", "synconly",
+           "aggrfuse", "combo", "tma")
 
 
 def parse_variant(name: str) -> set:
@@ -121,6 +125,9 @@ def build_ctxkit(cfg, variant: str, grad_sync=None):
     if "bf16res" in opts:
         set_stream_dtype(model, torch.bfloat16)
     torch._inductor.config.coordinate_descent_tuning = "coordesc" in opts
+    torch._inductor.config.aggressive_fusion = "aggrfuse" in opts
+    torch._inductor.config.combo_kernels = "combo" in opts
+    torch._inductor.config.triton.enable_persistent_tma_matmul = "tma" in opts
     if "compile" in opts:
         compile_blocks(model)
     elif "compile-model" in opts:
