@@ -218,3 +218,42 @@ def test_preset_parameter_counts_match_transformers(name, hf_kwargs):
     assert _count(ours_lm) == _count(hf_lm)
     if name == "xlnet_12_768_12":
         assert 116e6 < _count(ours_body) < 118e6
+
+
+def test_identity_permutation_without_query_stream_is_a_causal_transformer_xl():
+    """XLNet's layer with the content stream only, under the identity order (each token sees
+    the memory and the tokens up to itself), computes exactly a Transformer-XL layer with
+    the same weights: the segment term vanishes without token types and, for keys not
+    later than the query, the bidirectional distance encodings are Transformer-XL's."""
+    from ctxkit.models.transformer_xl import TransformerXLLayer
+    from ctxkit.models.xlnet import XLNetLayer, bidirectional_position_encoding
+
+    torch.manual_seed(0)
+    d, heads, inner, batch, mlen, qlen = 32, 4, 64, 2, 3, 6
+    cfg = XLNetConfig(vocab_size=100, d_model=d, n_heads=heads, d_inner=inner, n_layers=2, activation="relu", dropout=0.0,
+                      layer_norm_eps=1e-5)
+    ours = [XLNetLayer(cfg).eval() for _ in range(2)]
+    xl = [TransformerXLLayer(d, heads, inner, dropout=0.0, eps=1e-5).eval() for _ in range(2)]
+    for a, b in zip(ours, xl):
+        with torch.no_grad():
+            for p in a.parameters():  # non-zero u, v and norms, so every term counts
+                p.normal_(0.0, 0.3)
+        missing, unexpected = b.self_attn.load_state_dict(a.attn.state_dict(), strict=False)
+        assert missing == [] and sorted(unexpected) == ["s_bias", "seg_embed"]
+        for name in ("ffn", "ffn_res"):
+            getattr(b, name).load_state_dict(getattr(a, name).state_dict())
+        b.self_attn_res.load_state_dict(a.attn_res.state_dict())
+    klen = mlen + qlen
+    pos = bidirectional_position_encoding(qlen, klen, d)  # distances klen-1 .. -(qlen-1)
+    causal = torch.ones(qlen, klen, dtype=torch.bool).tril(mlen)  # key j visible iff j <= mlen + i
+    h = torch.randn(batch, qlen, d)
+    mems = [torch.randn(batch, mlen, d) for _ in ours]
+    x = y = full = h
+    with torch.no_grad():
+        for a, b, mem in zip(ours, xl, mems):
+            x, g = a(x, None, pos, None, causal.expand(batch, 1, qlen, klen), None, memory=mem)
+            y, _ = b(y, pos[:klen], memory=mem, mask=causal)  # Transformer-XL's distances klen-1 .. 0
+            full, _ = a(full, None, pos, None, None, None, memory=mem)
+    assert g is None
+    torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(full, y, atol=1e-3)  # the mask matters: bidirectional XLNet differs

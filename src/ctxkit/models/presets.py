@@ -278,6 +278,8 @@ class TransformerXLConfig:
             of one pair shared by all layers (the paper's description).
         clamp_len: longest relative distance encoded (-1: no limit); longer ones reuse it.
         d_embed: largest embedding size (0: ``d_model``).
+        same_length: every query sees the same number of keys (the oldest memory keys are
+            hidden from the later queries), as the released models were evaluated.
     """
 
     vocab_size: int = 267735
@@ -295,6 +297,7 @@ class TransformerXLConfig:
     untie_r: bool = True
     clamp_len: int = -1
     d_embed: int = 0
+    same_length: bool = False
 
     def replace(self, **changes) -> "TransformerXLConfig":
         """A copy with some fields changed."""

@@ -225,6 +225,12 @@ class TransformerXLModel(nn.Module):
         mlen = mems[0].size(1) if mems is not None else 0
         klen = mlen + qlen
         mask = causal_mask(qlen, klen, device=input_ids.device) if attention_mask is None else attention_mask
+        if attention_mask is None and self.config.same_length:
+            # Query i then sees exactly keys i .. i + klen - qlen when the memory is full:
+            # hide keys more than mem_len behind it (the reference's evaluation mode).
+            mask_len = klen - self.mem_len
+            shift = qlen - mask_len if mask_len > 0 else qlen
+            mask = mask & ~torch.ones(qlen, klen, dtype=torch.bool, device=input_ids.device).tril(-shift)
         h = self.drop(self.word_emb(input_ids))
         pos_emb = self.drop(self.relative_positions(klen).to(h.dtype))
         inputs: List[Tensor] = []

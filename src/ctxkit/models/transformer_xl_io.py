@@ -1,0 +1,190 @@
+"""Load Hugging Face Transformer-XL checkpoints (``TransfoXLLMHeadModel`` / ``TransfoXLModel``).
+
+The layouts differ in four places, each converted here:
+
+* HF keeps q, k and v in one ``qkv_net`` matrix (rows q | k | v); ctxkit has three.
+* HF's relative encodings are ``[sin(d w_0..), cos(d w_0..)]`` (halves); ctxkit's table
+  interleaves ``sin, cos`` per frequency, so ``r_net``'s input columns are reordered.
+* HF's projected adaptive softmax applies a projection then a biased ``Linear`` per
+  cluster (the cluster logits follow the shortlist in its head, in order); ctxkit uses
+  :class:`torch.nn.AdaptiveLogSoftmaxWithLoss` (no biases, clusters in order): the head
+  projection is folded into the head matrix and each tail becomes ``proj^T`` then the
+  cluster's matrix. Non-zero softmax biases have no place there and are refused.
+* ``clamp_len <= 0`` means "no clamping" in HF and ``-1`` in ctxkit.
+* ``save_pretrained`` leaves out softmax tensors tied to the input embeddings; they are
+  restored from the embeddings (``tie_word_embeddings``, ``tie_projs``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+from torch import Tensor
+
+from ..checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights
+from .presets import TransformerXLConfig
+from .transformer_xl import TransformerXLLMHeadModel
+
+__all__ = ["transformer_xl_config_from_hf", "load_transformer_xl"]
+
+
+def transformer_xl_config_from_hf(hf: dict) -> TransformerXLConfig:
+    """Our config from an HF ``config.json`` dict.
+
+    Raises:
+        CheckpointError: another model type or a variant ctxkit does not implement.
+    """
+    if hf.get("model_type") != "transfo-xl":
+        raise CheckpointError(f"config.json has model_type {hf.get('model_type')!r}; this loader reads 'transfo-xl'")
+    d, heads = hf["d_model"], hf["n_head"]
+    unsupported = []
+    if hf.get("d_head", d // heads) * heads != d:
+        unsupported.append(f"d_head * n_head = {hf.get('d_head')} * {heads} != d_model {d}")
+    if hf.get("pre_lnorm"):
+        unsupported.append("pre_lnorm=True (HF has no final norm; ctxkit's pre-norm stack does)")
+    if hf.get("attn_type", 0) != 0 or hf.get("sample_softmax", -1) > 0:
+        unsupported.append("attn_type != 0 or sample_softmax")
+    if abs(hf.get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12:
+        unsupported.append(f"layer_norm_epsilon={hf.get('layer_norm_epsilon')} (ctxkit uses 1e-5)")
+    cutoffs = tuple(hf.get("cutoffs") or ())
+    d_embed = hf.get("d_embed", d)
+    if cutoffs and d_embed != d:
+        unsupported.append(f"d_embed={d_embed} != d_model={d} with an adaptive softmax")
+    if unsupported:
+        raise CheckpointError("config.json asks for what ctxkit's Transformer-XL does not implement: " + "; ".join(unsupported))
+    clamp = hf.get("clamp_len", 1000)
+    return TransformerXLConfig(vocab_size=hf["vocab_size"], d_model=d, n_heads=heads, d_inner=hf["d_inner"], n_layers=hf["n_layer"],
+                               mem_len=hf.get("mem_len") or 0, tgt_len=hf.get("tgt_len", 128), dropout=hf.get("dropout", 0.1),
+                               dropatt=hf.get("dropatt", 0.0), cutoffs=cutoffs, div_val=hf.get("div_val", 1), pre_lnorm=False,
+                               untie_r=hf.get("untie_r", True), clamp_len=clamp if clamp > 0 else -1, d_embed=d_embed,
+                               same_length=bool(hf.get("same_length", True)))
+
+
+_LAYER_RENAMES = {"dec_attn.o_net.weight": "self_attn.out_proj.weight", "dec_attn.r_w_bias": "self_attn.u",
+                  "dec_attn.r_r_bias": "self_attn.v", "dec_attn.layer_norm.weight": "self_attn_res.norm.weight",
+                  "dec_attn.layer_norm.bias": "self_attn_res.norm.bias", "pos_ff.CoreNet.0.weight": "ffn.fc1.weight",
+                  "pos_ff.CoreNet.0.bias": "ffn.fc1.bias", "pos_ff.CoreNet.3.weight": "ffn.fc2.weight",
+                  "pos_ff.CoreNet.3.bias": "ffn.fc2.bias", "pos_ff.layer_norm.weight": "ffn_res.norm.weight",
+                  "pos_ff.layer_norm.bias": "ffn_res.norm.bias"}
+
+
+def _halves_to_interleaved(w: Tensor) -> Tensor:
+    """``r_net`` weight for inputs ``[sin..., cos...]`` -> for inputs ``[sin, cos, sin, cos, ...]``."""
+    half = w.size(1) // 2
+    return torch.stack([w[:, :half], w[:, half:]], dim=-1).reshape(w.size(0), -1)
+
+
+def _body_state(hf_state: Dict[str, Tensor], config: TransformerXLConfig) -> Dict[str, Tensor]:
+    state: Dict[str, Tensor] = {}
+    d = config.d_model
+    for key, value in hf_state.items():
+        body = key[len("transformer."):] if key.startswith("transformer.") else key
+        if key.startswith("crit.") or body == "pos_emb.inv_freq":
+            continue  # the softmax is converted apart; inv_freq is recomputed
+        parts = body.split(".")
+        if parts[0] == "word_emb":
+            # HF projections are bare Parameters (d_proj, d_i): ours are Linear weights.
+            state[f"transformer.{body}.weight" if parts[1] == "emb_projs" else f"transformer.{body}"] = value
+        elif body in ("r_w_bias", "r_r_bias"):  # untie_r=False: one pair for all layers
+            state[f"transformer.{'u' if body == 'r_w_bias' else 'v'}"] = value
+        elif parts[0] == "layers" and len(parts) > 2:
+            prefix, rest = f"transformer.layers.{parts[1]}", ".".join(parts[2:])
+            if rest == "dec_attn.qkv_net.weight" and value.shape == (3 * d, d):
+                for name, chunk in zip("qkv", value.chunk(3, dim=0)):
+                    state[f"{prefix}.self_attn.{name}_proj.weight"] = chunk.contiguous()
+            elif rest == "dec_attn.r_net.weight" and value.dim() == 2 and value.size(1) == d:
+                state[f"{prefix}.self_attn.r_proj.weight"] = _halves_to_interleaved(value)
+            else:
+                state[f"{prefix}.{_LAYER_RENAMES.get(rest, '<unmapped> ' + rest)}"] = value
+        else:
+            state[f"<unmapped> {key}"] = value
+    return state
+
+
+def _untie(hf_state: Dict[str, Tensor], hf: dict) -> Dict[str, Tensor]:
+    """Restore the softmax tensors that ``save_pretrained`` left out because they are tied
+    to the input embeddings (``tie_word_embeddings``, ``tie_projs``)."""
+    state = dict(hf_state)
+    emb = "transformer.word_emb"
+    if hf.get("tie_word_embeddings", True):
+        i = 0
+        while f"{emb}.emb_layers.{i}.weight" in state and f"crit.out_layers.{i}.bias" in state:
+            state.setdefault(f"crit.out_layers.{i}.weight", state[f"{emb}.emb_layers.{i}.weight"])
+            i += 1
+    for i, tied in enumerate(hf.get("tie_projs") or []):
+        if not tied:
+            continue
+        if hf.get("div_val", 1) == 1 and hf["d_model"] != hf.get("d_embed", hf["d_model"]):
+            source = f"{emb}.emb_projs.0"
+        elif hf.get("div_val", 1) != 1:
+            source = f"{emb}.emb_projs.{i}"
+        else:
+            continue  # no projection at all
+        if source in state:
+            state.setdefault(f"crit.out_projs.{i}", state[source])
+    return state
+
+
+def _softmax_state(hf_state: Dict[str, Tensor], config: TransformerXLConfig, source: str) -> Dict[str, Tensor]:
+    """``crit.*`` of HF's ProjectedAdaptiveLogSoftmax -> AdaptiveLogSoftmaxWithLoss weights."""
+    crit = {k[len("crit."):]: v for k, v in hf_state.items() if k.startswith("crit.")}
+    biased = [f"crit.{k}" for k, v in crit.items() if k.endswith(("bias", "cluster_bias")) and bool(v.abs().max() > 0)]
+    if biased:
+        raise CheckpointError(f"{source}: non-zero adaptive-softmax biases ({', '.join(sorted(biased))}); ctxkit's softmax "
+                              "(torch.nn.AdaptiveLogSoftmaxWithLoss) has none, so this head cannot be loaded exactly")
+    ends = [0, *config.cutoffs, config.vocab_size]
+
+    def proj(i: int) -> Optional[Tensor]:
+        return crit.get(f"out_projs.{i}")
+
+    def weight(i: int) -> Tensor:
+        if config.div_val == 1:
+            return crit["out_layers.0.weight"][ends[i]:ends[i + 1]]
+        return crit[f"out_layers.{i}.weight"]
+
+    try:
+        head = torch.cat([weight(0), crit["cluster_weight"]])
+        p0 = proj(0)
+        state = {"crit.head.weight": head if p0 is None else head @ p0.t()}
+        for i in range(1, len(ends) - 1):
+            p = proj(0 if config.div_val == 1 else i)
+            state[f"crit.tail.{i - 1}.0.weight"] = torch.eye(config.d_model) if p is None else p.t().contiguous()
+            state[f"crit.tail.{i - 1}.1.weight"] = weight(i)
+    except KeyError as err:
+        raise CheckpointError(f"{source}: the adaptive softmax lacks {err.args[0]!r}") from None
+    return state
+
+
+def load_transformer_xl(directory: os.PathLike) -> TransformerXLLMHeadModel:
+    """Load an HF-format Transformer-XL folder (``config.json`` + weights) into ctxkit.
+
+    A bare ``TransfoXLModel`` (no ``crit.*``) loads the body; the softmax then keeps its
+    fresh initialisation (a warning says so in the returned model's ``load_note``).
+
+    Returns:
+        :class:`~ctxkit.models.transformer_xl.TransformerXLLMHeadModel` in eval mode.
+
+    Raises:
+        CheckpointError: unreadable files, another model type, an unsupported variant,
+            non-zero softmax biases, or (as :class:`~ctxkit.checkpoint.CheckpointMismatchError`)
+            every missing, unexpected and misshaped key.
+    """
+    directory = Path(directory)
+    hf = read_config(directory)
+    config = transformer_xl_config_from_hf(hf)
+    if not config.cutoffs:
+        raise CheckpointError(f"{directory}: a Transformer-XL without cutoffs (plain softmax) is not in HF's layout")
+    hf_state = _untie(read_weights(directory), hf)
+    state = _body_state(hf_state, config)
+    model = TransformerXLLMHeadModel(config)
+    model.load_note = None
+    if any(k.startswith("crit.") for k in hf_state):
+        state.update(_softmax_state(hf_state, config, str(directory)))
+    else:
+        state.update({f"crit.{k}": v for k, v in model.crit.state_dict().items()})
+        model.load_note = "no adaptive softmax in the checkpoint (a bare TransfoXLModel): the output layer is untrained"
+    load_state_dict_strict(model, state, source=str(directory))
+    return model.eval()
