@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from ctxkit.checkpoint import CheckpointError
 from ctxkit.models.transformer_xl_io import load_transformer_xl
+from ctxkit.zoo import get_model
 
 LEGACY = ["transformers==4.57.6", "tokenizers==0.22.1", "huggingface_hub<1.0", "requests", "urllib3", "charset-normalizer", "idna",
           "certifi"]
@@ -50,6 +51,8 @@ def _reference(legacy: Path, out: Path, div_val: int) -> dict:
 def test_hidden_states_and_log_probs_match_transformers_over_two_segments(legacy_transformers, tmp_path, div_val):
     ref = _reference(legacy_transformers, tmp_path, div_val)
     model = load_transformer_xl(tmp_path)
+    zoo_model, tokenizer = get_model(str(tmp_path))  # the zoo recognises the folder too
+    assert tokenizer is None and torch.equal(zoo_model.crit.head.weight, model.crit.head.weight)
     assert model.config.same_length and model.config.mem_len == 5
     # transformers starts a text with mem_len zero vectors as memory (ctxkit with none):
     # give ctxkit the same zeros for the first segment, then each side its own memory.

@@ -237,8 +237,8 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
 
 
 def _other_family(name: str, checkpoint, device: str):
-    """GPT-2 presets, HF GPT-2 folders and HF XLNet folders (as task encoders); the registry
-    holds BERT-family checkpoints."""
+    """GPT-2 presets, HF GPT-2 folders, HF Transformer-XL folders and HF XLNet folders (as
+    task encoders); the registry holds BERT-family checkpoints."""
     from .models.gpt2 import GPT2LMHeadModel, load_gpt2
     from .models.presets import GPT2_PRESETS
 
@@ -252,6 +252,10 @@ def _other_family(name: str, checkpoint, device: str):
 
         has_vocab = (folder / "vocab.txt").is_file() or (folder / "tokenizer.json").is_file()
         return XLNetEncoder.from_dir(folder).to(device), WordPieceTokenizer.from_dir(folder) if has_vocab else None
+    if model_type == "transfo-xl":  # word-level: HF's vocabulary file is a pickle, never loaded here
+        from .models.transformer_xl_io import load_transformer_xl
+
+        return load_transformer_xl(folder).to(device), None
     if model_type == "gpt2":
         from .tokenizers import ByteLevelBPETokenizer
 
