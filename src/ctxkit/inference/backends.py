@@ -27,7 +27,9 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
         backend: "auto" (see :func:`choose_backend`), "pytorch" (as loaded), "onnxruntime" (exported now, checked against
             PyTorch within 1e-4), "compiled" (:class:`~ctxkit.inference.cpu_compile.CompiledCPUModel`)
             or "gpu" (:class:`~ctxkit.inference.gpu.GPUTaskModel`, on the current CUDA device).
-        precision: "fp32" or "bf16" for the compiled (default fp32) and gpu (default bf16) backends.
+        precision: "fp32" or "bf16" for the compiled (default fp32) and gpu (default bf16)
+            backends; "fp8" for the gpu backend (float8 matrix products, a declared
+            precision: :mod:`ctxkit.inference.fp8`).
 
     Raises:
         ValueError: an unknown backend, or one that cannot run this model.
@@ -42,8 +44,10 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
         if backend == "compiled":
             raise ValueError("this run is an exported ONNX model (ctxkit quantize): it runs on ONNX Runtime only")
         return model, f"ONNX Runtime ({model.path.name})"
-    if precision not in (None, "fp32", "bf16"):
-        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    if precision not in (None, "fp32", "bf16", "fp8"):
+        raise ValueError(f"precision must be fp32, bf16 or fp8, got {precision!r}")
+    if precision == "fp8" and backend != "gpu":
+        raise ValueError("fp8 is a precision of the gpu backend (Hopper float8 GEMMs); use --backend gpu")
     device = next(model.parameters()).device
     if backend == "gpu":
         import torch
@@ -56,8 +60,9 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
         from .gpu import GPUTaskModel
 
         precision = precision or "bf16"
-        gpu = GPUTaskModel(model, dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
-        return gpu, f"GPU encoder ({precision} weights, CUDA graphs for full batches, packed flash-attention batches otherwise)"
+        gpu = GPUTaskModel(model, dtype=torch.float32 if precision == "fp32" else torch.bfloat16, fp8=precision == "fp8")
+        weights = "fp8 matrix products, bf16 elsewhere" if precision == "fp8" else f"{precision} weights"
+        return gpu, f"GPU encoder ({weights}, CUDA graphs for full batches, packed flash-attention batches otherwise)"
     precision = precision or "fp32"
     if backend == "pytorch":
         return model, f"PyTorch ({device})"
@@ -111,6 +116,8 @@ def choose_backend(model: nn.Module, precision: Optional[str] = None) -> Tuple[n
             return model, f"auto: PyTorch ({next(model.parameters()).device}; the gpu backend runs BERT-family encoders only)"
         gpu, description = with_backend(model, "gpu", precision)
         return gpu, f"auto: {description}"
+    if precision == "fp8":
+        raise ValueError("fp8 is a precision of the gpu backend (Hopper float8 GEMMs); this model is on the CPU")
     if (precision or "fp32") == "bf16":
         compiled, description = with_backend(model, "compiled", "bf16")
         return compiled, f"auto: {description}"

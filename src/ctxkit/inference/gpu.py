@@ -58,6 +58,9 @@ class GPUEncoder:
             between GEMMs); a string picks the mode. Graph capture stays ctxkit's, so the
             default mode is ``"max-autotune-no-cudagraphs"``.
         max_graphs: fixed shapes kept captured at once (each holds its activations).
+        fp8: also run the Transformer layers' projections and FFN as float8 GEMMs
+            (:func:`ctxkit.inference.fp8.convert_to_fp8`; needs a GPU with fp8 tensor
+            cores, e.g. Hopper): a separate, declared precision.
 
     Call it like the model: ``encoder(input_ids, token_type_ids, attention_mask)`` with
     ``(batch, seq)`` tensors on any device. A batch whose mask is all ones (or None) takes
@@ -65,11 +68,15 @@ class GPUEncoder:
     """
 
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, device=None, cuda_graphs: bool = True,
-                 compile=False, max_graphs: int = 8):
+                 compile=False, max_graphs: int = 8, fp8: bool = False):
         if not torch.cuda.is_available():
             raise RuntimeError("GPUEncoder needs a CUDA device; use ctxkit.inference.backends on CPU")
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
         self.model = model.to(self.device, dtype).eval()
+        if fp8:
+            from .fp8 import convert_to_fp8
+
+            convert_to_fp8(self.model)
         self.dtype = dtype
         self.cuda_graphs = cuda_graphs
         self.max_graphs = max_graphs

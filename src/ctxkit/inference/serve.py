@@ -531,8 +531,8 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                         "a verified ONNX export; on a GPU the gpu backend for BERT-family runs); gpu = bf16 CUDA graphs "
                         "and packed flash-attention batches (named in /health and the startup log; see "
                         "docs/deployment.md; default: pytorch)")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
-                   help="for --backend compiled (default fp32) or gpu (default bf16)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp8"), default=None,
+                   help="for --backend compiled (default fp32) or gpu (default bf16; fp8: float8 GEMMs on Hopper GPUs)")
     p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on shutdown (default: 30)")
     p.set_defaults(func=_cmd_serve)
 

@@ -109,8 +109,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "on CPU ONNX Runtime on a fresh export or compiled PyTorch; gpu = bf16 GPU encoder with CUDA "
                         "graphs and packed batches "
                         "(see docs/deployment.md; an int8 run always uses ONNX Runtime)")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
-                   help="for --backend compiled (default fp32) or gpu (default bf16)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp8"), default=None,
+                   help="for --backend compiled (default fp32) or gpu (default bf16; fp8: float8 GEMMs on Hopper GPUs)")
     p.set_defaults(func=_cmd_predict)
 
 

@@ -1,0 +1,72 @@
+"""What fp8 (e4m3) matrix products cost a fine-tuned classifier: SST-2 dev accuracy of
+the same run in fp32, bf16 and fp8 (``ctxkit.inference.fp8``: Transformer-layer
+projections and FFN in float8 with per-row activation and per-channel weight scales).
+
+    python benchmarks/fp8_accuracy.py --run RUN_DIR      # a `ctxkit finetune sst-2` run
+
+The arithmetic is the GPU's (``torch._scaled_mm`` with fp32 accumulation and row-wise
+scales), run on the CPU, so no GPU is needed; speed is measured by
+``benchmarks/inference_gpu.py --fp8`` on a GPU. Appends quality records to
+benchmarks/results/inference_gpu_quality.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from ctxkit.inference.fp8 import convert_to_fp8  # noqa: E402
+from ctxkit.tasks import load_run  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", required=True, help="a fine-tuned SST-2 run folder (ctxkit finetune sst-2 ...)")
+    parser.add_argument("--data", default=None, help="SST-2 folder (default: the run's)")
+    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "inference_gpu_quality.json"))
+    args = parser.parse_args(argv)
+    task, model, tokenizer, info = load_run(args.run, "cpu")
+    if task.name != "sst-2":
+        raise SystemExit(f"{args.run} is a {task.name} run; this benchmark reads SST-2 runs")
+    examples = task.load(args.data or info["data"], "dev")
+    variants = {"fp32": model}
+    variants["bf16"] = copy.deepcopy(model).to(torch.bfloat16)
+    fp8 = copy.deepcopy(model).to(torch.bfloat16)
+    converted = convert_to_fp8(fp8)
+    variants["fp8"] = fp8
+    scores = {}
+    for name, m in variants.items():
+        start = time.time()
+        metrics, _ = task.evaluate(m.eval(), tokenizer, examples, 64, "cpu")
+        scores[name] = metrics["accuracy"]
+        print(f"{name}: SST-2 dev accuracy {scores[name]:.2f} ({time.time() - start:.0f} s)", flush=True)
+    command = "python benchmarks/fp8_accuracy.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    base = {"device": f"CPU ({platform.machine()}), GPU arithmetic emulated by torch._scaled_mm", "date": datetime.date.today().isoformat(),
+            "command": command}
+    model_name = info.get("model", "?")
+    records = [{"task": "SST-2", "split": "dev", "metric": "accuracy", "value": round(scores[name], 2),
+                "model": f"{model_name} fine-tuned ({args.run}), {name}" + (f" ({converted} Transformer-layer Linears in float8 e4m3)" if name == "fp8" else ""),
+                "peer_name": "the same run in fp32", "peer_value": round(scores["fp32"], 2), "drop": round(scores["fp32"] - scores[name], 2),
+                **base} for name in ("bf16", "fp8")]
+    path = Path(args.results)
+    kept = [r for r in json.loads(path.read_text())] if path.is_file() else []
+    kept = [r for r in kept if not r.get("command", "").startswith("python benchmarks/fp8_accuracy.py")]
+    path.write_text(json.dumps(kept + records, indent=1) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""fp8 matrix products (ctxkit.inference.fp8): the GPU's arithmetic, checked on the CPU
+(torch._scaled_mm runs there too)."""
+
+import pytest
+import torch
+
+from ctxkit.heads.classification import EncoderWithHead, SequenceClassificationHead
+from ctxkit.inference.fp8 import FP8_MAX, Fp8Linear, convert_to_fp8
+from ctxkit.models import BertModel, get_preset
+
+
+def test_fp8_linear_is_a_row_scaled_e4m3_product():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 48)
+    x = torch.randn(3, 5, 64)
+    x[0, 0] *= 100  # a loud row: row-wise scales keep the quiet rows' precision
+    fp8 = Fp8Linear(linear)
+    assert fp8.qweight.dtype == torch.float8_e4m3fn and fp8.weight_scale.shape == (1, 48)
+    got = fp8(x.to(torch.bfloat16)).float()
+    want = linear(x)
+    assert got.shape == want.shape
+    # e4m3 keeps 3 mantissa bits: a few per cent per element, partly averaged out by the sums.
+    rel = (got - want).abs() / want.abs().amax(-1, keepdim=True)
+    assert rel.max() < 0.06 and rel.mean() < 0.02
+    # The same numbers by hand: quantise, multiply in fp32, rescale.
+    rows = x.reshape(-1, 64).to(torch.bfloat16).float()
+    sx = rows.abs().amax(-1, keepdim=True) / FP8_MAX
+    qx = (rows / sx).to(torch.float8_e4m3fn).float() * sx
+    qw = fp8.qweight.float() * fp8.weight_scale.t()
+    manual = (qx @ qw.t() + linear.bias).view_as(got)
+    torch.testing.assert_close(got, manual, atol=2e-2, rtol=1e-2)  # bf16 output rounding
+    with pytest.raises(ValueError, match="multiples of 16"):
+        Fp8Linear(torch.nn.Linear(60, 48))
+
+
+def test_converted_classifier_keeps_its_answers():
+    torch.manual_seed(0)
+    cfg = get_preset("bert_2_128_2").config.replace(vocab_size=300)
+    model = EncoderWithHead(BertModel(cfg), SequenceClassificationHead(128, 2, 0.0)).eval()
+    with torch.no_grad():
+        model.head.classifier.weight.mul_(100)  # logits far apart, as after training
+    ids = torch.randint(5, 300, (16, 12))
+    mask = torch.ones_like(ids)
+    mask[3, 7:] = 0
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask)["logits"]
+    model = model.to(torch.bfloat16)
+    assert convert_to_fp8(model) == 2 * 6  # q, k, v, out, fc1, fc2 per layer
+    assert all(type(m) is not torch.nn.Linear for layer in model.encoder.encoder.layers for m in layer.modules())
+    assert type(model.head.classifier) is torch.nn.Linear  # the head stays bf16
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=mask)["logits"].float()
+    assert (got.argmax(-1) == ref.argmax(-1)).all()
+    assert (got - ref).abs().max() < 0.1 * ref.abs().max()
+    with pytest.raises(ValueError, match="no ctxkit Transformer layers"):
+        convert_to_fp8(torch.nn.Sequential(torch.nn.Linear(16, 16)))
+
+
+def test_fp8_is_refused_outside_the_gpu_backend():
+    from ctxkit.inference.backends import with_backend
+
+    model = EncoderWithHead(BertModel(get_preset("bert_2_128_2").config.replace(vocab_size=300)), SequenceClassificationHead(128, 2, 0.0))
+    with pytest.raises(ValueError, match="fp8 is a precision of the gpu backend"):
+        with_backend(model, "compiled", "fp8")
+    with pytest.raises(ValueError, match="fp8 is a precision of the gpu backend"):
+        with_backend(model, "auto", "fp8")
