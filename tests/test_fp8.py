@@ -48,6 +48,17 @@ def test_converted_classifier_keeps_its_answers():
     assert convert_to_fp8(model) == 2 * 6  # q, k, v, out, fc1, fc2 per layer
     assert all(type(m) is not torch.nn.Linear for layer in model.encoder.encoder.layers for m in layer.modules())
     assert type(model.head.classifier) is torch.nn.Linear  # the head stays bf16
+    attn = model.encoder.encoder.layers[0].self_attn
+    assert attn.fused_qkv.out_features == 3 * 128  # self-attention: one fp8 GEMM for q, k, v
+    x = torch.randn(2, 5, 128, dtype=torch.bfloat16)
+    with torch.no_grad():  # the fused GEMM equals the three separate ones (same quantised input)
+        fused = attn._project(x, None, None)
+        kept = attn.fused_qkv
+        del attn.fused_qkv
+        separate = attn._project(x, None, None)
+        attn.fused_qkv = kept
+    for a, b in zip(fused, separate):
+        torch.testing.assert_close(a, b)
     with torch.no_grad():
         got = model(input_ids=ids, attention_mask=mask)["logits"].float()
     assert (got.argmax(-1) == ref.argmax(-1)).all()

@@ -81,14 +81,27 @@ def convert_to_fp8(model: nn.Module) -> int:
     """
     from ..layers.transformer import TransformerDecoderLayer, TransformerEncoderLayer
 
+    from ..layers.attention import MultiHeadAttention
+
     layers = [m for m in model.modules() if isinstance(m, (TransformerEncoderLayer, TransformerDecoderLayer))]
     if not layers:
         raise ValueError(f"{type(model).__name__} has no ctxkit Transformer layers to convert to fp8")
     count = 0
+    for attn in [m for layer in layers for m in layer.modules() if isinstance(m, MultiHeadAttention)]:
+        projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+        if all(type(p) is nn.Linear for p in projs) and len({(p.in_features, p.bias is None) for p in projs}) == 1:
+            # Self-attention: q, k and v from one fp8 GEMM (the input quantised once).
+            qkv = nn.Linear(projs[0].in_features, sum(p.out_features for p in projs), bias=projs[0].bias is not None,
+                            device=projs[0].weight.device, dtype=projs[0].weight.dtype)
+            with torch.no_grad():
+                qkv.weight.copy_(torch.cat([p.weight for p in projs]))
+                if qkv.bias is not None:
+                    qkv.bias.copy_(torch.cat([p.bias for p in projs]))
+            attn.fused_qkv = Fp8Linear(qkv)
     for layer in layers:
         for parent in list(layer.modules()):
             for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear:
+                if type(child) is nn.Linear:  # (q/k/v too: cross-attention and sparse queries use them)
                     setattr(parent, name, Fp8Linear(child))
                     count += 1
     return count

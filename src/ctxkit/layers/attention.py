@@ -334,6 +334,9 @@ class MultiHeadAttention(nn.Module):
         """
         key = query if key is None else key
         value = key if value is None else value
+        fused = getattr(self, "fused_qkv", None)  # one module for all three (e.g. ctxkit.inference.fp8)
+        if fused is not None and key is query and value is query:
+            return tuple(self._split_heads(t) for t in fused(query).split(self.embed_dim, dim=-1))  # type: ignore[return-value]
         groups: list = []  # [(input, [projections reading it])], in q, k, v order
         for proj, x in ((self.q_proj, query), (self.k_proj, key), (self.v_proj, value)):
             if groups and groups[-1][0] is x:
