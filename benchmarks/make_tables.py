@@ -146,6 +146,15 @@ def _elmo_section() -> list:
     return out
 
 
+def _drop_table(records, value_header: str) -> list:
+    """Rows of a lower-precision accuracy next to the fp32 run's (quality records with ``drop``)."""
+    rows = [f"| task | split | metric | {value_header} | fp32 | drop | model | device | date |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        rows.append(f"| {r['task']} | {r['split']} | {r['metric']} | {_fmt(r['value'])} | {_fmt(r['peer_value'])} | {_fmt(r['drop'])} | "
+                    f"{r['model']} | {r['device']} | {r['date']} |")
+    return rows
+
+
 def results_page() -> str:
     rows = _load("finetune_minilm.json")
     vs = [r for r in _load("finetune_vs_hf.json") if "task" in r]
@@ -229,11 +238,7 @@ def results_page() -> str:
     q8 = [r for r in _load("inference_cpu.json") if r.get("task")]
     if q8:
         out.append("\n## int8 quantisation accuracy (issue 6)\n")
-        out.append("| task | split | metric | int8 | fp32 | drop | model | device | date |")
-        out.append("|---|---|---|---|---|---|---|---|---|")
-        for r in q8:
-            out.append(f"| {r['task']} | {r['split']} | {r['metric']} | {_fmt(r['value'])} | {_fmt(r['peer_value'])} | {_fmt(r['drop'])} | "
-                       f"{r['model']} | {r['device']} | {r['date']} |")
+        out.extend(_drop_table(q8, "int8"))
         out.append("\nCommand: `" + q8[0]["command"] + "`.\n")
     fp8 = _load("inference_gpu_quality.json")
     if fp8:
@@ -241,11 +246,7 @@ def results_page() -> str:
         out.append("The GPU backend's precisions on a fine-tuned run: bf16 weights, and fp8 (float8 e4m3 matrix products in "
                    "the Transformer layers with per-row activation and per-channel weight scales, `ctxkit.inference.fp8`). "
                    "The fp8 arithmetic is `torch._scaled_mm`'s, run on the CPU.\n")
-        out.append("| task | split | metric | value | fp32 | drop | model | device | date |")
-        out.append("|---|---|---|---|---|---|---|---|---|")
-        for r in fp8:
-            out.append(f"| {r['task']} | {r['split']} | {r['metric']} | {_fmt(r['value'])} | {_fmt(r['peer_value'])} | {_fmt(r['drop'])} | "
-                       f"{r['model']} | {r['device']} | {r['date']} |")
+        out.extend(_drop_table(fp8, "value"))
         out.append("\nCommand: `" + fp8[0]["command"] + "`.\n")
     out.extend(_elmo_section())
     out.extend(xl_results_section())

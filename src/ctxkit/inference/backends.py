@@ -19,6 +19,23 @@ __all__ = ["BACKENDS", "with_backend", "choose_backend", "median_ms"]
 BACKENDS = ("auto", "pytorch", "onnxruntime", "compiled", "gpu")
 
 
+def add_backend_arguments(parser, default: str, what: str) -> None:
+    """``--backend`` and ``--precision`` for a command line (``ctxkit predict``, ``ctxkit serve``).
+
+    Args:
+        parser: an ``argparse`` parser.
+        default: the default backend.
+        what: what the backend runs, for the help text (e.g. "runtime of the task endpoint").
+    """
+    parser.add_argument("--backend", choices=BACKENDS, default=default,
+                        help=f"{what}: auto = the fastest correct one here (on CPU by timing PyTorch and a verified ONNX "
+                             "export; on a GPU the gpu backend for BERT-family runs), pytorch = as loaded, onnxruntime or "
+                             "compiled on CPU, gpu = bf16 GPU encoder with CUDA graphs and packed batches; the choice is "
+                             f"named (see docs/deployment.md; an int8 run always uses ONNX Runtime; default: {default})")
+    parser.add_argument("--precision", choices=("fp32", "bf16", "fp8"), default=None,
+                        help="for --backend compiled (default fp32) or gpu (default bf16; fp8: float8 GEMMs on Hopper GPUs)")
+
+
 def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional[str] = None) -> Tuple[nn.Module, str]:
     """``(model, description)`` for ``backend``.
 

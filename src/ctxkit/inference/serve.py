@@ -526,13 +526,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-text-chars", type=int, default=10_000, help="longest text/question/context (default: 10000)")
     p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body (default: fits max-items texts)")
     p.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="/embed vectors (default: mean)")
-    p.add_argument("--backend", choices=("auto", "pytorch", "onnxruntime", "compiled", "gpu"), default="pytorch",
-                   help="runtime of the task endpoint: auto picks the fastest correct one (on CPU by timing PyTorch and "
-                        "a verified ONNX export; on a GPU the gpu backend for BERT-family runs); gpu = bf16 CUDA graphs "
-                        "and packed flash-attention batches (named in /health and the startup log; see "
-                        "docs/deployment.md; default: pytorch)")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp8"), default=None,
-                   help="for --backend compiled (default fp32) or gpu (default bf16; fp8: float8 GEMMs on Hopper GPUs)")
+    from .backends import add_backend_arguments
+
+    add_backend_arguments(p, "pytorch", "runtime of the task endpoint (named in /health and the startup log)")
     p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on shutdown (default: 30)")
     p.set_defaults(func=_cmd_serve)
 

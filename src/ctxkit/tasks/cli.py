@@ -104,13 +104,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("input", nargs="?", default="-", metavar="FILE|-", help="UTF-8 input file, or - for stdin (default)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default="auto")
-    p.add_argument("--backend", choices=("auto", "pytorch", "onnxruntime", "compiled", "gpu"), default="auto",
-                   help="runtime: auto (default: the fastest correct one here, named on stderr), PyTorch as loaded; "
-                        "on CPU ONNX Runtime on a fresh export or compiled PyTorch; gpu = bf16 GPU encoder with CUDA "
-                        "graphs and packed batches "
-                        "(see docs/deployment.md; an int8 run always uses ONNX Runtime)")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp8"), default=None,
-                   help="for --backend compiled (default fp32) or gpu (default bf16; fp8: float8 GEMMs on Hopper GPUs)")
+    from ..inference.backends import add_backend_arguments
+
+    add_backend_arguments(p, "auto", "runtime")
     p.set_defaults(func=_cmd_predict)
 
 
