@@ -1,6 +1,8 @@
-"""What fp8 (e4m3) matrix products cost a fine-tuned classifier: SST-2 dev accuracy of
-the same run in fp32, bf16 and fp8 (``ctxkit.inference.fp8``: Transformer-layer
-projections and FFN in float8 with per-row activation and per-channel weight scales).
+"""What fp8 (e4m3) matrix products and the tanh-GELU epilogue cost a fine-tuned
+classifier: SST-2 dev accuracy of the same run in fp32, bf16, bf16 with the FFN's GELU in
+tanh form (``ctxkit.layers.ffn.enable_gelu_epilogue``, what ``GPUEncoder(gelu_epilogue=True)``
+computes) and fp8 (``ctxkit.inference.fp8``: Transformer-layer projections and FFN in
+float8 with per-row activation and per-channel weight scales).
 
     python benchmarks/fp8_accuracy.py --run RUN_DIR      # a `ctxkit finetune sst-2` run
 
@@ -28,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from ctxkit.inference.fp8 import convert_to_fp8  # noqa: E402
+from ctxkit.layers.ffn import enable_gelu_epilogue  # noqa: E402
 from ctxkit.tasks import load_run  # noqa: E402
 
 
@@ -43,6 +46,9 @@ def main(argv=None) -> int:
     examples = task.load(args.data or info["data"], "dev")
     variants = {"fp32": model}
     variants["bf16"] = copy.deepcopy(model).to(torch.bfloat16)
+    tanh = copy.deepcopy(model).to(torch.bfloat16)
+    ffns = enable_gelu_epilogue(tanh)
+    variants["bf16 + tanh GELU"] = tanh
     fp8 = copy.deepcopy(model).to(torch.bfloat16)
     converted = convert_to_fp8(fp8)
     variants["fp8"] = fp8
@@ -57,9 +63,10 @@ def main(argv=None) -> int:
             "command": command}
     model_name = info.get("model", "?")
     records = [{"task": "SST-2", "split": "dev", "metric": "accuracy", "value": round(scores[name], 2),
-                "model": f"{model_name} fine-tuned ({args.run}), {name}" + (f" ({converted} Transformer-layer Linears in float8 e4m3)" if name == "fp8" else ""),
+                "model": f"{model_name} fine-tuned ({args.run}), {name}" + (f" ({converted} Transformer-layer Linears in float8 e4m3)" if name == "fp8" else "")
+                + (f" (GELU of {ffns} FFNs in tanh form, as the GPU epilogue computes it)" if "tanh" in name else ""),
                 "peer_name": "the same run in fp32", "peer_value": round(scores["fp32"], 2), "drop": round(scores["fp32"] - scores[name], 2),
-                **base} for name in ("bf16", "fp8")]
+                **base} for name in ("bf16", "bf16 + tanh GELU", "fp8")]
     path = Path(args.results)
     kept = [r for r in json.loads(path.read_text())] if path.is_file() else []
     kept = [r for r in kept if not r.get("command", "").startswith("python benchmarks/fp8_accuracy.py")]

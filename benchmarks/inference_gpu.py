@@ -98,6 +98,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tokenizer", default=None, help="a BERT uncased WordPiece folder (default: the MiniLM package's)")
     parser.add_argument("--fp8", action="store_true",
                         help="also time the fp8 precision (float8 GEMMs, ctxkit.inference.fp8), recorded as its own cases")
+    parser.add_argument("--gelu-epilogue", action="store_true",
+                        help="also time bf16 with fc1's bias and GELU in the cuBLASLt epilogue (tanh GELU: a declared "
+                             "approximation of BERT's erf GELU), recorded as its own cases")
     parser.add_argument("--no-sst2", action="store_true", help="skip the variable-length SST-2 dev case")
     parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "inference_gpu.json"))
     args = parser.parse_args(argv)
@@ -133,6 +136,10 @@ def main(argv=None) -> int:
     if args.fp8:  # the same weights, float8 GEMMs in the Transformer layers (a declared precision)
         gpu8 = GPUEncoder(copy.deepcopy(ours), dtype=dtype, compile="default", fp8=True)
         fp8_runners["graphs + compile + fp8"] = lambda ids, mask, types, gpu=gpu8: gpu(ids, types, mask)["logits"]
+    epi_runners = {}
+    if args.gelu_epilogue:
+        gpu_epi = GPUEncoder(copy.deepcopy(ours), dtype=dtype, compile="default", gelu_epilogue=True)
+        epi_runners["graphs + compile + GELU epilogue"] = lambda ids, mask, types, gpu=gpu_epi: gpu(ids, types, mask)["logits"]
     device = f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
     command = "python benchmarks/inference_gpu.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     base = {"device": device, "date": datetime.date.today().isoformat(), "command": command.strip()}
@@ -152,9 +159,10 @@ def main(argv=None) -> int:
         ids = torch.randint(1000, 20000, (batch, args.seq)).pin_memory()
         feed = (ids, torch.ones_like(ids).pin_memory(), torch.zeros_like(ids).pin_memory())
         ref = peers[next(iter(peers))](*feed).float()
-        diffs = {name: float((fn(*feed).float() - ref).abs().max()) for name, fn in {**runners, **fp8_runners}.items()}
+        diffs = {name: float((fn(*feed).float() - ref).abs().max()) for name, fn in {**runners, **fp8_runners, **epi_runners}.items()}
         print(f"batch {batch}: max |logit difference| vs HF eager (bf16): {diffs}", flush=True)
-        for precision, ours_runners in (("bf16", runners), ("fp8 matrix products (declared precision; peers bf16)", fp8_runners)):
+        for precision, ours_runners in (("bf16", runners), ("fp8 matrix products (declared precision; peers bf16)", fp8_runners),
+                                        ("bf16, tanh GELU in the GEMM epilogue (declared approximation)", epi_runners)):
             if not ours_runners:
                 continue
             case = f"BERT-base classifier, {precision}, batch {batch}, seq {args.seq}"
@@ -188,6 +196,13 @@ def main(argv=None) -> int:
     record(f"BERT-base classifier, bf16, SST-2 dev ({n} sentences, {tokens} tokens), batches of {args.sst2_batch} in file order",
            "throughput", "sentences/s", ours_tp, peer_tp, True,
            {"max_abs_logit_diff_vs_hf": float((got - ref).abs().max()), "same_argmax_share": float((got.argmax(-1) == ref.argmax(-1)).float().mean())})
+    if epi_runners:  # the packed path (compiled, dynamic shapes) with the GELU epilogue: its own declared case
+        name = next(iter(epi_runners))
+        got = torch.cat([epi_runners[name](*b).float() for b in batches])
+        record(f"BERT-base classifier, bf16, tanh GELU in the GEMM epilogue (declared approximation), SST-2 dev ({n} sentences, "
+               f"{tokens} tokens), batches of {args.sst2_batch} in file order", "throughput", "sentences/s",
+               {"packed, compiled (dynamic shapes) + GELU epilogue": n / seconds(epi_runners[name], batches, args.repeat)}, peer_tp, True,
+               {"max_abs_logit_diff_vs_hf": float((got - ref).abs().max()), "same_argmax_share": float((got.argmax(-1) == ref.argmax(-1)).float().mean())})
     Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
     print(f"wrote {args.results}")
     return 0

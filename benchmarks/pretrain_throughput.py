@@ -151,7 +151,7 @@ def run_ctxkit(cfg, batch, variant: str = "graphs") -> float:
         return time_steps(lambda: step(batch), 3, args_steps)
 
 
-def profile_ctxkit(cfg, batch, variant: str, rows: int = 30) -> str:
+def profile_ctxkit(cfg, batch, variant: str, rows: int = 45) -> str:
     """Kernel time table of eager (un-graphed) steps, to see where a step goes."""
     from torch.profiler import ProfilerActivity, profile
 

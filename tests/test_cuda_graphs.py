@@ -194,3 +194,26 @@ def test_serve_gpu_backend_answers_like_pytorch_and_keeps_fp32_embed(tmp_path):
     for a, b in zip(ours, ref):
         assert abs(max(a["probs"].values()) - max(b["probs"].values())) < 0.03
     assert our_vector == pytest.approx(ref_vector, abs=1e-5)
+
+
+def test_gpu_encoder_gelu_epilogue_stays_close_to_erf_gelu():
+    """gelu_epilogue=True (cuBLASLt bias + tanh GELU epilogue) under compile and graphs:
+    fp32 logits within tanh-vs-erf distance of the plain model, and the same labels."""
+    from ctxkit.inference.gpu import GPUEncoder
+
+    ref = _model().eval()
+    ids = torch.randint(8, 500, (8, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expect = ref(ids)["logits"]
+    fused = GPUEncoder(_model(), dtype=torch.float32, compile="default", gelu_epilogue=True)
+    got = fused(ids, torch.zeros_like(ids), torch.ones_like(ids))["logits"].cpu()
+    assert fused.last_path == "graph"
+    assert 0 < (got - expect).abs().max() < 1e-2
+    assert torch.equal(got.argmax(-1), expect.argmax(-1))
+    mask = torch.ones_like(ids)
+    mask[1:, 20:] = 0
+    with torch.no_grad():
+        expect = ref(ids * mask, None, mask)["logits"]
+    got = fused(ids * mask, None, mask)["logits"].cpu()  # the packed path, compiled with dynamic shapes
+    assert fused.last_path == "packed"
+    assert 0 < (got - expect).abs().max() < 1e-2

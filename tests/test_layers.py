@@ -164,3 +164,52 @@ def test_decoder_layer_is_causal_and_uses_memory():
     keep = torch.tensor([[1, 1, 1, 1, 0, 0, 0]])
     _, _, cw = dec(x, mem, memory_mask=padding_mask(keep), need_weights=True)
     assert cw[..., 4:].abs().max() == 0
+
+
+def test_ffn_gelu_epilogue_is_tanh_gelu_in_inference_and_plain_in_training():
+    """The fused fc1 + tanh GELU (one GEMM on CUDA) equals the spelled-out tanh form, is
+    within tanh-vs-erf distance of BERT's erf FFN, and never runs where gradients flow."""
+    import torch.nn.functional as F
+
+    from ctxkit.layers.ffn import PositionwiseFFN
+
+    torch.manual_seed(0)
+    ffn = PositionwiseFFN(16, 64, "gelu")
+    x = torch.randn(3, 7, 16)
+    erf = ffn(x)
+    ffn.gelu_epilogue = True
+    with torch.no_grad():
+        fused = ffn(x)
+        tanh = ffn.fc2(F.gelu(ffn.fc1(x), approximate="tanh"))
+    assert torch.allclose(fused, tanh, atol=1e-6)
+    assert 0 < (fused - erf).abs().max() < 1e-2  # a different function, but a close one
+    assert torch.equal(ffn(x), erf)  # grad enabled: the exact erf path, differentiable
+    ffn(x).sum().backward()
+    assert ffn.fc1.weight.grad is not None
+
+
+def test_compiled_inference_reuses_the_right_fused_projection_per_set():
+    """Concatenated projections are cached per set: a [CLS]-only last layer asks for k/v
+    while the other layers ask for q/k/v, and a compiled graph (static, then dynamic
+    shapes over packed rows) must get each its own concatenation."""
+    from ctxkit.heads.classification import EncoderWithHead, SequenceClassificationHead
+    from ctxkit.layers.attention import PackedSequences
+    from ctxkit.models.bert import BertModel
+    from ctxkit.models.presets import get_preset
+
+    torch.manual_seed(0)
+    config = get_preset("bert_2_128_2").config.replace(vocab_size=300, dropout=0.0, attention_dropout=0.0)
+    model = EncoderWithHead(BertModel(config), SequenceClassificationHead(128, 2, 0.0), cls_only=True).eval()
+    ids = torch.randint(5, 300, (3, 12), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    with torch.inference_mode():
+        expect, expect_padded = model(ids)["logits"], model(ids, None, mask)["logits"]
+        for module in model.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.prepare_inference()
+        assert len(model.encoder.encoder.layers[-1].self_attn._fused_cache) == 2  # q/k/v and k/v
+        torch._dynamo.reset()
+        assert torch.allclose(torch.compile(model)(ids)["logits"], expect, atol=1e-5)
+        packed = torch.compile(model, dynamic=True)(ids * mask, None, PackedSequences(mask))["logits"]
+        assert torch.allclose(packed, expect_padded, atol=1e-5)

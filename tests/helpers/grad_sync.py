@@ -68,6 +68,7 @@ def main(out: str) -> None:
     manual = [p.grad.clone() for p in model.parameters()]
     all_reduce_gradients(model.parameters())
     synced = [p.grad.clone() for p in model.parameters()]
+    storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
     for p, g in zip(model.parameters(), manual):
         p.grad = g.clone()
     all_reduce_gradients(model.parameters(), torch.bfloat16)
@@ -89,6 +90,7 @@ def main(out: str) -> None:
             "same_weights": all(torch.equal(g, gathered[0]) for g in gathered),
             "max_diff_vs_ddp": max((a - b).abs().max().item() for a, b in zip(synced, reference)),
             "loss_scale": sync.loss_scale,
+            "grad_storages_after_sync": len(storages),
             "prescaled_max_diff": max((a - b).abs().max().item() for a, b in zip(presummed, reference)),
             "bf16_max_rel_err": max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(in_bf16, reference)),
             "bf16_is_rounded": any(not torch.equal(a, b) for a, b in zip(in_bf16, reference)),

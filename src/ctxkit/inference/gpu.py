@@ -25,7 +25,8 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..layers.attention import PackedSequences
+from ..layers.attention import MultiHeadAttention, PackedSequences
+from ..layers.ffn import enable_gelu_epilogue
 
 __all__ = ["GPUEncoder", "GPUTaskModel"]
 
@@ -61,6 +62,12 @@ class GPUEncoder:
         fp8: also run the Transformer layers' projections and FFN as float8 GEMMs
             (:func:`ctxkit.inference.fp8.convert_to_fp8`; needs a GPU with fp8 tensor
             cores, e.g. Hopper): a separate, declared precision.
+        gelu_epilogue: compute each feed-forward block's ``gelu(fc1(x))`` as one cuBLASLt
+            GEMM with the bias and GELU in its epilogue
+            (:func:`ctxkit.layers.ffn.linear_gelu_tanh`). cuBLASLt's GELU is the tanh form:
+            exact for tanh-GELU models (GPT-2), a declared approximation for erf-GELU models
+            such as BERT (|gelu_erf - gelu_tanh| < 5e-4, below bf16's rounding of the
+            same values).
 
     Call it like the model: ``encoder(input_ids, token_type_ids, attention_mask)`` with
     ``(batch, seq)`` tensors on any device. A batch whose mask is all ones (or None) takes
@@ -68,7 +75,7 @@ class GPUEncoder:
     """
 
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, device=None, cuda_graphs: bool = True,
-                 compile=False, max_graphs: int = 8, fp8: bool = False):
+                 compile=False, max_graphs: int = 8, fp8: bool = False, gelu_epilogue: bool = False):
         if not torch.cuda.is_available():
             raise RuntimeError("GPUEncoder needs a CUDA device; use ctxkit.inference.backends on CPU")
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
@@ -77,6 +84,12 @@ class GPUEncoder:
             from .fp8 import convert_to_fp8
 
             convert_to_fp8(self.model)
+        if gelu_epilogue:
+            enable_gelu_epilogue(self.model)
+        with torch.no_grad():
+            for module in self.model.modules():
+                if isinstance(module, MultiHeadAttention):
+                    module.prepare_inference()
         self.dtype = dtype
         self.cuda_graphs = cuda_graphs
         self.max_graphs = max_graphs

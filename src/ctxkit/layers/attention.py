@@ -365,12 +365,15 @@ class MultiHeadAttention(nn.Module):
 
     def _fused(self, projs) -> Tuple[Tensor, Optional[Tensor]]:
         """The concatenated weight and bias of ``projs``. Without autograd (inference) the
-        concatenation is kept and reused until a weight changes (its version counter
-        moves): decoding one token at a time would otherwise copy the matrices per token."""
+        concatenation is kept, one per projection set (q/k/v, or k/v when the queries are
+        a subset), and reused until a weight changes (its version counter moves): decoding
+        one token at a time would otherwise copy the matrices per token."""
+        which = tuple(id(p) for p in projs)
+        caches = getattr(self, "_fused_cache", None) or {}
         if torch.compiler.is_compiling() and not torch.is_grad_enabled():
             # Inside a compiled inference graph: reuse the concatenation an eager call made
             # (checking versions would break the graph); StaticDecoder runs one first.
-            cached = getattr(self, "_fused_cache", None)
+            cached = caches.get(which)
             if cached is not None:
                 return cached[1]
         params = [p.weight for p in projs] + [p.bias for p in projs if p.bias is not None]
@@ -378,14 +381,27 @@ class MultiHeadAttention(nn.Module):
             self._fused_cache = None
         else:
             key = tuple((id(p), p._version, p.device, p.dtype) for p in params)
-            cached = getattr(self, "_fused_cache", None)
+            cached = caches.get(which)
             if cached is not None and cached[0] == key:
                 return cached[1]
         weight = torch.cat([p.weight for p in projs])
         bias = torch.cat([p.bias for p in projs]) if projs[0].bias is not None else None
         if not torch.is_grad_enabled():
-            self._fused_cache = (key, (weight, bias))
+            if not torch.compiler.is_compiling():
+                # A graph compiled with dynamic shapes would otherwise treat the cached
+                # matrices' sizes as symbols (and fail to split the result by them).
+                for t in (weight, bias):
+                    if t is not None:
+                        torch._dynamo.mark_static(t)
+            self._fused_cache = {**caches, which: (key, (weight, bias))}
         return weight, bias
+
+    def prepare_inference(self) -> None:
+        """Concatenate the self-attention projections now, outside any compiled graph, so
+        every compiled inference graph reuses one static copy (call under no_grad)."""
+        projs = [self.q_proj, self.k_proj, self.v_proj]
+        if getattr(self, "fused_qkv", None) is None and all(type(p) is nn.Linear for p in projs):
+            self._fused(projs)
 
     def forward(
         self,
