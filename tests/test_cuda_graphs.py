@@ -121,7 +121,7 @@ def test_gpu_encoder_graphs_and_packed_batches_match_eager(compile):
         expect = ref.encoder(ids, None, mask).last_hidden_state
         bf16 = GPUEncoder(_model().encoder, dtype=torch.bfloat16, compile=compile)
         got = bf16(ids, None, mask).last_hidden_state.float().cpu()
-        assert bf16.last_path == "packed"
+        assert bf16.last_path == "packed graph"  # packed, bucketed, replayed
         real = mask.bool()
         assert (got[real] - expect[real]).abs().max() < 0.1 and expect[real].abs().mean() > 0.5
         assert got[~real].abs().max() == 0
@@ -151,7 +151,7 @@ def test_gpu_backend_predicts_like_pytorch():
         got = predict(model, feats, batch_size=32, device="cuda", precision="fp32")  # no autocast on top
         assert len(got) == len(ref)
         assert max(float(abs(a - b).max()) for a, b in zip(got, ref)) < tol
-        assert model.runner.last_path in ("graph", "packed")
+        assert model.runner.last_path in ("graph", "packed", "packed graph")
 
 
 def test_serve_gpu_backend_answers_like_pytorch_and_keeps_fp32_embed(tmp_path):
@@ -215,5 +215,35 @@ def test_gpu_encoder_gelu_epilogue_stays_close_to_erf_gelu():
     with torch.no_grad():
         expect = ref(ids * mask, None, mask)["logits"]
     got = fused(ids * mask, None, mask)["logits"].cpu()  # the packed path, compiled with dynamic shapes
-    assert fused.last_path == "packed"
+    assert fused.last_path == "packed"  # fp32: packed, not graphed
     assert 0 < (got - expect).abs().max() < 1e-2
+
+
+@pytest.mark.parametrize("compile", [False, "default"])
+def test_gpu_encoder_replays_packed_batches_from_bucketed_graphs(compile):
+    """Variable-length batches replay from bucketed graphs: the same answers as the
+    ungraphed packed path, fresh inputs on every replay (no stale rows), one graph per
+    bucket, and cut back to each caller's shape."""
+    from ctxkit.inference.gpu import GPUEncoder
+
+    graphed = GPUEncoder(_model(), dtype=torch.bfloat16, compile=compile)
+    plain = GPUEncoder(_model(), dtype=torch.bfloat16, compile=compile, cuda_graphs=False)
+    g = torch.Generator().manual_seed(3)
+    shapes = [(4, 32), (4, 32), (6, 20), (40, 64)]  # the first three share a bucket
+    for rows, seq in shapes:
+        ids = torch.randint(8, 500, (rows, seq), generator=g)
+        lengths = torch.randint(1, seq + 1, (rows,), generator=g)
+        lengths[0] = seq
+        mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+        lengths[-1] = max(1, seq // 3)
+        mask[-1] = (torch.arange(seq) < lengths[-1]).long()
+        got = graphed(ids, None, mask)["logits"]
+        assert graphed.last_path == "packed graph"
+        expect = plain(ids, None, mask)["logits"]
+        assert plain.last_path == "packed"
+        assert got.shape == expect.shape == (rows, 2)
+        assert (got.float() - expect.float()).abs().max() < 2e-2 and expect.float().abs().mean() > 1e-2  # bf16
+    assert len(graphed._packed_graphs) == 2
+    fp32 = GPUEncoder(_model(), dtype=torch.float32)  # fp32 attends per sequence: packed, never graphed
+    fp32(ids, None, mask)
+    assert fp32.last_path == "packed" and not fp32._packed_graphs

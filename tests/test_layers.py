@@ -213,3 +213,33 @@ def test_compiled_inference_reuses_the_right_fused_projection_per_set():
         assert torch.allclose(torch.compile(model)(ids)["logits"], expect, atol=1e-5)
         packed = torch.compile(model, dynamic=True)(ids * mask, None, PackedSequences(mask))["logits"]
         assert torch.allclose(packed, expect_padded, atol=1e-5)
+
+
+def test_bucketed_packed_batch_gives_the_real_rows_their_own_outputs():
+    """GPUEncoder's graph buckets: filler and empty rows added by bucket_batch leave the
+    real rows' packed outputs unchanged, and the axes cut back to the caller's shape."""
+    from ctxkit.heads.classification import EncoderWithHead, TokenClassificationHead
+    from ctxkit.inference.gpu import GPUEncoder, bucket_batch, token_bucket
+    from ctxkit.layers.attention import PackedSequences
+    from ctxkit.models.bert import BertModel
+    from ctxkit.models.presets import get_preset
+
+    assert [token_bucket(n) for n in (1, 256, 257, 4096, 4097, 6446)] == [256, 256, 512, 4096, 4608, 6656]
+    torch.manual_seed(0)
+    config = get_preset("bert_2_128_2").config.replace(vocab_size=300, dropout=0.0, attention_dropout=0.0)
+    model = EncoderWithHead(BertModel(config), TokenClassificationHead(128, 5, 0.0)).eval()
+    ids = torch.randint(5, 300, (3, 12), generator=torch.Generator().manual_seed(1))
+    types = torch.randint(0, 2, (3, 12), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    mask[2, 9:] = 0
+    b_ids, b_types, b_mask = bucket_batch(ids, types, mask)
+    rows, width = b_mask.shape
+    assert rows % 32 == 0 and rows > 3 and width == 33 and int(b_mask.sum()) == 256
+    assert torch.equal(b_mask[:3, :12], mask.bool()) and not b_mask[:3, 12:].any()
+    with torch.inference_mode():
+        expect = model(ids, types, PackedSequences(mask))
+        got = model(b_ids, b_types, PackedSequences(b_mask))
+    cut = GPUEncoder._cut(got["logits"], rows, width, 3, 12)  # (batch, seq, labels): both axes cut
+    assert cut.shape == expect["logits"].shape == (3, 12, 5)
+    assert torch.allclose(cut, expect["logits"], atol=1e-5)

@@ -12,6 +12,9 @@ Two kinds of batch reach a deployed encoder, and each has its own cost:
   one row of real tokens (:class:`~ctxkit.layers.attention.PackedSequences`), so the
   GEMMs, norms and activations skip the padding and attention runs flash attention's
   variable-length kernel; outputs come back padded, so every task head works unchanged.
+  With ``cuda_graphs`` the packed batch is also replayed from a graph: its token count is
+  rounded up on a ladder (at most 1/8 more, :func:`token_bucket`) by filler sequences, so
+  a few graphs serve every mix of lengths and Python launches nothing per layer.
 
 Weights are cast to bf16 once (no autocast casts per call); LayerNorm and softmax still
 accumulate in fp32 inside their kernels.
@@ -20,6 +23,7 @@ accumulate in fp32 inside their kernels.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -28,7 +32,9 @@ from torch import Tensor, nn
 from ..layers.attention import MultiHeadAttention, PackedSequences
 from ..layers.ffn import enable_gelu_epilogue
 
-__all__ = ["GPUEncoder", "GPUTaskModel"]
+__all__ = ["GPUEncoder", "GPUTaskModel", "bucket_batch", "token_bucket"]
+
+logger = logging.getLogger(__name__)
 
 
 def _map_tensors(obj: Any, fn) -> Any:
@@ -44,6 +50,59 @@ def _map_tensors(obj: Any, fn) -> Any:
     return obj
 
 
+def _pinned(t: Tensor) -> Tensor:
+    """A host tensor in pinned memory: copies from pageable memory make the host wait for
+    the GPU's earlier work, which would serialise preparing a batch with running the last."""
+    return t.pin_memory() if t.device.type == "cpu" and not t.is_pinned() else t
+
+
+def _round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+def token_bucket(total: int) -> int:
+    """``total`` rounded up on a ladder of 8 steps per power of two (at least 256 tokens):
+    at most 1/8 of the compute is filler, and ~8 graphs cover each doubling."""
+    top = 1 << max(total.bit_length() - 1, 0)
+    return _round_up(max(total, 1), max(256, top // 8))
+
+
+def bucket_batch(input_ids: Tensor, token_type_ids: Optional[Tensor], attention_mask: Tensor):
+    """Pad a right-padded ``(batch, seq)`` batch to a bucketed shape on the host.
+
+    The real rows keep their tokens; filler rows (pad id 0, none longer than the longest
+    real row) bring the real-token count up to :func:`token_bucket`; empty rows bring the row count
+    to a multiple of 32. Packed attention keeps every row to itself, so the real rows'
+    outputs are those of the original batch. The width ``roundup(seq, 32) + 1`` and the
+    row count (> batch) differ from ``seq`` and ``batch``, which tells batch and token
+    axes of the outputs apart (see ``GPUEncoder._cut``).
+
+    Returns:
+        ``(ids, types or None, mask)``, each ``(rows, width)`` on the host.
+    """
+    mask = attention_mask.bool().cpu()
+    batch, seq = mask.shape
+    lengths = mask.sum(1)
+    total = int(lengths.sum())
+    width = _round_up(seq, 32) + 1
+    filler = token_bucket(total) - total
+    # Filler rows no longer than the longest real row: their positions stay in range.
+    longest = max(int(lengths.max()), 1)
+    fill = [longest] * (filler // longest) + ([filler % longest] if filler % longest else [])
+    rows = _round_up(batch + len(fill) + 1, 32)
+    all_lengths = torch.zeros(rows, dtype=torch.long)
+    all_lengths[:batch] = lengths
+    all_lengths[batch:batch + len(fill)] = torch.tensor(fill, dtype=torch.long)
+    new_mask = torch.arange(width)[None, :] < all_lengths[:, None]
+    ids = torch.zeros(rows, width, dtype=input_ids.dtype)
+    ids[:batch, :seq] = input_ids.cpu()
+    types = None
+    if token_type_ids is not None:
+        types = torch.zeros(rows, width, dtype=token_type_ids.dtype)
+        types[:batch, :seq] = token_type_ids.cpu()
+    return ids, types, new_mask
+
+
 class GPUEncoder:
     """Run an encoder task model fast on one CUDA device.
 
@@ -54,11 +113,12 @@ class GPUEncoder:
             ``dtype`` in place and put in eval mode.
         dtype: weight and activation dtype (bf16 by default; fp32 for checking).
         device: the CUDA device (default: the current one).
-        cuda_graphs: replay fixed-shape batches from captured CUDA graphs.
+        cuda_graphs: replay batches from captured CUDA graphs: fixed-shape batches as they
+            are, variable-length ones (fp16/bf16) packed and bucketed (:func:`bucket_batch`).
         compile: ``torch.compile`` the forward pass (Inductor fuses the elementwise work
             between GEMMs); a string picks the mode. Graph capture stays ctxkit's, so the
             default mode is ``"max-autotune-no-cudagraphs"``.
-        max_graphs: fixed shapes kept captured at once (each holds its activations).
+        max_graphs: shapes kept captured at once, per path (each holds its activations).
         fp8: also run the Transformer layers' projections and FFN as float8 GEMMs
             (:func:`ctxkit.inference.fp8.convert_to_fp8`; needs a GPU with fp8 tensor
             cores, e.g. Hopper): a separate, declared precision.
@@ -102,6 +162,10 @@ class GPUEncoder:
             # dominate once the padding is gone); the first few batches compile.
             self.forward_packed = torch.compile(self.model, dynamic=True)
         self._graphs: Dict[Tuple, Tuple[torch.cuda.CUDAGraph, Dict[str, Tensor], Any]] = {}
+        # Packed graphs need the varlen kernel, which reads the sequence boundaries on the
+        # GPU (fp16/bf16); fp32 attends per sequence with host lengths a graph would freeze.
+        self.packed_graphs = cuda_graphs and dtype in (torch.float16, torch.bfloat16)  # off if a capture fails
+        self._packed_graphs: Dict[Tuple, Optional[Tuple[torch.cuda.CUDAGraph, Dict[str, Tensor], Any]]] = {}
         self.last_path: Optional[str] = None
 
     @torch.inference_mode()
@@ -114,13 +178,17 @@ class GPUEncoder:
             attention_mask: ``(batch, seq)``, 1 on real tokens (right padding), or None.
         """
         if attention_mask is not None and not bool(attention_mask.bool().all()):
+            if self.cuda_graphs and self.packed_graphs:
+                out = self._replay_packed(input_ids, token_type_ids, attention_mask)
+                if out is not None:
+                    self.last_path = "packed graph"
+                    return out
             self.last_path = "packed"
             to = dict(device=self.device, non_blocking=True)
             packed = PackedSequences(attention_mask).to(self.device)
-            types = token_type_ids.to(**to) if token_type_ids is not None else None
-            # No graph: the packed shape changes with every batch (a graph per shape would
-            # rarely be reused); compiled with dynamic shapes when compile is on.
-            return self.forward_packed(input_ids.to(**to), types, packed)
+            types = _pinned(token_type_ids).to(**to) if token_type_ids is not None else None
+            # Compiled with dynamic shapes when compile is on: one graph for every length.
+            return self.forward_packed(_pinned(input_ids).to(**to), types, packed)
         if not self.cuda_graphs:
             self.last_path = "eager"
             types = token_type_ids.to(self.device) if token_type_ids is not None else None
@@ -137,9 +205,9 @@ class GPUEncoder:
             entry = self._capture(input_ids, token_type_ids)
             self._graphs[key] = entry
         graph, inputs, outputs = entry
-        inputs["input_ids"].copy_(input_ids, non_blocking=True)
+        inputs["input_ids"].copy_(_pinned(input_ids), non_blocking=True)
         if token_type_ids is not None:
-            inputs["token_type_ids"].copy_(token_type_ids, non_blocking=True)
+            inputs["token_type_ids"].copy_(_pinned(token_type_ids), non_blocking=True)
         graph.replay()
         return _map_tensors(outputs, lambda t: t.clone())
 
@@ -147,10 +215,11 @@ class GPUEncoder:
         inputs = {"input_ids": input_ids.to(self.device).clone()}
         if token_type_ids is not None:
             inputs["token_type_ids"] = token_type_ids.to(self.device).clone()
+        graph, outputs = self._record(lambda: self.forward(inputs["input_ids"], inputs.get("token_type_ids"), None))
+        return graph, inputs, outputs
 
-        def run():
-            return self.forward(inputs["input_ids"], inputs.get("token_type_ids"), None)
-
+    def _record(self, run):
+        """Warm ``run`` up on a side stream, then capture it; returns ``(graph, outputs)``."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -162,7 +231,65 @@ class GPUEncoder:
         # thread) may touch CUDA while this one captures.
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             outputs = run()
-        return graph, inputs, outputs
+        return graph, outputs
+
+    @staticmethod
+    def _cut(t: Tensor, rows: int, width: int, batch: int, seq: int) -> Tensor:
+        """A bucketed output back to the caller's batch: batch axis first, token axis second."""
+        if t.dim() >= 1 and t.shape[0] == rows:
+            t = t[:batch]
+        if t.dim() >= 2 and t.shape[1] == width:
+            t = t[:, :seq]
+        return t.clone()
+
+    def _replay_packed(self, input_ids: Tensor, token_type_ids: Optional[Tensor], attention_mask: Tensor):
+        """The packed batch through a bucketed graph; None where a graph cannot serve it."""
+        batch, seq = attention_mask.shape
+        ids, types, mask = bucket_batch(input_ids, token_type_ids, attention_mask)
+        packed = PackedSequences(mask)
+        rows, width = mask.shape
+        key = (rows, width, packed.total, types is not None)
+        if key not in self._packed_graphs:
+            while len(self._packed_graphs) >= self.max_graphs:
+                self._packed_graphs.pop(next(iter(self._packed_graphs)))
+            try:
+                entry = self._capture_packed(ids, types, packed, input_ids, token_type_ids, attention_mask)
+            except RuntimeError as err:  # e.g. a model whose packed path synchronises: run it ungraphed
+                logger.warning("packed batches of %s run without CUDA graphs: capture failed (%s)", type(self.model).__name__, err)
+                self.packed_graphs = False
+                return None
+            self._packed_graphs[key] = entry
+        entry = self._packed_graphs[key]
+        if entry is None:  # outputs whose axes cannot be told apart: this shape runs ungraphed
+            return None
+        graph, static, outputs = entry
+        static["input_ids"].copy_(_pinned(ids), non_blocking=True)
+        if types is not None:
+            static["token_type_ids"].copy_(_pinned(types), non_blocking=True)
+        static["index"].copy_(_pinned(packed.index), non_blocking=True)
+        static["cu_seqlens"].copy_(_pinned(packed.cu_seqlens), non_blocking=True)
+        graph.replay()
+        return _map_tensors(outputs, lambda t: self._cut(t, rows, width, batch, seq))
+
+    def _capture_packed(self, ids, types, packed: PackedSequences, input_ids, token_type_ids, attention_mask):
+        rows, width = ids.shape
+        static = {"input_ids": ids.to(self.device), "index": packed.index.to(self.device),
+                  "cu_seqlens": packed.cu_seqlens.to(self.device)}
+        if types is not None:
+            static["token_type_ids"] = types.to(self.device)
+        graphed = object.__new__(PackedSequences)
+        # The width bounds every length, so one graph serves any batch of this bucket.
+        graphed.__dict__.update(packed.__dict__, index=static["index"], cu_seqlens=static["cu_seqlens"], max_len=width)
+        # The axes test: the outputs, cut back, must have the shapes of the plain packed call.
+        to = dict(device=self.device)
+        plain = self.forward_packed(input_ids.to(**to), token_type_ids.to(**to) if token_type_ids is not None else None,
+                                    PackedSequences(attention_mask).to(self.device))
+        graph, outputs = self._record(lambda: self.forward_packed(static["input_ids"], static.get("token_type_ids"), graphed))
+        batch, seq = attention_mask.shape
+        got, want = [], []
+        _map_tensors(outputs, lambda t: got.append(tuple(self._cut(t, rows, width, batch, seq).shape)))
+        _map_tensors(plain, lambda t: want.append(tuple(t.shape)))
+        return (graph, static, outputs) if got == want else None
 
 
 class GPUTaskModel(nn.Module):

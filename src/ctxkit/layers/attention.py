@@ -67,6 +67,15 @@ def causal_mask(query_len: int, key_len: Optional[int] = None, device=None) -> T
     return torch.ones(query_len, key_len, dtype=torch.bool, device=device).tril(diagonal=offset)
 
 
+def _to_async(t: Tensor, device) -> Tensor:
+    """``t`` on ``device`` without making the host wait: a copy from pageable host memory
+    would wait for the GPU to finish its earlier work, so host tensors are pinned first."""
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
 class PackedSequences:
     """A padded batch with the padding removed: every real token in one row.
 
@@ -107,8 +116,7 @@ class PackedSequences:
         move it: the lengths are read without waiting for the GPU)."""
         moved = object.__new__(PackedSequences)
         moved.__dict__.update(self.__dict__)
-        moved.index = self.index.to(device, non_blocking=True)
-        moved.cu_seqlens = self.cu_seqlens.to(device, non_blocking=True)
+        moved.index, moved.cu_seqlens = (_to_async(t, device) for t in (self.index, self.cu_seqlens))
         return moved
 
     def pack(self, x: Tensor) -> Tensor:

@@ -82,9 +82,12 @@ class LearnedPositionalEmbedding(nn.Embedding):
             ``(seq_len, dim)``, or ``position_ids.shape + (dim,)``.
         """
         if position_ids is not None:
-            # The range check reads the ids on the host (a sync, and a graph break when
-            # compiled): compiled callers (the GPU packed path) pass in-range ids by construction.
-            if not torch.compiler.is_compiling() and position_ids.numel() and int(position_ids.max()) >= self.max_len:
+            # The range check reads the ids on the host (a sync, a graph break when compiled,
+            # an error inside a CUDA graph capture): compiled and graphed callers (the GPU
+            # packed path) pass in-range ids by construction.
+            capturing = position_ids.is_cuda and torch.cuda.is_current_stream_capturing()
+            checkable = not torch.compiler.is_compiling() and not capturing
+            if checkable and position_ids.numel() and int(position_ids.max()) >= self.max_len:
                 _check_length(int(position_ids.max()) + 1, self.max_len)
             return super().forward(position_ids)
         _check_length(offset + seq_len, self.max_len)
