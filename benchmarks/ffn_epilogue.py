@@ -25,7 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from ctxkit.layers.ffn import linear_gelu_tanh  # noqa: E402
 
 
-def time_ms(fn, reps: int) -> float:
+def kernel_table(fn, calls: int, rows: int = 10) -> str:
+    """The CUDA kernels of ``calls`` calls of ``fn``, longest total first."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=90)
+
+
+def time_ms(fn, reps: int = 50) -> float:
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
@@ -84,12 +93,8 @@ def main(argv=None) -> int:
             print(f"{name:52s} {ms:8.3f} {f / ms / 1e9:8.1f}")
         if args.profile:
             for name, fn, _ in rows[-2:]:
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                    for _ in range(10):
-                        fn()
-                    torch.cuda.synchronize()
                 print(f"-- {name} (10 calls)")
-                print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=8, max_name_column_width=90))
+                print(kernel_table(fn, 10, rows=8))
     return 0
 
 

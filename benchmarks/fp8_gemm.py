@@ -12,34 +12,21 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ffn_epilogue import kernel_table, time_ms  # noqa: E402
 
 from ctxkit.inference.gpu import GPUEncoder  # noqa: E402
 from ctxkit.models.bert import BertModel  # noqa: E402
 from ctxkit.models.presets import PRESETS  # noqa: E402
 
 SHAPES = {"q/k/v": (768, 2304), "attention output": (768, 768), "fc1": (768, 3072), "fc2": (3072, 768)}
-
-
-def time_ms(fn, reps: int = 50) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main(argv=None) -> int:
@@ -66,12 +53,8 @@ def main(argv=None) -> int:
         for label, options in (("bf16", {}), ("fp8", {"fp8": True})):
             enc = GPUEncoder(copy.deepcopy(model), compile="default", cuda_graphs=False, **options)
             enc(ids)
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    enc(ids)
-                torch.cuda.synchronize()
             print(f"-- {label}: batch 256 x 128, 5 forward passes")
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=80))
+            print(kernel_table(lambda: enc(ids), 5, rows=14))
     return 0
 
 

@@ -314,7 +314,7 @@ def performance_page() -> str:
                        f"{r.get('peer_name') or '-'} | {peer} | {_fmt(p1)} -> {_fmt(p2)} | {r['device']} | {r['date']} |")
         out.append("\nRows in file order (older first). The issue's >= 1.9x is met with bf16 gradient communication "
                    "(`--grad-reduce-dtype bfloat16`, the rounding of DDP's `bf16_compress_hook`): 1.905x and 1.915x in two "
-                   "runs. With exact fp32 gradients the current flat all-reduce scales 1.88-1.90x (HF + DDP 1.92x in the same "
+                   "runs. With exact fp32 gradients the flat all-reduce then (copying the sums back) scaled 1.88-1.90x (HF + DDP 1.92x in the same "
                    "run): borderline, not met. What the step pays on 2 H100s (diagnostic rows): ranks that never communicate "
                    "scale 1.987x; all-reducing one number per step 1.972x (waiting for the slower rank, ~1.5 %); the 440 MB "
                    "fp32 all-reduce alone takes 1.43 ms at 307 GB/s bus bandwidth (bf16: 0.74 ms; `torchrun --nproc_per_node 2 "
@@ -323,10 +323,10 @@ def performance_page() -> str:
                    "world size took the flat fp32 path from 1.84-1.87x to 1.88-1.90x. Overlapping the all-reduce with the "
                    "backward pass (model compiled as 2 or 4 segments so upper-layer gradients arrive early, buckets sent from "
                    "gradient hooks) gave 1.85-1.87x: NCCL's kernels take SMs from the backward kernels they run beside. More "
-                   "NCCL channels (`NCCL_MIN_NCHANNELS=32`) changed nothing. Latest revision (last two rows): the summed "
+                   "NCCL channels (`NCCL_MIN_NCHANNELS=32`) changed nothing. Latest revision (last three rows): the summed "
                    "flat buffer becomes the gradients (each `p.grad` a view of it, as DDP's `gradient_as_bucket_view`), so "
-                   "the copy back is gone: fp32 gradients scaled 1.904x and 1.907x (HF + DDP 1.929x in the first run), at "
-                   "the >= 1.9x target in both runs, by a margin of under 0.5 %.")
+                   "the copy back is gone: fp32 gradients scaled 1.904x, 1.907x and 1.905x (HF + DDP 1.929x in the first "
+                   "run), at the >= 1.9x target in all three runs, by a margin of under 0.5 %.")
     gen = _load("generate.json")
     if gen:
         out.append("\n## Decoding speed (issue 5)\n")
