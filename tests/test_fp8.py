@@ -67,11 +67,11 @@ def test_converted_classifier_keeps_its_answers():
         convert_to_fp8(torch.nn.Sequential(torch.nn.Linear(16, 16)))
 
 
-def test_fp8_is_refused_outside_the_gpu_backend():
+@pytest.mark.parametrize("precision", ["fp8", "bf16-gelu-tanh"])
+def test_gpu_only_precisions_are_refused_outside_the_gpu_backend(precision):
     from ctxkit.inference.backends import with_backend
 
     model = EncoderWithHead(BertModel(get_preset("bert_2_128_2").config.replace(vocab_size=300)), SequenceClassificationHead(128, 2, 0.0))
-    with pytest.raises(ValueError, match="fp8 is a precision of the gpu backend"):
-        with_backend(model, "compiled", "fp8")
-    with pytest.raises(ValueError, match="fp8 is a precision of the gpu backend"):
-        with_backend(model, "auto", "fp8")
+    for backend in ("compiled", "auto", "pytorch"):
+        with pytest.raises(ValueError, match=f"{precision} is a precision of the gpu backend"):
+            with_backend(model, backend, precision)
