@@ -19,9 +19,11 @@ Writes speed records to benchmarks/results/generate.json (--results to change).
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime
 import json
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -69,6 +71,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     ours = GPT2LMHeadModel(GPT2_PRESETS[args.preset].replace(dropout=0.0, attention_dropout=0.0)).eval()
     folder = Path(tempfile.mkdtemp())
+    atexit.register(shutil.rmtree, folder, True)  # exports and checkpoints are large
     save_gpt2(ours, folder)
     hf = transformers.GPT2LMHeadModel.from_pretrained(folder, dtype=dtype).to(args.device).eval()
     ours = ours.to(args.device, dtype)

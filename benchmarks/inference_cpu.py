@@ -20,9 +20,11 @@ speedup > 1 means ctxkit is faster. Writes benchmarks/results/inference_cpu.json
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime
 import json
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -115,6 +117,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     tmp = Path(tempfile.mkdtemp())
+    atexit.register(shutil.rmtree, tmp, True)  # exports and checkpoints are large
     encoder = BertModel(PRESETS["bert_12_768_12"].config).eval()
     ours = get_task("sst-2").build_model(encoder).eval()
     save_bert(encoder, tmp / "hf")

@@ -23,11 +23,13 @@ time against the faster HF mode. Writes benchmarks/results/inference_gpu.json.
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
 import datetime
 import json
 import shlex
 import statistics
+import shutil
 import sys
 import tempfile
 import time
@@ -111,6 +113,7 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     dtype = torch.bfloat16
     tmp = Path(tempfile.mkdtemp())
+    atexit.register(shutil.rmtree, tmp, True)  # exports and checkpoints are large
     encoder = BertModel(PRESETS["bert_12_768_12"].config).eval()
     ours = get_task("sst-2").build_model(encoder).eval()
     save_bert(encoder, tmp / "hf")

@@ -96,10 +96,13 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
     if device.type != "cpu":
         raise ValueError(f"the {backend} backend is for CPU inference; this model is on {device} (use --device cpu)")
     if backend == "onnxruntime":
-        path = Path(tempfile.mkdtemp(prefix="ctxkit-onnx-")) / "model.onnx"
-        export_onnx(model, path)
-        diff = verify_onnx(model, path)
-        return OrtTaskModel(path), f"ONNX Runtime (fp32 export, max |ORT - PyTorch| {diff:.1e})"
+        # The session holds the graph in memory, so the export is not kept on disk.
+        with tempfile.TemporaryDirectory(prefix="ctxkit-onnx-") as folder:
+            path = Path(folder) / "model.onnx"
+            export_onnx(model, path)
+            diff = verify_onnx(model, path)
+            ort_model = OrtTaskModel(path)
+        return ort_model, f"ONNX Runtime (fp32 export, max |ORT - PyTorch| {diff:.1e})"
     from .cpu_compile import CompiledCPUModel
 
     return CompiledCPUModel(model, precision), f"compiled PyTorch ({precision}, frozen weights, Inductor C++ GEMMs)"
