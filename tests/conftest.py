@@ -9,6 +9,22 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config):
+    """Torch threads per test process.
+
+    ``OMP_NUM_THREADS``, when set, is obeyed as it is, even above the core count, where
+    torch would silently cap it (the suite is checked under 1, 2 and 4 threads: other thread
+    counts, other BLAS blockings, other rounding). Otherwise the cores are shared out between
+    pytest-xdist workers: two workers with two threads each on two cores leave OpenMP
+    threads spinning for a core, which made small models 10-20x slower.
+    """
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
+        return
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 def data_dir() -> Path:
     """``../shared/data`` beside the checkout (CI lays it there), or ``$CTXKIT_DATA``."""
     return Path(os.environ.get("CTXKIT_DATA", REPO.parent / "shared" / "data"))
@@ -75,3 +91,62 @@ def wiki_shards(shared_data, minilm_dir, tmp_path_factory):
     build_shards([shared_data / "wikipedia-en-extract" / "AA" / "wiki_00.xz"], minilm_dir, out, max_seq_len=64,
                  limit_docs=120, workers=1, show_progress=False)
     return out
+
+
+def truncated_bert(src: Path, out: Path, num_layers: int) -> Path:
+    """An HF BERT folder holding only the first ``num_layers`` layers of ``src`` (real weights)
+    and its tokenizer: the pretrained model's behaviour at a fraction of the CPU time."""
+    import json
+    import re
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    config["num_hidden_layers"] = num_layers
+    (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    layer = re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.")
+    state = {k: v for k, v in load_file(str(src / "model.safetensors")).items()
+             if not layer.search(k) or int(layer.search(k).group(1)) < num_layers}
+    save_file(state, str(out / "model.safetensors"))
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (src / name).is_file():
+            shutil.copy(src / name, out / name)
+    return out
+
+
+@pytest.fixture(scope="session")
+def minilm_layers(minilm_dir, tmp_path_factory):
+    """``minilm_layers(n)``: all-MiniLM-L6-v2 cut to its first ``n`` layers, a real pretrained
+    encoder at ``n``/6 of the cost, for end-to-end tests that check learning beats chance by
+    a margin rather than a score (one folder per ``n`` for the session)."""
+    made = {}
+
+    def cut(num_layers: int) -> Path:
+        if num_layers not in made:
+            made[num_layers] = truncated_bert(minilm_dir, tmp_path_factory.mktemp(f"minilm{num_layers}"), num_layers)
+        return made[num_layers]
+
+    return cut
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(shared_data, tmp_path_factory) -> Path:
+    """A randomly initialised 2-layer, 32-wide BERT with a 600-token WordPiece vocabulary
+    learned from SST-2 sentences: a checkpoint folder for tests of the fine-tuning pipeline
+    itself (determinism, resume, input checks), where milliseconds per step matter more
+    than what the model knows."""
+    import csv
+
+    from ctxkit.models.bert import BertModel, save_bert
+    from ctxkit.models.presets import BertConfig
+    from ctxkit.tokenizers import WordPieceTokenizer
+
+    with open(shared_data / "glue" / "SST-2" / "train.tsv", encoding="utf-8") as f:
+        texts = [row[0] for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)][1:3001]
+    tokenizer = WordPieceTokenizer.train(iter(texts), vocab_size=600, show_progress=False)
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(num_layers=2, hidden_size=32, num_heads=2, ffn_size=64,
+                                 vocab_size=tokenizer.vocab_size, max_position=128))
+    return save_bert(model, tmp_path_factory.mktemp("tiny_bert"), tokenizer)

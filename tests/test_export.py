@@ -12,9 +12,23 @@ from ctxkit.cli import main
 from ctxkit.inference.export import OrtTaskModel, export_onnx, verify_onnx
 from ctxkit.tasks import finetune, get_task, load_run
 from ctxkit.training import TrainConfig, predict
+from tolerance import assert_close_to_reference, assert_paths_agree, float64, through_linear
 
 pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.usefixtures("minilm_dir")
+
+
+# ONNX Runtime and PyTorch compute one function with other kernels (tests/README.md): within
+# twice the derived bound, over all-MiniLM-L6-v2's embeddings and 6 layers (FFN 1536), then
+# the pooler / task head; the heads' logits are far smaller than the hidden states they are
+# computed from, so their scale is that of the hidden states carried through the head.
+HEAD = dict(k=(1536,) * 7 + (384, 384))
+
+
+def _same_answers_printed(a: float, b: float) -> bool:
+    """Probabilities printed to 4 decimals: the same function may print one unit apart when a
+    value sits at a rounding boundary (the float difference itself is far below a unit)."""
+    return abs(round(a * 1e4) - round(b * 1e4)) <= 1
 
 
 def _run(task_name, data, tmp_path, **limits):
@@ -38,7 +52,9 @@ def test_cli_export_matches_pytorch_on_real_sentences(sst2_run, shared_data, tmp
     ours = np.stack(predict(model, feats, batch_size=32, device="cpu"))
     ort = np.stack(predict(OrtTaskModel(tmp_path / "m.onnx"), feats, batch_size=32, device="cpu"))
     assert len({len(f["input_ids"]) for f in feats}) > 10  # many lengths: the dynamic axes are exercised
-    assert np.abs(ours - ort).max() < 1e-4
+    # the classifier reads the tanh pooler output (|p| <= 1)
+    assert model.encoder.pooler is not None
+    assert_paths_agree(ours, ort, scale=through_linear(model.head.classifier.weight, 1.0), name="ONNX vs PyTorch logits", **HEAD)
 
 
 def test_quantized_run_is_small_and_loads_everywhere(sst2_run, tmp_path, capsys):
@@ -71,8 +87,12 @@ def test_token_and_span_heads_export_with_per_token_outputs(minilm_dir, tmp_path
         out = OrtTaskModel(path)(ids, attention_mask=torch.ones_like(ids))["logits"]
         with torch.no_grad():
             ref = model(input_ids=ids, attention_mask=torch.ones_like(ids))["logits"]
-        for a, b in zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,)):
-            assert a.shape == b.shape and torch.allclose(a, b, atol=1e-4)
+            hidden = model.encoder(ids).last_hidden_state
+        head = model.head.classifier if name == "conll2003" else model.head.qa_outputs
+        scale = through_linear(head.weight, hidden.abs().max().item())  # per-token heads read the hidden states
+        for i, (a, b) in enumerate(zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,))):
+            assert a.shape == b.shape
+            assert_paths_agree(a, b, scale=scale, name=f"{name} ONNX vs PyTorch output {i}", **HEAD)
 
 
 def test_torch_ao_dynamic_int8_runs_the_fused_projection_model(minilm_dir):
@@ -93,26 +113,35 @@ def test_torch_ao_dynamic_int8_runs_the_fused_projection_model(minilm_dir):
     assert torch.nn.functional.cosine_similarity(ha.flatten(1), hb.flatten(1)).min() > 0.85
 
 
-def test_compiled_cpu_backend_equals_eager_with_length_padding():
-    """Frozen-weight Inductor compile on CPU; lengths padded to a multiple of 32 and cut back."""
+@pytest.mark.parametrize("name", ["conll2003", "sst-2"])
+def test_compiled_cpu_backend_equals_eager_with_length_padding(name, monkeypatch):
+    """Frozen-weight Inductor compile on CPU; lengths padded to a multiple of 32 and cut back.
+
+    The token head runs with the production options: max-autotune compiles and times
+    candidate C++ GEMMs for every distinct GEMM shape (~3 s each on 2 cores), so the FFN is
+    as wide as the model (three shapes: q/k/v, the square ones, the head). The [CLS]-only
+    sentence head checks the same wrapper with Inductor's default GEMMs.
+    """
+    from ctxkit.inference import cpu_compile
     from ctxkit.inference.cpu_compile import CompiledCPUModel
     from ctxkit.models.bert import BertModel
     from ctxkit.models.presets import BertConfig
 
-    encoder = BertModel(BertConfig(vocab_size=300, hidden_size=64, num_layers=2, num_heads=4, ffn_size=128, max_position=64))
-    for name in ("sst-2", "conll2003"):
-        task = get_task(name, labels=["O", "B-PER", "I-PER"]) if name == "conll2003" else get_task(name)
-        model = task.build_model(encoder).eval()
-        ids = torch.randint(5, 300, (2, 19))
-        mask = torch.ones_like(ids)
-        mask[1, 12:] = 0
-        with torch.no_grad():
-            ref = model(input_ids=ids, attention_mask=mask)["logits"]
-        got = CompiledCPUModel(model, precision="fp32")(ids, attention_mask=mask)["logits"]
-        assert got.shape == ref.shape
-        if ref.dim() == 3:  # per-token: compare real tokens only
-            ref, got = ref[mask.bool()], got[mask.bool()]
-        assert torch.allclose(got, ref, atol=1e-4)
+    if name == "sst-2":
+        monkeypatch.setitem(cpu_compile.CPU_INFERENCE_OPTIONS, "max_autotune", False)
+    torch.manual_seed(0)
+    encoder = BertModel(BertConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=2, ffn_size=32, max_position=64))
+    task = get_task(name, labels=["O", "B-PER", "I-PER"]) if name == "conll2003" else get_task(name)
+    model = task.build_model(encoder).eval()
+    ids = torch.randint(5, 300, (2, 19))
+    mask = torch.ones_like(ids)
+    mask[1, 12:] = 0
+    with torch.no_grad():
+        ref64 = float64(model)(input_ids=ids, attention_mask=mask)["logits"]
+    got = CompiledCPUModel(model, precision="fp32")(ids, attention_mask=mask)["logits"]
+    assert got.shape == ref64.shape
+    real = mask.bool() if ref64.dim() == 3 else None  # per-token: compare real tokens only
+    assert_close_to_reference(got, ref64, dtype=torch.float32, depth=2, k=32, mask=real, name=f"compiled {name} logits")
 
 
 def test_predict_backend_switch_gives_the_same_answers(sst2_run, tmp_path, capsys):
@@ -127,10 +156,11 @@ def test_predict_backend_switch_gives_the_same_answers(sst2_run, tmp_path, capsy
     # The default, auto, times both here and names the one it kept with the timings.
     assert main(["predict", str(sst2_run), str(tmp_path / "in.txt"), "--device", "cpu"]) == 0
     out = capsys.readouterr()
-    assert re.match(r"backend: auto: (ONNX Runtime \(fp32 export.*|PyTorch \(cpu\); ONNX Runtime )[\d.]+ ms vs PyTorch [\d.]+ ms", out.err)
+    assert re.match(r"backend: auto(: | \(decided [^)]*\): )(ONNX Runtime \(fp32 export.*|PyTorch \(cpu, fp32\); ONNX Runtime )"
+                    r"[\d.]+ ms vs PyTorch [\d.]+ ms", out.err), out.err
     assert [json.loads(line)["label"] for line in out.out.splitlines()] == [r["label"] for r in rows["pytorch"]]
     for a, b in zip(rows["pytorch"], rows["onnxruntime"]):
-        assert all(abs(a["probs"][k] - b["probs"][k]) <= 1e-4 for k in a["probs"])
+        assert all(_same_answers_printed(a["probs"][k], b["probs"][k]) for k in a["probs"]), (a, b)
 
 
 def test_gpu_backend_refuses_cleanly_without_cuda(sst2_run, tmp_path, capsys):

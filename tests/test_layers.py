@@ -21,13 +21,19 @@ from ctxkit.layers import (
     scaled_dot_product_attention,
     sinusoidal_table,
 )
+from tolerance import assert_close_to_reference, assert_paths_agree, assert_same_function, float64
+
+# tests/README.md: formulas are checked against their float64 evaluation, with bounds from eps,
+# the magnitude, the depth and the reduction length k; softmax outputs take their logits' size
+# as the scale (a probability's error is at most half its logits' error).
 
 
 def test_masked_softmax_zeroes_masked_and_handles_empty_rows():
     scores = torch.tensor([[1.0, 2.0, 3.0], [1.0, 1.0, 1.0]])
     mask = torch.tensor([[True, True, False], [False, False, False]])
     w = masked_softmax(scores, mask)
-    assert torch.allclose(w[0], torch.tensor([1 / (1 + math.e), math.e / (1 + math.e), 0.0]))
+    exact = torch.tensor([1 / (1 + math.e), math.e / (1 + math.e), 0.0], dtype=torch.float64)
+    assert_close_to_reference(w[0], exact, scale=2.0, depth=2, k=2, name="softmax of 1, 2")
     assert torch.equal(w[1], torch.zeros(3))  # fully masked row: zeros, not NaN
 
 
@@ -43,12 +49,22 @@ def test_additive_attention_matches_formula():
     mask = torch.ones(2, 1, 6, dtype=torch.bool)
     mask[1, :, 4:] = False
     out, w = att(q, k, v, mask)
+    att64 = float64(att)
+    out64, w64 = att64(q.double(), k.double(), v.double(), mask)
+
+    def formula(att, q, k, v, b, n):
+        scores = torch.stack([att.w_v(torch.tanh(att.w_q(q[b, 0]) + att.w_k(k[b, j]))).squeeze() for j in range(n)])
+        return scores, scores.softmax(0), scores.softmax(0) @ v[b, :n]
+
     for b in range(2):
         n = 6 if b == 0 else 4
-        scores = torch.stack([att.w_v(torch.tanh(att.w_q(q[b, 0]) + att.w_k(k[b, j]))).squeeze() for j in range(n)])
-        ref_w = scores.softmax(0)
-        assert torch.allclose(w[b, 0, :n], ref_w, atol=1e-6)
-        assert torch.allclose(out[b, 0], ref_w @ v[b, :n], atol=1e-6)
+        _, ref_w, ref_out = formula(att, q, k, v, b, n)
+        scores64, ref_w64, ref_out64 = formula(att64, q.double(), k.double(), v.double(), b, n)
+        weights = dict(scale=scores64.abs().max().item(), depth=3, k=6)  # scores: 2 GEMMs, tanh, 1 GEMM
+        assert_close_to_reference(w64[b, 0, :n], ref_w64, name="weights float64", **weights)
+        assert_same_function(w[b, 0, :n], ref_w, ref_w64, name="weights", **weights)
+        assert_close_to_reference(out64[b, 0], ref_out64, depth=4, k=6, name="output float64")
+        assert_same_function(out[b, 0], ref_out, ref_out64, depth=4, k=6, name="output")
     assert w[1, 0, 4:].abs().max() == 0
 
 
@@ -57,8 +73,13 @@ def test_dot_product_attention(scaled):
     q, k, v = torch.randn(2, 3, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 4)
     out, w = DotProductAttention(scaled=scaled)(q, k, v)
     scores = q @ k.transpose(1, 2) / (math.sqrt(8) if scaled else 1.0)
-    assert torch.allclose(w, scores.softmax(-1), atol=1e-6)
-    assert torch.allclose(out, scores.softmax(-1) @ v, atol=1e-6)
+    out64, w64 = DotProductAttention(scaled=scaled)(q.double(), k.double(), v.double())
+    scores64 = q.double() @ k.double().transpose(1, 2) / (math.sqrt(8) if scaled else 1.0)
+    weights = dict(scale=scores64.abs().max().item(), depth=2, k=8)
+    assert_close_to_reference(w64, scores64.softmax(-1), name="weights float64", **weights)
+    assert_same_function(w, scores.softmax(-1), scores64.softmax(-1), name="weights", **weights)
+    assert_close_to_reference(out64, scores64.softmax(-1) @ v.double(), depth=3, k=8, name="output float64")
+    assert_same_function(out, scores.softmax(-1) @ v, scores64.softmax(-1) @ v.double(), depth=3, k=8, name="output")
 
 
 def test_sdpa_path_equals_eager_path_with_padding_and_causal_masks():
@@ -68,9 +89,12 @@ def test_sdpa_path_equals_eager_path_with_padding_and_causal_masks():
     for mask in (padding_mask(keep), padding_mask(keep) & causal_mask(7)):
         fast, none = scaled_dot_product_attention(q, k, v, mask)
         eager, w = scaled_dot_product_attention(q, k, v, mask, need_weights=True)
+        eager64, _ = scaled_dot_product_attention(q.double(), k.double(), v.double(), mask, need_weights=True)
         assert none is None
-        assert torch.allclose(fast, eager, atol=1e-6)
-        assert torch.allclose(w.sum(-1), torch.ones(3, 4, 7), atol=1e-6)
+        assert_same_function(fast, eager, eager64, depth=3, k=16, name="sdpa vs eager")  # scores, softmax, mix
+        # a softmax sums to one up to its own normalisation's rounding (7 keys), whatever its logits' errors
+        assert_close_to_reference(w.sum(-1), torch.ones(3, 4, 7, dtype=torch.float64), scale=1.0, depth=2, k=7,
+                                  name="sum of the weights")
         assert w[2, :, :, 2:].abs().max() == 0  # padding keys get no weight
 
 
@@ -78,19 +102,30 @@ def test_multi_head_attention_equals_per_head_definition():
     mha = MultiHeadAttention(embed_dim=12, num_heads=3).eval()
     x = torch.randn(2, 5, 12)
     out, w = mha(x, need_weights=True)
-    heads = []
-    for h in range(3):
-        rows = slice(4 * h, 4 * h + 4)
-        qh = x @ mha.q_proj.weight[rows].T + mha.q_proj.bias[rows]
-        kh = x @ mha.k_proj.weight[rows].T + mha.k_proj.bias[rows]
-        vh = x @ mha.v_proj.weight[rows].T + mha.v_proj.bias[rows]
-        att = (qh @ kh.transpose(1, 2) / 2.0).softmax(-1)  # sqrt(head_dim=4) = 2
-        assert torch.allclose(w[:, h], att, atol=1e-6)
-        heads.append(att @ vh)
-    ref = mha.out_proj(torch.cat(heads, -1))
-    assert torch.allclose(out, ref, atol=1e-5)
+    mha64 = float64(mha)
+    out64, w64 = mha64(x.double(), need_weights=True)
+
+    def definition(mha, x):
+        heads, weights, logits = [], [], []
+        for h in range(3):
+            rows = slice(4 * h, 4 * h + 4)
+            qh = x @ mha.q_proj.weight[rows].T + mha.q_proj.bias[rows]
+            kh = x @ mha.k_proj.weight[rows].T + mha.k_proj.bias[rows]
+            vh = x @ mha.v_proj.weight[rows].T + mha.v_proj.bias[rows]
+            logits.append(qh @ kh.transpose(1, 2) / 2.0)  # sqrt(head_dim=4) = 2
+            weights.append(logits[-1].softmax(-1))
+            heads.append(weights[-1] @ vh)
+        return mha.out_proj(torch.cat(heads, -1)), torch.stack(weights, 1), torch.stack(logits, 1)
+
+    ref, att, _ = definition(mha, x)
+    ref64, att64, logits64 = definition(mha64, x.double())
+    weights = dict(scale=logits64.abs().max().item(), depth=2, k=12)  # projections, then scores
+    assert_close_to_reference(w64, att64, name="weights float64", **weights)
+    assert_same_function(w, att, att64, name="weights", **weights)
+    assert_close_to_reference(out64, ref64, depth=4, k=12, name="output float64")
+    assert_same_function(out, ref, ref64, depth=4, k=12, name="output")
     fast, _ = mha(x)
-    assert torch.allclose(fast, out, atol=1e-5)
+    assert_close_to_reference(fast, ref64, depth=4, k=12, name="sdpa output")
 
 
 def test_multi_head_cross_attention_other_width():
@@ -104,8 +139,9 @@ def test_multi_head_cross_attention_other_width():
 def test_sinusoidal_table_formula():
     table = sinusoidal_table(50, 16)
     i, j = 7, 3
-    assert table[i, 2 * j].item() == pytest.approx(math.sin(i / 10000 ** (2 * j / 16)), abs=1e-6)
-    assert table[i, 2 * j + 1].item() == pytest.approx(math.cos(i / 10000 ** (2 * j / 16)), abs=1e-6)
+    # computed in float64 and rounded once to float32: within eps/2 of the exact value
+    exact = torch.tensor([math.sin(i / 10000 ** (2 * j / 16)), math.cos(i / 10000 ** (2 * j / 16))], dtype=torch.float64)
+    assert_close_to_reference(table[i, 2 * j:2 * j + 2], exact, scale=1.0, name="sin, cos")
     assert torch.equal(table[0, 1::2], torch.ones(8))
     enc = SinusoidalPositionalEncoding(16, max_len=50)
     assert torch.equal(enc(5, offset=7), table[7:12])
@@ -118,8 +154,17 @@ def test_add_norm_post_and_pre():
     x = torch.randn(2, 3, 4)
     f = nn.Linear(4, 4)
     post, pre = AddNorm(4, norm_first=False).eval(), AddNorm(4, norm_first=True).eval()
-    assert torch.allclose(post(x, f), nn.functional.layer_norm(x + f(x), (4,), eps=1e-5), atol=1e-6)
-    assert torch.allclose(pre(x, f), x + f(nn.functional.layer_norm(x, (4,), eps=1e-5)), atol=1e-6)
+    x64, f64 = x.double(), float64(f)
+    post_ref64 = nn.functional.layer_norm(x64 + f64(x64), (4,), eps=1e-5)
+    pre_ref64 = x64 + f64(nn.functional.layer_norm(x64, (4,), eps=1e-5))
+    # LayerNorm divides its input's rounding (at the input's size) by the standard deviation of
+    # 4 values, which can be small: per row, the scale is max |input| / std
+    summed = x64 + f64(x64)
+    post_bound = dict(depth=2, k=4, scale=summed.abs().amax(-1, keepdim=True) / summed.std(-1, unbiased=False, keepdim=True))
+    assert_close_to_reference(float64(post)(x64, f64), post_ref64, name="post-norm float64", **post_bound)
+    assert_same_function(post(x, f), nn.functional.layer_norm(x + f(x), (4,), eps=1e-5), post_ref64, name="post-norm", **post_bound)
+    assert_close_to_reference(float64(pre)(x64, f64), pre_ref64, depth=2, k=4, name="pre-norm float64")
+    assert_same_function(pre(x, f), x + f(nn.functional.layer_norm(x, (4,), eps=1e-5)), pre_ref64, depth=2, k=4, name="pre-norm")
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -132,9 +177,9 @@ def test_encoder_padded_equals_unpadded(norm_first):
     alone_a = enc(a, output_hidden_states=True).hidden_states
     alone_b = enc(b, output_hidden_states=True).hidden_states
     assert len(out) == 3
-    for full, ra, rb in zip(out, alone_a, alone_b):
-        assert torch.allclose(full[0], ra[0], atol=1e-5)
-        assert torch.allclose(full[1, :3], rb[0], atol=1e-5)
+    for depth, (full, ra, rb) in enumerate(zip(out, alone_a, alone_b), start=1):  # the input, then 2 layers
+        assert_paths_agree(full[0], ra[0], depth=depth, k=32, name=f"hidden state {depth - 1}, row 0")
+        assert_paths_agree(full[1, :3], rb[0], depth=depth, k=32, name=f"hidden state {depth - 1}, padded row 1")
 
 
 def test_encoder_layer_attention_weights_and_dropout_in_training():
@@ -143,7 +188,8 @@ def test_encoder_layer_attention_weights_and_dropout_in_training():
     layer.eval()
     y1, w = layer(x, need_weights=True)
     y2, _ = layer(x)
-    assert torch.allclose(y1, y2, atol=1e-5) and w.shape == (2, 4, 5, 5)
+    assert_paths_agree(y1, y2, k=32, name="eager vs sdpa layer")  # one layer: its longest reduction is the FFN
+    assert w.shape == (2, 4, 5, 5)
     layer.train()
     assert not torch.allclose(layer(x)[0], y2)
 
@@ -156,7 +202,7 @@ def test_decoder_layer_is_causal_and_uses_memory():
     x2 = x.clone()
     x2[0, 4] += 1.0  # changing the last target token leaves earlier outputs unchanged
     out2, _, _ = dec(x2, mem)
-    assert torch.allclose(out[0, :4], out2[0, :4], atol=1e-6)
+    assert_paths_agree(out[0, :4], out2[0, :4], k=32, name="outputs before the changed token")
     assert not torch.allclose(out[0, 4], out2[0, 4])
     mem2 = mem.clone()
     mem2[0, 0] += 1.0
@@ -181,7 +227,7 @@ def test_ffn_gelu_epilogue_is_tanh_gelu_in_inference_and_plain_in_training():
     with torch.no_grad():
         fused = ffn(x)
         tanh = ffn.fc2(F.gelu(ffn.fc1(x), approximate="tanh"))
-    assert torch.allclose(fused, tanh, atol=1e-6)
+    assert_paths_agree(fused, tanh, depth=2, k=64, name="fused vs spelled-out tanh GELU")  # fc1, GELU, fc2
     assert 0 < (fused - erf).abs().max() < 1e-2  # a different function, but a close one
     assert torch.equal(ffn(x), erf)  # grad enabled: the exact erf path, differentiable
     ffn(x).sum().backward()
@@ -242,4 +288,5 @@ def test_bucketed_packed_batch_gives_the_real_rows_their_own_outputs():
         got = model(b_ids, b_types, PackedSequences(b_mask))
     cut = GPUEncoder._cut(got["logits"], rows, width, 3, 12)  # (batch, seq, labels): both axes cut
     assert cut.shape == expect["logits"].shape == (3, 12, 5)
-    assert torch.allclose(cut, expect["logits"], atol=1e-5)
+    # the same packed rows in a larger batch (other GEMM shapes): embeddings, 2 layers, the head
+    assert_paths_agree(cut, expect["logits"], depth=4, k=512, name="bucketed vs plain packed logits")

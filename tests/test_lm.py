@@ -108,3 +108,51 @@ def test_cli_lm_train_and_perplexity(shared_data, tmp_path, capsys):
     words = sum(len(t.split()) + 1 for t in read_lines(valid))
     assert line["words"] == words
     assert math.log(line["word_perplexity"]) * words == pytest.approx(line["nll"] * line["tokens"], rel=1e-9)
+
+
+def test_cli_lm_train_reports_every_phase_on_clean_lines(shared_data, tmp_path, capsys):
+    """With progress on, stderr read as a terminal shows it: a bar for the vocabulary, the
+    tokenising, training and validation; no blank lines (the tokenizers library's own bars
+    printed them, to stdout); the epoch line and the time-budget message (once) each on a
+    line of their own, not glued to the end of the train bar."""
+    import json
+
+    from terminal import screen_lines
+
+    from ctxkit.cli import main
+    from ctxkit.tokenizers import read_lines
+
+    lines = list(read_lines(shared_data / "ptb" / "ptb.valid.txt.xz"))
+    (tmp_path / "train.txt").write_text("\n".join(lines[:24]) + "\n", encoding="utf-8")  # 4 steps an epoch
+    (tmp_path / "valid.txt").write_text("\n".join(lines[24:34]) + "\n", encoding="utf-8")
+    common = ["--train", str(tmp_path / "train.txt"), "--valid", str(tmp_path / "valid.txt"), "--preset", "gpt2_2_128_2",
+              "--block-size", "32", "--batch-size", "16", "--device", "cpu"]
+
+    def run(*options):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # a tiny model: a second thread only adds synchronisation on a shared CPU
+        try:
+            assert main(["lm-train", *common, *options]) == 0
+        finally:
+            torch.set_num_threads(threads)
+        out, err = capsys.readouterr()
+        assert out.startswith("{") and json.loads(out)["steps"] >= 1  # nothing but the JSON summary on stdout
+        screen = screen_lines(err)
+        assert "" not in screen, screen  # no blank lines
+        assert "\x1b[" not in err  # no cursor movement (a second bar line) to garble a log file
+        return err, screen
+
+    err, screen = run("--out", str(tmp_path / "run"), "--vocab-size", "300", "--epochs", "1")
+    assert any(line.startswith("vocabulary: ") and "300 tokens" in line for line in screen), screen
+    assert any(line.startswith("tokenize valid.txt: 100%") for line in screen)
+    assert "\rvalidation:" in err  # the validation pass had its bar (erased when done)
+    epoch_lines = [line for line in screen if "epoch 0:" in line]
+    assert len(epoch_lines) == 1 and epoch_lines[0].startswith("ctxkit: epoch 0: perplexity="), screen
+    assert screen[-1].startswith("train: 100%")
+
+    # Stopped by the time budget after the first step (the trained tokenizer, so no vocabulary phase).
+    err, screen = run("--out", str(tmp_path / "budget"), "--tokenizer", str(tmp_path / "run" / "best"), "--epochs", "2",
+                      "--max-minutes", "0.000001")
+    assert err.count("time budget") == 1
+    assert [line for line in screen if "time budget" in line] == ["ctxkit: time budget of 1e-06 min reached at step 1"]
+    assert "\rvalidation:" in err and not any(line.startswith("vocabulary") for line in screen)

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import math
 import zipfile
 from collections import defaultdict
 
@@ -14,6 +15,7 @@ from ctxkit.data.qa import make_features, postprocess, window_starts
 from ctxkit.heads.span import SpanHead, SpanQAModel, span_head_from_hf, span_loss
 from ctxkit.models import load_bert
 from ctxkit.tokenizers import WordPieceTokenizer
+from tolerance import assert_close_to_reference, assert_same_function, float64
 
 from ctxkit.data.squad import Answer, QAExample
 
@@ -291,7 +293,17 @@ def test_span_head_is_two_dot_products_and_masks_padding():
     want_start = hidden @ head.start_vector + 0.3  # <s, v_i> + b_s
     want_end = hidden @ head.end_vector - 0.2
     real = mask.bool()
-    assert torch.allclose(start[real], want_start[real], atol=1e-6) and torch.allclose(end[real], want_end[real], atol=1e-6)
+    # 16-term dot products plus a bias: checked against float64, the scale of each being
+    # sum |s_d v_id| + |b| (tests/README.md)
+    head64, hidden64 = float64(head), hidden.double()
+    start64, end64 = head64(hidden64, mask)
+    b_start, b_end = head64.qa_outputs.bias.tolist()  # 0.3 and -0.2 as stored (float32)
+    for name, got, got64, want, vector, bias in (("start", start, start64, want_start, head64.start_vector, b_start),
+                                                  ("end", end, end64, want_end, head64.end_vector, b_end)):
+        want64 = hidden64 @ vector + bias
+        bound = dict(k=17, scale=(hidden64.abs() @ vector.abs() + abs(bias))[real])
+        assert_close_to_reference(got64[real], want64[real], name=f"{name} logits float64", **bound)
+        assert_same_function(got[real], want[real], want64[real], name=f"{name} logits", **bound)
     very_negative = torch.finfo(torch.float32).min / 2
     assert (start[~real] == very_negative).all() and (end[~real] == very_negative).all()
     assert torch.isfinite(start + end).all()
@@ -308,11 +320,15 @@ def test_span_loss_is_mean_of_two_cross_entropies():
         return (torch.log(torch.exp(logits).sum(-1)) - picked).mean()
 
     want = (nll(start, s_pos) + nll(end, e_pos)) / 2
-    assert span_loss(start, end, s_pos, e_pos).item() == pytest.approx(want.item(), abs=1e-6)
-    assert SpanHead.loss(start, end, s_pos, e_pos).item() == pytest.approx(want.item(), abs=1e-6)
+    # a log-sum-exp of 6 terms, then means (span_loss computes in float32 by design, the hand
+    # version in float64); the rounding happens at the size of the log-sum-exp, at most
+    # max |logit| + log 6 (tests/README.md)
+    bound = dict(depth=3, k=6, scale=torch.cat([start, end]).abs().max().item() + math.log(6))
+    assert_close_to_reference(span_loss(start, end, s_pos, e_pos), want, name="span_loss", **bound)
+    assert_close_to_reference(SpanHead.loss(start, end, s_pos, e_pos), want, name="SpanHead.loss", **bound)
     # A position past the sequence is clamped to seq and ignored, as in BERT.
     clamped = span_loss(start, end, torch.tensor([0, 2, 99]), torch.tensor([1, 4, 99]))
-    assert clamped.item() == pytest.approx(((nll(start[:2], s_pos[:2]) + nll(end[:2], e_pos[:2])) / 2).item(), abs=1e-6)
+    assert_close_to_reference(clamped, (nll(start[:2], s_pos[:2]) + nll(end[:2], e_pos[:2])) / 2, name="clamped span_loss", **bound)
 
 
 def test_span_head_from_hf_checks_the_tensors():
@@ -346,22 +362,34 @@ def test_parity_with_transformers_bert_for_question_answering(tmp_path, caplog):
     mask = torch.ones_like(ids)
     mask[1, 14:] = 0
     mask[2, 6:] = 0
+    ours64, ref64 = float64(ours), float64(ref)
     with torch.no_grad():
         o = ours(ids, types, mask)
         r = ref(input_ids=ids, token_type_ids=types, attention_mask=mask)
+        o64 = ours64(ids, types, mask)
+        r64 = ref64(input_ids=ids, token_type_ids=types, attention_mask=mask)
     real = mask.bool()
-    assert (o["start_logits"] - r.start_logits)[real].abs().max().item() <= 1e-5
-    assert (o["end_logits"] - r.end_logits)[real].abs().max().item() <= 1e-5
+    logits = dict(depth=4, k=128)  # embeddings, 2 layers (FFN 128), the span head (tests/README.md)
+    for name in ("start_logits", "end_logits"):
+        assert_close_to_reference(o64[name][real], getattr(r64, name)[real], name=f"{name} float64", **logits)
+        assert_same_function(o[name][real], getattr(r, name)[real], getattr(r64, name)[real], name=name, **logits)
     assert r.start_logits[real].std() > 0.1 and (r.start_logits - r.end_logits)[real].abs().max() > 0.1
     assert (o["start_logits"][~real] == torch.finfo(torch.float32).min / 2).all()
 
     # Without padding the two losses agree too, including a clamped (ignored) position.
     s_pos, e_pos = torch.tensor([3, 0, 50]), torch.tensor([7, 0, 50])
     full = torch.ones_like(mask)
+    kw = dict(token_type_ids=types, attention_mask=full, start_positions=s_pos, end_positions=e_pos)
     with torch.no_grad():
-        o = ours(ids, types, full, start_positions=s_pos, end_positions=e_pos)
-        r = ref(input_ids=ids, token_type_ids=types, attention_mask=full, start_positions=s_pos, end_positions=e_pos)
-    assert o["loss"].item() == pytest.approx(r.loss.item(), abs=1e-5)
+        o = ours(ids, **kw)
+        r = ref(input_ids=ids, **kw)
+        o64 = ours64(ids, **kw)
+        r64 = ref64(input_ids=ids, **kw)
+    # the logits' bound, then a log-sum-exp over 20 positions (rounding at the size of the logits);
+    # span_loss computes in float32 by design, so even the float64 model's loss takes the float32 bound
+    loss = dict(depth=5, k=128, scale=torch.cat([r64.start_logits, r64.end_logits]).abs().max().item() + math.log(20))
+    assert_close_to_reference(o64["loss"], r64.loss, name="loss float64", **loss)
+    assert_same_function(o["loss"], r.loss, r64.loss, name="loss", **loss)
 
 
 def test_real_model_trains_on_collated_features_and_postprocesses(minilm_dir, tok, squad, feats):

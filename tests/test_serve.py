@@ -35,8 +35,11 @@ from ctxkit.embedding import embed  # noqa: E402
 from ctxkit.inference.serve import MicroBatcher, ShuttingDown, add_serve_command, create_app  # noqa: E402
 from ctxkit.tasks import get_task, load_run, save_run_model  # noqa: E402
 from ctxkit.zoo import get_model  # noqa: E402
+from tolerance import assert_paths_agree  # noqa: E402
 
 CONLL_TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
+# Concurrent requests in the load test (32 at a time; the durability issue's 8,000-request run is by hand).
+N_REQUESTS = 1000
 # One unit in the last of the 4 decimals predict_lines rounds probabilities and scores to.
 ROUNDING = 1.01e-4
 
@@ -201,11 +204,11 @@ async def _drive(base: str, jobs, concurrency: int, bad_cases):
     return answers, latencies, wall[0], bad, health
 
 
-def test_2000_concurrent_requests_match_offline_predictions_next_to_malformed_ones(cls_loaded, sentences, caplog):
+def test_1000_concurrent_requests_match_offline_predictions_next_to_malformed_ones(cls_loaded, sentences, caplog):
     task, model, tokenizer, _ = cls_loaded
     n = len(sentences)
     jobs, lines = [], []
-    for i in range(2000):
+    for i in range(N_REQUESTS):
         s = sentences[(7 * i) % n]
         if i % 10 == 0:  # a list of 3 texts in one request
             texts = [sentences[(7 * i + k) % n] for k in range(3)]
@@ -226,7 +229,7 @@ def test_2000_concurrent_requests_match_offline_predictions_next_to_malformed_on
     caplog.set_level(logging.INFO, logger="ctxkit.serve")
     app = create_app(cls_loaded, max_batch=32, max_wait_ms=5, max_items=max_items, max_text_chars=max_text_chars)
     with _running(app) as base:
-        answers, latencies, wall, bad, health = asyncio.run(asyncio.wait_for(_drive(base, jobs, 32, bad_cases), 50))
+        answers, latencies, wall, bad, health = asyncio.run(asyncio.wait_for(_drive(base, jobs, 32, bad_cases), 300))
 
     exact = 0
     for (status, body), (_, request), group in zip(answers, jobs, lines):
@@ -251,19 +254,19 @@ def test_2000_concurrent_requests_match_offline_predictions_next_to_malformed_on
 
     # Requests that arrived together shared forward passes.
     stats = health["stats"]["classify"]
-    assert stats["requests"] == 2000 and stats["items"] == items and stats["queued"] == 0
+    assert stats["requests"] == N_REQUESTS and stats["items"] == items and stats["queued"] == 0
     assert stats["largest_batch"] <= 32 and stats["batches"] <= items / 4, stats
     # One JSON log line per request and per batch.
     records = [json.loads(r.getMessage()) for r in caplog.records if r.name == "ctxkit.serve"]
     requests = [r for r in records if r["event"] == "request" and r["path"] == "/classify"]
     batches = [r for r in records if r["event"] == "batch"]
-    assert len(requests) == 2000 + rounds * sum(path == "/classify" for _, path, *_ in bad_cases)
-    assert sum(r["status"] == 200 for r in requests) == 2000 and all(r["latency_ms"] > 0 for r in requests)
+    assert len(requests) == N_REQUESTS + rounds * sum(path == "/classify" for _, path, *_ in bad_cases)
+    assert sum(r["status"] == 200 for r in requests) == N_REQUESTS and all(r["latency_ms"] > 0 for r in requests)
     assert len(batches) == stats["batches"] and sum(b["batch_size"] for b in batches) == items
     assert all(1 <= b["batch_size"] <= 32 and b["compute_ms"] > 0 for b in batches)
 
     lat = np.array(latencies) * 1000
-    print(f"\n2000 requests ({items} texts) at concurrency 32 in {wall:.1f}s: {2000 / wall:.0f} req/s, "
+    print(f"\n{N_REQUESTS} requests ({items} texts) at concurrency 32 in {wall:.1f}s: {N_REQUESTS / wall:.0f} req/s, "
           f"p50 {np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms, "
           f"mean batch {items / stats['batches']:.1f} texts, {exact}/{items} answers bit-identical")
 
@@ -283,7 +286,9 @@ def test_embed_endpoint_matches_offline_embeddings(cls_loaded, sentences):
         singles, listed = asyncio.run(asyncio.wait_for(requests(base), 30))
     got = np.array([s["embedding"] for s in singles] + listed["embeddings"], dtype=np.float32)
     assert listed["dim"] == 384 and got.shape == (48, 384)
-    np.testing.assert_allclose(got, want, atol=1e-5)
+    # other batch-mates, other padded shapes (tests/README.md): all-MiniLM-L6-v2's embeddings
+    # and 6 layers (FFN 1536), then the mean over a sentence's tokens
+    assert_paths_agree(got, want, k=(1536,) * 7 + (64,), name="served vs offline embeddings")
 
 
 async def _post_all(base, path, bodies):

@@ -26,6 +26,7 @@ from ctxkit.models.static import (
 )
 from ctxkit.models.static_io import guess_format, read_vectors, write_vectors
 from ctxkit.static_cli import add_static_parsers, read_sst2
+from tolerance import assert_close_to_reference, assert_paths_agree
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -169,10 +170,12 @@ def test_nearest_neighbours_by_cosine():
     vectors = WordVectors(list(angles), np.stack([np.cos(rad), np.sin(rad)], 1) * np.arange(1, 6)[:, None])
     got = vectors.most_similar("w0", k=4)
     assert [w for w, _ in got] == ["w10", "w30", "w90", "w180"]
-    assert np.allclose([c for _, c in got], np.cos(np.radians([10, 30, 90, 180])), atol=1e-6)
+    # cosines of 2-d vectors: a dot product and two norms, at the size of unit vectors (tests/README.md)
+    cosine = dict(dtype=np.float32, scale=1.0, depth=2, k=2)
+    assert_close_to_reference(np.array([c for _, c in got]), np.cos(np.radians([10, 30, 90, 180])), name="cosines", **cosine)
     assert [w for w, _ in vectors.most_similar(np.array([0.0, 1.0]), k=2)] == ["w90", "w30"]
     assert [w for w, _ in vectors.most_similar("w0", k=10, exclude=["w10"], restrict=3)] == ["w30"]
-    assert vectors.similarity("w0", "w90") == pytest.approx(0.0, abs=1e-6)
+    assert_close_to_reference(np.float32(vectors.similarity("w0", "w90")), np.float64(0.0), name="orthogonal", **cosine)
     with pytest.raises(KeyError, match="w45"):
         vectors.most_similar("w45")
 
@@ -191,7 +194,9 @@ def test_analogy_3cosadd_on_hand_built_vectors():
     assert {"man", "king", "woman"}.isdisjoint(w for w, _ in answers)
     # cos(unit(king) - unit(man) + unit(woman), queen) worked out by hand
     q = np.array([1, 1, 0, 0, 0, 0]) / np.sqrt(2) - np.array([0, 1, 0, 0, 0, 0]) + np.array([0, 0, 1, 0, 0, 0])
-    assert answers[0][1] == pytest.approx(q @ np.array([1, 0, 1, 0, 0, 0]) / np.sqrt(2) / np.linalg.norm(q), abs=1e-6)
+    # unit vectors, their sum, then a cosine: 3 steps over 6 dimensions
+    assert_close_to_reference(np.float32(answers[0][1]), q @ np.array([1, 0, 1, 0, 0, 0]) / np.sqrt(2) / np.linalg.norm(q),
+                              dtype=np.float32, scale=1.0, depth=3, k=6, name="3CosAdd score")
     assert vectors.analogy("france", "paris", "italy", k=1)[0][0] == "rome"
 
 
@@ -216,9 +221,11 @@ def test_oov_vector_is_mean_of_ngram_buckets():
     vectors = WordVectors(["in"], np.ones((1, 6)), ngram_vectors=ngrams, minn=3, maxn=6)
     grams = char_ngrams("xyzzy", 3, 6)
     assert len(grams) == 14
-    expect = ngrams[[fasttext_hash(g) % 50 for g in grams]].mean(axis=0)
+    rows = ngrams[[fasttext_hash(g) % 50 for g in grams]]
+    expect = rows.astype(np.float64).mean(axis=0)
     assert "xyzzy" not in vectors and vectors.has_vector("xyzzy")
-    np.testing.assert_allclose(vectors["xyzzy"], expect, rtol=1e-6)
+    # a mean of 14 float32 rows, at the size of its terms (tests/README.md)
+    assert_close_to_reference(vectors["xyzzy"], expect, k=14, scale=float(np.abs(rows).max()), name="mean of the n-gram rows")
     assert np.array_equal(vectors["in"], np.ones(6, np.float32))  # in-vocabulary words keep their row
     with pytest.raises(KeyError):
         WordVectors(["in"], np.ones((1, 6)))["xyzzy"]
@@ -283,9 +290,11 @@ def test_closed_form_sgd_step_matches_autograd(bags):
         expect_in = ref.inputs.weight - lr * ref.inputs.weight.grad.to_dense()
         expect_out = ref.outputs.weight - lr * ref.outputs.weight.grad.to_dense()
     got_loss = net.sgd_step(rows, offsets, lengths, targets, negatives, lr=lr)
-    assert float(got_loss) == pytest.approx(float(loss.detach()), rel=1e-6)
-    torch.testing.assert_close(net.inputs.weight, expect_in)
-    torch.testing.assert_close(net.outputs.weight, expect_out)
+    # closed form vs autograd: the same arithmetic in another order, 8-wide dot products, a
+    # log-sigmoid, then the update (tests/README.md)
+    assert_paths_agree(torch.as_tensor(got_loss, dtype=torch.float32), loss.detach(), depth=3, k=8, name="loss")
+    assert_paths_agree(net.inputs.weight.detach(), expect_in, depth=3, k=8, name="input vectors after the step")
+    assert_paths_agree(net.outputs.weight.detach(), expect_out, depth=3, k=8, name="output vectors after the step")
 
 
 def test_corpus_reading_and_vocabulary(tmp_path):
@@ -344,8 +353,9 @@ def test_training_is_reproducible_and_validates_arguments():
 def test_bag_classifier_masks_padding():
     torch.manual_seed(0)
     model = BagOfEmbeddingsClassifier(np.random.default_rng(0).normal(size=(5, 3)), num_classes=2, dropout=0.0).eval()
-    torch.testing.assert_close(model(torch.tensor([[1, 2, 0, 0]])), model(torch.tensor([[1, 2]])))
-    torch.testing.assert_close(model(torch.tensor([[0, 0]])), model.head(torch.zeros(1, 3)))
+    # a masked mean over up to 4 rows, then the 3-wide head
+    assert_paths_agree(model(torch.tensor([[1, 2, 0, 0]])), model(torch.tensor([[1, 2]])), depth=2, k=4, name="padded vs not")
+    assert_paths_agree(model(torch.tensor([[0, 0]])), model.head(torch.zeros(1, 3)), depth=2, k=4, name="all padding")
     assert not model.embedding.weight.requires_grad
 
 

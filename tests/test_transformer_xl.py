@@ -8,9 +8,15 @@ import torch
 from ctxkit.layers import RelativeMultiHeadAttention, causal_mask, rel_shift, relative_distance_index
 from ctxkit.models.presets import TRANSFO_XL_PRESETS
 from ctxkit.models.transformer_xl import AdaptiveEmbedding, TransformerXLConfig, TransformerXLLMHeadModel, TransformerXLModel
+from tolerance import assert_close_to_reference, assert_paths_agree, assert_same_function, float64, to64
 
 # Tiny models on a shared CPU only gain synchronisation from a second thread.
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# tests/README.md: tolerances from eps, the magnitude, the depth and the longest reduction k.
+# _tiny: embeddings + 3 layers whose longest reduction is the 64-wide FFN.
+BODY = dict(depth=4, k=64)
 
 
 def _tiny(**changes) -> TransformerXLConfig:
@@ -29,12 +35,21 @@ def test_rel_shift_matches_direct_relative_scores(qlen, mlen):
     direct = torch.einsum("bhid,hijd->bhij", q, r[:, relative_distance_index(qlen, klen)])
     valid = causal_mask(qlen, klen)  # rel_shift is exact where key j is not in the future of query i
     assert valid.sum() == qlen * mlen + qlen * (qlen + 1) // 2
-    torch.testing.assert_close(shifted[..., valid], direct[..., valid], rtol=1e-5, atol=1e-5)
+    # 8-term dot products (GEMM vs einsum): equal in float64 up to its bound, each float32 side near
+    # that; the scale of a dot product's rounding is sum |q_d r_d|, per element (tests/README.md)
+    q64, r64 = q.double(), r.double()
+    shifted64 = rel_shift(q64 @ r64.transpose(-2, -1))
+    direct64 = torch.einsum("bhid,hijd->bhij", q64, r64[:, relative_distance_index(qlen, klen)])
+    terms = rel_shift(q64.abs() @ r64.abs().transpose(-2, -1))
+    bound = dict(k=8, scale=terms[..., valid])
+    assert_close_to_reference(shifted64[..., valid], direct64[..., valid], name="rel_shift float64", **bound)
+    assert_same_function(shifted[..., valid], direct[..., valid], direct64[..., valid], name="relative scores",
+                         labels=("rel_shift", "direct"), **bound)
     # And the distance is really i + mlen - j.
     for i in range(qlen):
         for j in range(i + mlen + 1):
-            expected = (q[..., i, :] * r[:, klen - 1 - (i + mlen - j)]).sum(-1)
-            torch.testing.assert_close(shifted[..., i, j], expected, rtol=1e-5, atol=1e-5)
+            expected = (q64[..., i, :] * r64[:, klen - 1 - (i + mlen - j)]).sum(-1)
+            assert_close_to_reference(shifted[..., i, j], expected, k=8, scale=terms[..., i, j], name=f"score of query {i}, key {j}")
 
 
 @pytest.mark.parametrize("mlen", [0, 5])
@@ -49,8 +64,14 @@ def test_relative_attention_fast_equals_direct(mlen):
     mask = causal_mask(6, 6 + mlen)
     fast, w_fast = attn(x, pos, memory, mask, need_weights=True)
     direct, w_direct = attn(x, pos, memory, mask, need_weights=True, direct=True)
-    torch.testing.assert_close(fast, direct, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(w_fast, w_direct, rtol=1e-5, atol=1e-5)
+    attn64, (x64, pos64, memory64) = float64(attn), to64((x, pos, memory))
+    fast64, w_fast64 = attn64(x64, pos64, memory64, mask, need_weights=True)
+    direct64, w_direct64 = attn64(x64, pos64, memory64, mask, need_weights=True, direct=True)
+    # one attention block whose longest reduction is the 24-wide projection (tests/README.md)
+    assert_close_to_reference(fast64, direct64, depth=2, k=24, name="output float64")
+    assert_same_function(fast, direct, direct64, depth=2, k=24, name="output", labels=("fast", "direct"))
+    assert_close_to_reference(w_fast64, w_direct64, depth=2, k=24, name="weights float64")
+    assert_same_function(w_fast, w_direct, w_direct64, depth=2, k=24, name="weights", labels=("fast", "direct"))
     # The batched (batch, 1, q, k) mask form gives the same.
     again, _ = attn(x, pos, memory, mask[None, None].expand(2, 1, -1, -1))
     torch.testing.assert_close(again, fast)
@@ -76,7 +97,7 @@ def test_segments_with_memory_equal_one_pass(pre_lnorm):
         outs.append(h)
     assert mems[0].shape == (2, 20, 32)
     for start, h in zip(range(0, 20, 6), outs):
-        torch.testing.assert_close(h, full[:, start:start + h.size(1)], rtol=1e-5, atol=1e-5)
+        assert_paths_agree(h, full[:, start:start + h.size(1)], name=f"segment at {start} vs one pass", **BODY)
 
 
 def test_limited_memory_equals_banded_mask_one_layer():
@@ -94,7 +115,7 @@ def test_limited_memory_equals_banded_mask_one_layer():
     for start in range(0, 15, seg):
         h, mems = model(ids[:, start:start + seg], mems)
         assert mems[0].size(1) == 4
-        torch.testing.assert_close(h, full[:, start:start + seg], rtol=1e-5, atol=1e-5)
+        assert_paths_agree(h, full[:, start:start + seg], depth=2, k=64, name=f"segment at {start} vs banded one pass")
 
 
 def test_causal_future_tokens_do_not_change_outputs():
@@ -106,7 +127,7 @@ def test_causal_future_tokens_do_not_change_outputs():
     _, mems = model(ids[:, :4])
     a, _ = model(ids[:, 4:], mems)
     b, _ = model(changed[:, 4:], mems)
-    torch.testing.assert_close(a[:, :4], b[:, :4])
+    assert_paths_agree(a[:, :4], b[:, :4], name="outputs before the changed token", **BODY)
     assert not torch.allclose(a[:, 4:], b[:, 4:])
 
 
@@ -159,9 +180,9 @@ def test_adaptive_embedding_clusters_use_their_projection():
         cluster = 0 if word < 10 else 1 if word < 30 else 2
         lo = (0, 10, 30)[cluster]
         expected = emb.emb_projs[cluster].weight @ emb.emb_layers[cluster].weight[word - lo] * math.sqrt(12)
-        torch.testing.assert_close(out[ids == word][0], expected)
+        assert_paths_agree(out[ids == word][0], expected, k=16, name=f"word {word}")  # a 16-term projection
     single = AdaptiveEmbedding(50, 12, 12, cutoffs=(10, 30), div_val=1)
-    torch.testing.assert_close(single(ids), single.emb_layers[0].weight[ids] * math.sqrt(12))
+    assert_paths_agree(single(ids), single.emb_layers[0].weight[ids] * math.sqrt(12), name="div_val 1: no projection")
     with pytest.raises(ValueError):
         AdaptiveEmbedding(50, 16, 16, cutoffs=(30, 10))
 
@@ -175,8 +196,12 @@ def test_lm_head_log_probs_and_loss_agree():
         scored = model(ids, labels=labels)
         log_probs = model(ids).log_probs
         assert log_probs.shape == (2, 7, 50)
-        torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(2, 7), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(scored.nll, -log_probs.gather(-1, labels[..., None])[..., 0], rtol=1e-5, atol=1e-5)
+        # An error d in a log-probability is a relative error d in the probability, so the sum of
+        # probabilities is off by at most the log-probabilities' bound (scale: their magnitude).
+        head = dict(depth=5, k=64)  # the body, then the (adaptive) softmax
+        assert_close_to_reference(log_probs.exp().sum(-1), torch.ones(2, 7, dtype=torch.float64), scale=log_probs.abs().max().item(),
+                                  name="sum of probabilities", **head)
+        assert_paths_agree(scored.nll, -log_probs.gather(-1, labels[..., None])[..., 0], name="nll vs log-probabilities", **head)
 
 
 def test_lm_head_under_bf16_autocast_matches_fp32():

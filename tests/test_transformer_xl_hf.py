@@ -4,25 +4,63 @@ transformers 5 dropped Transformer-XL; 4.57 is the last release that ships it (u
 ``transformers.models.deprecated``). It cannot share a process with transformers 5, so
 it is installed into its own folder (once, cached) and run in a subprocess
 (``tests/helpers/hf_transfo_xl.py``), which writes an HF checkpoint of a random model and
-its outputs on two consecutive segments; ctxkit loads that checkpoint and must agree.
+its outputs on two consecutive segments, in float32 and from a float64 copy; ctxkit loads
+that checkpoint and must agree (tests/README.md: in float64 to the float64-derived bound, and
+each float32 side within the float32-derived bound of transformers' float64 outputs).
 """
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from ctxkit.checkpoint import CheckpointError
 from ctxkit.models.transformer_xl_io import load_transformer_xl
 from ctxkit.zoo import get_model
+from tolerance import assert_close_to_reference, assert_same_function
 
 LEGACY = ["transformers==4.57.6", "tokenizers==0.22.1", "huggingface_hub<1.0", "requests", "urllib3", "charset-normalizer", "idna",
           "certifi"]
 HELPER = Path(__file__).resolve().parent / "helpers" / "hf_transfo_xl.py"
+# The helper's model: 3 layers whose longest reduction is the 64-wide FFN; hidden states went
+# through the embeddings and those layers (the memories too), log-probabilities one more.
+HIDDEN, LOG_PROBS = dict(depth=4, k=64), dict(depth=5, k=64)
+
+
+def _exact_position_table(n: int, d: int) -> torch.Tensor:
+    """The sinusoid table in float64, unrounded. Both implementations round theirs to float32
+    (transformers its frequencies, ctxkit the table), differently, by ~6e-8: in float32 runs
+    that is within the bound, but the float64 runs take the exact table (the helper sets
+    transformers' frequencies to the exact ones likewise)."""
+    angles = torch.arange(n, dtype=torch.float64)[:, None] / torch.pow(10000.0, torch.arange(0, d, 2, dtype=torch.float64) / d)
+    table = torch.zeros(n, d, dtype=torch.float64)
+    table[:, 0::2], table[:, 1::2] = angles.sin(), angles.cos()
+    return table
+
+
+def _load_float64(folder: Path, out: Path):
+    """ctxkit's loader run in float64: on a float64 copy of the checkpoint, with float64 the
+    default dtype. The loader folds the head projection into the softmax matrix; run on the
+    float32 model that product is rounded to float32 (~1e-9 on the log-probabilities, within
+    the float32 bound but far outside the float64 one), so the float64 leg folds it exactly."""
+    out.mkdir()
+    shutil.copy(folder / "config.json", out / "config.json")
+    save_file({k: v.double() for k, v in load_file(str(folder / "model.safetensors")).items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = load_transformer_xl(out)
+    finally:
+        torch.set_default_dtype(before)
+    assert model.crit.head.weight.dtype == torch.float64
+    model.transformer.pos_table = _exact_position_table(64, model.config.d_model)
+    return model
 
 
 @pytest.fixture(scope="session")
@@ -56,15 +94,28 @@ def test_hidden_states_and_log_probs_match_transformers_over_two_segments(legacy
     assert model.config.same_length and model.config.mem_len == 5
     # transformers starts a text with mem_len zero vectors as memory (ctxkit with none):
     # give ctxkit the same zeros for the first segment, then each side its own memory.
+    model64 = _load_float64(tmp_path, tmp_path / "float64")
     mems = [torch.zeros(2, 5, model.config.d_model) for _ in range(model.config.n_layers)]
+    mems64 = [m.double() for m in mems]
     for s, segment in enumerate(ref["input_ids"].split(7, dim=1)):
         with torch.no_grad():
             hidden, new_mems = model.transformer(segment, mems)
             log_probs = model(segment, mems=mems).log_probs
-        torch.testing.assert_close(hidden, ref[f"hidden_{s}"], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(log_probs, ref[f"log_probs_{s}"], atol=1e-5, rtol=1e-5)
-        assert ref[f"hidden_{s}"].abs().mean() > 0.1 and log_probs.exp().sum(-1).sub(1).abs().max() < 1e-4
-        mems = new_mems
+            hidden64, new_mems64 = model64.transformer(segment, mems64)
+            # TransformerXLLMHeadModel.forward casts the hidden states to float32 for its softmax
+            # (meant for bf16 autocast), which a float64 copy cannot take: apply the same
+            # adaptive softmax module to the float64 hidden states directly.
+            log_probs64 = model64.crit.log_prob(hidden64.reshape(-1, hidden64.size(-1))).view(*hidden64.shape[:2], -1)
+        for name, ours, ours64, bound in (("hidden", hidden, hidden64, HIDDEN), ("log_probs", log_probs, log_probs64, LOG_PROBS)):
+            theirs, theirs64 = ref[f"{name}_{s}"], ref[f"{name}64_{s}"]
+            assert theirs64.dtype == torch.float64
+            assert_close_to_reference(ours64, theirs64, name=f"segment {s} {name} float64", **bound)
+            assert_same_function(ours, theirs, theirs64, name=f"segment {s} {name}", **bound)
+        # probabilities sum to one: a log-probability's error is its probability's relative error
+        assert_close_to_reference(log_probs.exp().sum(-1), torch.ones(2, 7, dtype=torch.float64), scale=log_probs.abs().max().item(),
+                                  name=f"segment {s} sum of probabilities", **LOG_PROBS)
+        assert ref[f"hidden_{s}"].abs().mean() > 0.1
+        mems, mems64 = new_mems, new_mems64
 
 
 def test_non_zero_softmax_biases_are_refused_by_name(legacy_transformers, tmp_path):

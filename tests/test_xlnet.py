@@ -14,10 +14,38 @@ from ctxkit.models.xlnet import (
     sample_permutation_masks,
     save_xlnet,
 )
+from tolerance import assert_close_to_reference, assert_paths_agree, assert_same_function, cast_like, float64, to64
 
 transformers = pytest.importorskip("transformers")
 
 TINY = dict(vocab_size=100, d_model=64, n_layer=2, n_head=4, d_inner=128)
+# tests/README.md: tolerances from eps, the magnitude, the depth (layers a value went through)
+# and the longest reduction k (the 128-wide FFN); hidden states after 2 layers, logits one more.
+HIDDEN, LOGITS = dict(depth=2, k=128), dict(depth=3, k=128)
+
+
+def _hf64(hf):
+    """transformers' XLNet in float64. Both implementations build the sinusoid table in float32
+    (as the checkpoints expect) and cast it; transformers' two-stream attention omits that
+    cast (its content stream has it), so add it here."""
+    model = float64(hf)
+    body = getattr(model, "transformer", model)
+    table = body.relative_positional_encoding
+    body.relative_positional_encoding = lambda *args, **kw: table(*args, **kw).double()
+    return model
+
+
+def _assert_same_function(ours, hf, run_ours, run_hf, name, **bound):
+    """ctxkit and transformers compute the same function: in float64 to the float64-derived
+    bound, and each float32 side within the float32-derived bound of the float64 reference."""
+    with torch.no_grad():
+        got, expected = run_ours(ours), run_hf(hf)
+        got64, expected64 = run_ours(float64(ours)), run_hf(_hf64(hf))
+    assert got.shape == expected.shape == expected64.shape
+    assert_close_to_reference(got64, expected64, name=f"{name} float64", **bound)
+    assert_same_function(got, expected, expected64, name=name, **bound)
+    assert got.std() > 0.1  # not vacuous
+    return got
 
 
 def _perturb(model, seed=1):
@@ -64,24 +92,27 @@ def test_content_stream_matches_transformers(hf_body):
     ours = load_xlnet(folder)
     ids, mask, types = _batch()
     with torch.no_grad():
-        expected = hf(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
-        got = ours.transformer(ids, token_type_ids=types, attention_mask=mask)
-    assert got.query is None
-    torch.testing.assert_close(got.content, expected, atol=1e-5, rtol=0)
-    with torch.no_grad():  # no masks at all, no segments
-        torch.testing.assert_close(ours.transformer(ids).content, hf(input_ids=ids).last_hidden_state, atol=1e-5, rtol=0)
+        assert ours.transformer(ids, token_type_ids=types, attention_mask=mask).query is None
+    _assert_same_function(ours, hf, lambda m: m.transformer(ids, token_type_ids=types, attention_mask=mask).content,
+                          lambda m: m(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state, "content", **HIDDEN)
+    # no masks at all, no segments
+    _assert_same_function(ours, hf, lambda m: m.transformer(ids).content, lambda m: m(input_ids=ids).last_hidden_state,
+                          "content without masks", **HIDDEN)
 
 
 def test_memory_matches_transformers(hf_body):
     folder, hf = hf_body
     ours = load_xlnet(folder)
     ids, _, types = _batch()
-    with torch.no_grad():
-        first = hf(input_ids=ids[:, :5], use_mems=True)
-        expected = hf(input_ids=ids[:, 5:], token_type_ids=types[:, 5:], mems=first.mems, use_mems=True).last_hidden_state
-        mems = ours.transformer(ids[:, :5]).mems
-        got = ours.transformer(ids[:, 5:], token_type_ids=types[:, 5:], mems=mems).content
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+    def run_hf(m):
+        first = m(input_ids=ids[:, :5], use_mems=True)
+        return m(input_ids=ids[:, 5:], token_type_ids=types[:, 5:], mems=first.mems, use_mems=True).last_hidden_state
+
+    def run_ours(m):
+        return m.transformer(ids[:, 5:], token_type_ids=types[:, 5:], mems=m.transformer(ids[:, :5]).mems).content
+
+    _assert_same_function(ours, hf, run_ours, run_hf, "content after memory", depth=4, k=128)  # memory: 2 more layers upstream
 
 
 def test_two_stream_logits_match_transformers(hf_lm):
@@ -89,16 +120,13 @@ def test_two_stream_logits_match_transformers(hf_lm):
     ours = load_xlnet(folder)
     ids, mask, types = _batch()
     masks = sample_permutation_masks(ids, 3, attention_mask=mask, generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        expected = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, perm_mask=masks.perm_mask,
-                      target_mapping=masks.target_mapping).logits
-        got = ours(ids, token_type_ids=types, attention_mask=mask, perm_mask=masks.perm_mask,
-                   target_mapping=masks.target_mapping)
-        assert got.shape == (3, 3, 100)
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
-        # content-stream logits too (no target mapping)
-        torch.testing.assert_close(ours(ids, types, mask), hf(input_ids=ids, attention_mask=mask, token_type_ids=types).logits,
-                                   atol=1e-5, rtol=0)
+    kw = dict(token_type_ids=types, attention_mask=mask, perm_mask=masks.perm_mask, target_mapping=masks.target_mapping)
+    got = _assert_same_function(ours, hf, lambda m: m(ids, **cast_like(kw, m)), lambda m: m(input_ids=ids, **cast_like(kw, m)).logits,
+                                "query-stream logits", **LOGITS)
+    assert got.shape == (3, 3, 100)
+    # content-stream logits too (no target mapping)
+    _assert_same_function(ours, hf, lambda m: m(ids, types, mask),
+                          lambda m: m(input_ids=ids, attention_mask=mask, token_type_ids=types).logits, "content-stream logits", **LOGITS)
 
 
 def test_save_then_transformers_loads_it(tmp_path):
@@ -110,8 +138,8 @@ def test_save_then_transformers_loads_it(tmp_path):
     ids, mask, types = _batch()
     masks = sample_permutation_masks(ids, 2, attention_mask=mask, generator=torch.Generator().manual_seed(4))
     kw = dict(token_type_ids=types, attention_mask=mask, perm_mask=masks.perm_mask, target_mapping=masks.target_mapping)
-    with torch.no_grad():
-        torch.testing.assert_close(ours(ids, **kw), hf(input_ids=ids, **kw).logits, atol=1e-5, rtol=0)
+    _assert_same_function(ours, hf, lambda m: m(ids, **cast_like(kw, m)), lambda m: m(input_ids=ids, **cast_like(kw, m)).logits, "logits",
+                          **LOGITS)
     again = load_xlnet(tmp_path)
     for (k, a), (_, b) in zip(ours.state_dict().items(), again.state_dict().items()):
         assert torch.equal(a, b), k
@@ -168,7 +196,7 @@ def test_permutation_masks_hide_own_and_later_tokens():
                 changed = ids.clone()
                 changed[b, later] = (changed[b, later] + 17) % 100
                 out = model(changed, perm_mask=m.perm_mask, target_mapping=m.target_mapping)
-                torch.testing.assert_close(out.query[b, k], base.query[b, k], atol=1e-6, rtol=0)
+                assert_paths_agree(out.query[b, k], base.query[b, k], depth=2, k=64, name=f"query {b, k} with hidden tokens changed")
                 if k > 0:  # an earlier target does see the changes of t
                     earlier = [j for j in range(seq) if rank[b, j] == rank[b, t] - 1]
                     changed = ids.clone()
@@ -196,7 +224,7 @@ def test_identity_permutation_is_causal():
             changed = ids.clone()
             changed[:, t + 1:] = (changed[:, t + 1:] + 31) % 100
             out = model(changed, token_type_ids=types, perm_mask=causal).content
-            torch.testing.assert_close(out[:, :t + 1], base[:, :t + 1], atol=1e-6, rtol=0)
+            assert_paths_agree(out[:, :t + 1], base[:, :t + 1], depth=2, k=64, name=f"content up to {t} with later tokens changed")
             assert not torch.allclose(out[:, t + 1], base[:, t + 1], atol=1e-4)
 
 
@@ -248,12 +276,19 @@ def test_identity_permutation_without_query_stream_is_a_causal_transformer_xl():
     causal = torch.ones(qlen, klen, dtype=torch.bool).tril(mlen)  # key j visible iff j <= mlen + i
     h = torch.randn(batch, qlen, d)
     mems = [torch.randn(batch, mlen, d) for _ in ours]
-    x = y = full = h
-    with torch.no_grad():
-        for a, b, mem in zip(ours, xl, mems):
-            x, g = a(x, None, pos, None, causal.expand(batch, 1, qlen, klen), None, memory=mem)
-            y, _ = b(y, pos[:klen], memory=mem, mask=causal)  # Transformer-XL's distances klen-1 .. 0
-            full, _ = a(full, None, pos, None, None, None, memory=mem)
-    assert g is None
-    torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    def run(xlnet_layers, xl_layers, h, pos, mems):
+        x = y = full = h
+        with torch.no_grad():
+            for a, b, mem in zip(xlnet_layers, xl_layers, mems):
+                x, g = a(x, None, pos, None, causal.expand(batch, 1, qlen, klen), None, memory=mem)
+                y, _ = b(y, pos[:klen], memory=mem, mask=causal)  # Transformer-XL's distances klen-1 .. 0
+                full, _ = a(full, None, pos, None, None, None, memory=mem)
+        assert g is None
+        return x, y, full
+
+    x, y, full = run(ours, xl, h, pos, mems)
+    x64, y64, _ = run([float64(a) for a in ours], [float64(b) for b in xl], *to64((h, pos, mems)))
+    # the same function: exactly so in float64 (float64-derived bound), and each float32 path near it
+    assert_close_to_reference(x64, y64, depth=2, k=64, name="XLNet layers vs Transformer-XL layers, float64")
+    assert_same_function(x, y, y64, depth=2, k=64, name="causal layers", labels=("XLNet", "Transformer-XL"))
     assert not torch.allclose(full, y, atol=1e-3)  # the mask matters: bidirectional XLNet differs

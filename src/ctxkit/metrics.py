@@ -49,6 +49,8 @@ from seqeval.metrics.sequence_labeling import (
 from sklearn.metrics import f1_score as _sk_f1_score
 from sklearn.metrics import matthews_corrcoef
 
+from .core.errors import UnknownNameError, UserError
+
 __all__ = [
     "GLUE_MAIN_METRIC",
     "accuracy",
@@ -89,9 +91,9 @@ def _pair(preds: Any, labels: Any) -> Tuple[np.ndarray, np.ndarray]:
     """Both inputs as 1-D arrays of equal, non-zero length."""
     p, y = np.asarray(preds).reshape(-1), np.asarray(labels).reshape(-1)
     if p.shape != y.shape:
-        raise ValueError(f"preds and labels differ in length: {p.size} vs {y.size}")
+        raise UserError(f"preds and labels differ in length: {p.size} vs {y.size}")
     if p.size == 0:
-        raise ValueError("cannot score an empty set of predictions")
+        raise UserError("cannot score an empty set of predictions")
     return p, y
 
 
@@ -160,7 +162,7 @@ def pearson_spearman(preds: Any, labels: Any) -> Dict[str, float]:
     p, y = _pair(preds, labels)
     p, y = p.astype(np.float64), y.astype(np.float64)
     if not (np.isfinite(p).all() and np.isfinite(y).all()):
-        raise ValueError("pearson_spearman got NaN or infinite values")
+        raise UserError("pearson_spearman got NaN or infinite values")
     if np.ptp(p) == 0 or np.ptp(y) == 0:
         pearson = spearman = 0.0
     else:
@@ -200,7 +202,7 @@ def glue_metrics(task_metric_names: Union[str, Sequence[str]], preds: Any, label
         names = tuple(task_metric_names)
     unknown = [n for n in names if n not in _GLUE_FUNCS and n not in ("pearson", "spearman")]
     if unknown:
-        raise KeyError(f"unknown GLUE metric(s) {unknown}; known: accuracy, f1, mcc, pearson, spearman")
+        raise UnknownNameError(f"unknown GLUE metric(s) {unknown}; known: accuracy, f1, mcc, pearson, spearman")
     out: Dict[str, float] = {}
     for name in names:
         if name in _GLUE_FUNCS:
@@ -239,7 +241,7 @@ def ner_f1(true_tag_seqs: Sequence[Sequence[str]], pred_tag_seqs: Sequence[Seque
     """
     y_true, y_pred = [list(s) for s in true_tag_seqs], [list(s) for s in pred_tag_seqs]
     if len(y_true) != len(y_pred) or any(len(t) != len(p) for t, p in zip(y_true, y_pred)):
-        raise ValueError("true_tag_seqs and pred_tag_seqs must have the same sentences and lengths")
+        raise UserError("true_tag_seqs and pred_tag_seqs must have the same sentences and lengths")
     precision, recall, f1, _ = precision_recall_fscore_support(y_true, y_pred, average="micro", zero_division=0)
     # seqeval orders per-type results by sorted type name; rebuild the same list to label them.
     types = sorted({e[0] for e in get_entities(y_true)} | {e[0] for e in get_entities(y_pred)})
@@ -358,12 +360,12 @@ def squad_v1(predictions: Mapping[str, str], dataset: Any) -> Dict[str, Union[fl
             missing += 1
             continue
         if not ground_truths:
-            raise ValueError(f"question {qid!r} has no gold answer; SQuAD v1.1 needs at least one")
+            raise UserError(f"question {qid!r} has no gold answer; SQuAD v1.1 needs at least one")
         prediction = predictions[qid]
         exact_match += metric_max_over_ground_truths(exact_match_score, prediction, ground_truths)
         f1 += metric_max_over_ground_truths(f1_score, prediction, ground_truths)
     if total == 0:
-        raise ValueError("the dataset holds no questions")
+        raise UserError("the dataset holds no questions")
     return {"exact_match": 100.0 * exact_match / total, "f1": 100.0 * f1 / total, "total": total, "missing": missing}
 
 
@@ -489,11 +491,11 @@ def squad_v2(
         exact_raw[qid] = max(compute_exact(a, a_pred) for a in gold_answers)
         f1_raw[qid] = max(compute_f1(a, a_pred) for a in gold_answers)
     if not qid_to_has_ans:
-        raise ValueError("the dataset holds no questions")
+        raise UserError("the dataset holds no questions")
     if na_probs is not None:
         lacking = [q for q in exact_raw if q not in na_probs]
         if lacking:
-            raise ValueError(f"na_probs lacks {len(lacking)} predicted question(s), e.g. {lacking[0]!r}")
+            raise UserError(f"na_probs lacks {len(lacking)} predicted question(s), e.g. {lacking[0]!r}")
     probs = na_probs if na_probs is not None else {}
 
     def thresholded(scores: Dict[str, float]) -> Dict[str, float]:

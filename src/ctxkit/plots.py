@@ -18,6 +18,8 @@ matplotlib.use("Agg")  # headless: never try to open a window
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from .core.errors import UserError
+
 PathLike = Union[str, "os.PathLike[str]"]
 
 
@@ -52,9 +54,9 @@ def plot_attention(weights, tokens: Sequence[str], path: PathLike, title: str = 
     """
     w = _to_numpy(weights)
     if w.ndim != 2 or w.shape[0] != w.shape[1]:
-        raise ValueError(f"weights must be a (seq, seq) matrix, got shape {w.shape}")
+        raise UserError(f"weights must be a (seq, seq) matrix, got shape {w.shape}")
     if len(tokens) != w.shape[0]:
-        raise ValueError(f"got {len(tokens)} tokens for a {w.shape[0]}x{w.shape[1]} attention matrix")
+        raise UserError(f"got {len(tokens)} tokens for a {w.shape[0]}x{w.shape[1]} attention matrix")
     # Grow with the sentence so labels stay legible, within sane bounds.
     side = min(max(4.0, 0.38 * w.shape[0] + 2.0), 24.0)
     return _heatmap(w, tokens, tokens, "key (attended to)", "query (attending)", title, path, (side + 1.2, side), "equal")
@@ -147,7 +149,7 @@ def plot_alignment(weights, source_tokens: Sequence[str], target_tokens: Sequenc
     """
     w = _to_numpy(weights)
     if w.ndim != 2 or w.shape != (len(target_tokens), len(source_tokens)):
-        raise ValueError(f"weights of shape {w.shape} do not match {len(target_tokens)} target x {len(source_tokens)} source tokens")
+        raise UserError(f"weights of shape {w.shape} do not match {len(target_tokens)} target x {len(source_tokens)} source tokens")
     size = (min(max(4.0, 0.4 * w.shape[1] + 2.0), 24.0), min(max(3.0, 0.4 * w.shape[0] + 1.5), 24.0))
     return _heatmap(w, source_tokens, target_tokens, "source", "translation", title, path, size, "auto")
 

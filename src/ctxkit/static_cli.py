@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import errno
 import sys
 from pathlib import Path
 from typing import List, Tuple
@@ -28,9 +27,10 @@ SST2_TASKS = ("sst-2",)
 
 
 def _require_files(paths) -> None:
+    from .data.errors import check_input
+
     for path in paths:
-        if not Path(path).is_file():
-            raise FileNotFoundError(errno.ENOENT, "no such file", str(path))
+        check_input(path)  # readers that need two passes refuse a pipe themselves
 
 
 def _load(args: argparse.Namespace):

@@ -31,6 +31,7 @@ from .checkpoint import (
 )
 from .models.bert import BertModel, config_from_hf, load_bert
 from .models.presets import PRESETS, get_preset
+from .core.errors import UnknownNameError, UserError
 
 __all__ = ["CheckpointEntry", "CHECKPOINTS", "cache_dir", "get_model", "list_models", "register_checkpoint", "resolve_checkpoint"]
 
@@ -141,7 +142,7 @@ def register_checkpoint(name: str, directory: Union[str, os.PathLike], preset: O
         description: shown by ``ctxkit list-models``.
     """
     if name in CHECKPOINTS or name in PRESETS:
-        raise ValueError(f"{name!r} is a built-in name; choose another")
+        raise UserError(f"{name!r} is a built-in name; choose another")
     src = Path(directory)
     preset = preset or _infer_preset(src)
     dest = cache_dir() / "checkpoints" / name
@@ -221,7 +222,7 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
         if name in entries or Path(name).is_dir():
             name, checkpoint = "", name
         else:
-            raise KeyError(f"unknown model {name!r}; presets: {', '.join(PRESETS)}; checkpoints: {', '.join(entries)}")
+            raise UnknownNameError(f"unknown model {name!r}; presets: {', '.join(PRESETS)}; checkpoints: {', '.join(entries)}")
     if checkpoint is None:
         preset = get_preset(name)
         from .models.bert import BertForPreTraining

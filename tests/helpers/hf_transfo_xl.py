@@ -4,8 +4,12 @@ release first on ``sys.path``: ``python hf_transfo_xl.py OUT_DIR [div_val untie_
 
 Writes an HF checkpoint of a randomly initialised ``TransfoXLLMHeadModel`` to ``OUT_DIR``
 and ``OUT_DIR/reference.safetensors``: two consecutive segments' last hidden states and
-log-probabilities (the second segment reads the first one's memory).
+log-probabilities (the second segment reads the first one's memory), computed in float32
+(``hidden_0``, ``log_probs_0``, ...) and by a float64 copy of the model (``hidden64_0``, ...),
+the reference that tests/README.md's tolerances are measured against.
 """
+
+import copy
 
 import sys
 from pathlib import Path
@@ -23,6 +27,15 @@ def _patched_type_as(self, other=None, dtype=None):
 
 
 torch.Tensor.type_as = _patched_type_as
+_float = torch.Tensor.float
+
+
+def _float_keeping_float64(self, *args, **kwargs):
+    """The attention upcasts its scores with ``.float()`` before masking (meant for fp16); in
+    the float64 run that would round them to float32, so keep float64 there (the float64
+    run's only change)."""
+    return self if self.dtype == torch.float64 else _float(self, *args, **kwargs)
+
 
 from transformers.models.deprecated.transfo_xl import TransfoXLConfig, TransfoXLLMHeadModel  # noqa: E402
 
@@ -40,14 +53,20 @@ def main(out: str, div_val: int = 2, untie_r: bool = True) -> None:
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 300, (2, 14), generator=g)
     result = {"input_ids": ids}
-    mems = None
-    with torch.no_grad():
-        for s, segment in enumerate(ids.split(7, dim=1)):
-            body = model.transformer(segment, mems=mems)
-            head = model(segment, mems=mems)
-            result[f"hidden_{s}"] = body.last_hidden_state.contiguous()
-            result[f"log_probs_{s}"] = head.prediction_scores.contiguous()
-            mems = body.mems
+    exact = copy.deepcopy(model).double()
+    # The sinusoid frequencies are a float32 buffer (rounded at ~6e-8): give the float64 run
+    # the exact ones, as the float64 run of ctxkit gets an exact position table.
+    exact.transformer.pos_emb.inv_freq = 1 / (10000 ** (torch.arange(0.0, config.d_model, 2.0, dtype=torch.float64) / config.d_model))
+    for suffix, run in (("", model), ("64", exact)):
+        mems = None
+        torch.Tensor.float = _float_keeping_float64 if suffix == "64" else _float
+        with torch.no_grad():
+            for s, segment in enumerate(ids.split(7, dim=1)):
+                body = run.transformer(segment, mems=mems)
+                head = run(segment, mems=mems)
+                result[f"hidden{suffix}_{s}"] = body.last_hidden_state.contiguous()
+                result[f"log_probs{suffix}_{s}"] = head.prediction_scores.contiguous()
+                mems = body.mems
     save_file(result, str(Path(out) / "reference.safetensors"))
 
 

@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
-from .errors import ProblemLog, ReadResult, iter_lines
+from .errors import ProblemLog, ReadResult, iter_lines, open_input
+from ..core.errors import UserError
 
 __all__ = ["TaggedSentence", "ConllReadResult", "read_conll", "iob1_to_bio", "label_list", "align_labels",
            "word_predictions", "encode_tagged", "SCHEMES"]
@@ -103,7 +104,7 @@ def read_conll(path: PathLike, tag_column: int = -1, scheme: str = "auto", on_er
             ``scheme="bio"`` an entity opened by ``I-``; the message names the line.
     """
     if scheme not in SCHEMES:
-        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+        raise UserError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
     problems = ProblemLog(path, on_error)
     name = os.path.basename(os.fspath(path))
     sentences: List[TaggedSentence] = []
@@ -122,7 +123,7 @@ def read_conll(path: PathLike, tag_column: int = -1, scheme: str = "auto", on_er
             starts.append(start)
         words, tags, bad = [], [], False
 
-    with open(path, "rb") as fh:
+    with open_input(path) as fh:
         for line_no, line in iter_lines(fh, problems):
             if line is None:  # undecodable, already reported
                 bad = True
@@ -290,7 +291,7 @@ def encode_tagged(tokenizer, sentence: TaggedSentence, label_to_id: Optional[Map
     else:
         unknown = sorted({t for t in sentence.tags if t not in label_to_id})
         if unknown:
-            raise ValueError(f"{sentence.guid}: tags {unknown} not in label_to_id")
+            raise UserError(f"{sentence.guid}: tags {unknown} not in label_to_id")
         labels = align_labels(word_index, [label_to_id[t] for t in sentence.tags], ignore_index)
     covered = {w for w in word_index if w is not None}
     last = max(covered, default=-1)

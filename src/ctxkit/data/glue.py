@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .errors import ProblemLog, ReadResult, iter_lines
+from .errors import (DataError, ProblemLog, ReadResult, iter_lines, loads_json, lone_surrogate,
+                     open_input)
+from ..core.errors import MissingFileError, UnknownNameError, UserError
 
 __all__ = ["TextExample", "GlueTask", "GLUE_TASKS", "get_glue_task", "read_glue", "read_table", "TextReadResult"]
 
@@ -142,22 +143,22 @@ def get_glue_task(name: Union[str, GlueTask]) -> GlueTask:
         return name
     found = {_key(k): t for k, t in GLUE_TASKS.items()}.get(_key(str(name)))
     if found is None:
-        raise KeyError(f"unknown GLUE task {name!r}; known: {', '.join(GLUE_TASKS)}")
+        raise UnknownNameError(f"unknown GLUE task {name!r}; known: {', '.join(GLUE_TASKS)}")
     return found
 
 
 def _glue_file(task: GlueTask, path_or_dir: PathLike, split: str) -> Path:
     if split not in task.files:
-        raise ValueError(f"{task.name} has no split {split!r}; splits: {', '.join(task.files)}")
+        raise UserError(f"{task.name} has no split {split!r}; splits: {', '.join(task.files)}")
     path = Path(path_or_dir)
-    if path.is_file():
+    if path.exists() and not path.is_dir():  # a file, or a FIFO / <(...)
         return path
     # Accept the task folder or the GLUE root that holds it.
     tried = [path / task.files[split], path / task.name / task.files[split]]
     for candidate in tried:
         if candidate.is_file():
             return candidate
-    raise FileNotFoundError(f"no {task.name} {split} file; tried {', '.join(map(str, tried))}")
+    raise MissingFileError(f"{path}: no {task.name} {split} file; tried {', '.join(map(str, tried))}")
 
 
 def _resolve(columns: List[str], wanted: Optional[Column], problems: ProblemLog, what: str) -> Optional[int]:
@@ -199,7 +200,7 @@ def read_glue(task: Union[str, GlueTask], path_or_dir: PathLike, split: str = "d
     label_index = {s: i for i, s in enumerate(task.labels or ())}
     examples: List[TextExample] = []
     cols = None
-    with open(path, "rb") as fh:
+    with open_input(path) as fh:
         for line_no, line in iter_lines(fh, problems):
             if cols is None and has_header:
                 if line is None:
@@ -304,7 +305,7 @@ def read_table(path: PathLike, text_column: str = "text", pair_column: Optional[
     elif suffix == ".jsonl":
         rows = _jsonl_rows(path, cols, problems)
     else:
-        raise ValueError(f"{path}: unsupported table format {suffix!r}; use .csv, .tsv or .jsonl")
+        raise UserError(f"{path}: unsupported table format {suffix!r}; use .csv, .tsv or .jsonl")
     kept: List[_Row] = []
     for row in rows:
         line_no, text, pair, raw = row
@@ -375,7 +376,7 @@ def _pick(fields: List[str], positions) -> Tuple[str, Optional[str], Optional[st
 
 def _tsv_rows(path: Path, cols, problems: ProblemLog):
     header = positions = None
-    with open(path, "rb") as fh:
+    with open_input(path) as fh:
         for line_no, line in iter_lines(fh, problems):
             if header is None:
                 if line is None:
@@ -396,7 +397,8 @@ def _tsv_rows(path: Path, cols, problems: ProblemLog):
 
 
 def _csv_rows(path: Path, cols, problems: ProblemLog):
-    data = path.read_bytes()
+    with open_input(path) as fh:  # one read: a FIFO cannot be read twice
+        data = fh.read()
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -442,9 +444,9 @@ def _jsonl_rows(path: Path, cols, problems: ProblemLog):
             if line is None or not line.strip():
                 continue
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                problems.report(line_no, "invalid JSON", f"{exc.msg} at column {exc.colno}")
+                obj = loads_json(line, path, line_no)
+            except DataError as exc:
+                problems.report(line_no, exc.reason, exc.detail)
                 continue
             if not isinstance(obj, dict):
                 problems.report(line_no, "not a JSON object", f"got {type(obj).__name__}")
@@ -459,6 +461,11 @@ def _jsonl_rows(path: Path, cols, problems: ProblemLog):
             strings = [obj[text_col]] + ([obj[pair_col]] if present[0] else [])
             if not all(isinstance(s, str) for s in strings):
                 problems.report(line_no, "text is not a string")
+                continue
+            surrogate = next((f"U+{ord(s[i]):04X} at index {i}" for s in strings
+                              if (i := lone_surrogate(s)) is not None), None)
+            if surrogate:
+                problems.report(line_no, "invalid text", f"lone surrogate {surrogate} (not a character)")
                 continue
             raw = _json_label(obj[label_col]) if present[1] else None
             if present[1] and raw is None:

@@ -32,6 +32,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..core.errors import UserError
+
 __all__ = ["QAFeature", "Prediction", "make_features", "window_starts", "postprocess"]
 
 logger = logging.getLogger("ctxkit")
@@ -162,9 +164,9 @@ def make_features(tokenizer, examples: Sequence, max_seq_len: int = 384, doc_str
         ValueError: Bad sizes, e.g. a (cut) question leaving no room for context.
     """
     if doc_stride < 1 or max_query_len < 1:
-        raise ValueError(f"doc_stride and max_query_len must be >= 1, got {doc_stride} and {max_query_len}")
+        raise UserError(f"doc_stride and max_query_len must be >= 1, got {doc_stride} and {max_query_len}")
     if max_seq_len < 4:
-        raise ValueError(f"max_seq_len={max_seq_len} leaves no room for context tokens")
+        raise UserError(f"max_seq_len={max_seq_len} leaves no room for context tokens")
     examples = list(examples)
     encode = dict(add_special_tokens=False, max_length=_NO_LIMIT, truncation=None, padding=None)
     questions = tokenizer.encode_batch([ex.question for ex in examples], **encode) if examples else []
@@ -184,7 +186,7 @@ def make_features(tokenizer, examples: Sequence, max_seq_len: int = 384, doc_str
             q_ids, cut_questions = q_ids[:max_query_len], cut_questions + 1
         budget = max_seq_len - len(q_ids) - 3
         if budget < 1:
-            raise ValueError(f"example {ex_idx} ({ex.qid}): max_seq_len={max_seq_len} leaves no room for context "
+            raise UserError(f"example {ex_idx} ({ex.qid}): max_seq_len={max_seq_len} leaves no room for context "
                              f"after a {len(q_ids)}-token question; lower max_query_len")
         clamped_step += doc_stride > budget
         c = context_index[ex.context]

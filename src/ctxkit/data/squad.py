@@ -7,15 +7,17 @@ in both halves.
 
 from __future__ import annotations
 
-import json
+import io
 import os
 import random
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
 
-from .errors import DataError, ProblemLog, ReadResult
+from .errors import DataError, ProblemLog, ReadResult, loads_json, lone_surrogate, open_input
+from ..core.errors import UserError
 
 __all__ = ["Answer", "QAExample", "read_squad", "split_by_article"]
 
@@ -60,21 +62,26 @@ class QAExample:
 def _load_json(path: Path):
     """Parse the file (or the single ``.json`` inside a ``.zip``); returns ``(shown_path, document)``."""
     shown = str(path)
+    with open_input(path) as fh:  # read once, so a FIFO works too
+        data = fh.read()
     if path.suffix.lower() == ".zip":
-        with zipfile.ZipFile(path) as zf:
-            members = [n for n in zf.namelist() if n.lower().endswith(".json") and not n.startswith("__MACOSX/")]
-            if len(members) != 1:
-                raise DataError(path, "archive", "expected one .json file in the zip", f"found {members}")
-            shown = f"{path}/{members[0]}"  # the zipfile.Path spelling of a member
-            data = zf.read(members[0])
-    else:
-        data = path.read_bytes()
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as zf:
+                members = [n for n in zf.namelist() if n.lower().endswith(".json") and not n.startswith("__MACOSX/")]
+                if len(members) != 1:
+                    raise DataError(path, "archive", "expected one .json file in the zip", f"found {members}")
+                shown = f"{path}/{members[0]}"  # the zipfile.Path spelling of a member
+                data = zf.read(members[0])
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError,
+                ValueError, OSError) as exc:  # corrupt, truncated, encrypted or exotic archives
+            if isinstance(exc, DataError):
+                raise
+            raise DataError(shown, "archive", "unreadable zip file", str(exc) or type(exc).__name__) from None
     try:
-        return shown, json.loads(data.decode("utf-8-sig"))
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise DataError(shown, data[:exc.start].count(b"\n") + 1, "invalid UTF-8") from None
-    except json.JSONDecodeError as exc:
-        raise DataError(shown, exc.lineno, "invalid JSON", f"{exc.msg} at column {exc.colno}") from None
+        raise DataError(shown, data[:exc.start].count(b"\n") + 1, "invalid UTF-8", exc.reason) from None
+    return shown, loads_json(text, shown)
 
 
 class _Fields:
@@ -94,6 +101,10 @@ class _Fields:
         # bool is an int subclass; an answer_start of true is a data error, not 1.
         if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
             self.problems.report(where, "bad field type", f"{key!r} is {type(value).__name__}")
+            return _MISSING
+        if typ is str and (i := lone_surrogate(value)) is not None:
+            self.problems.report(where, "invalid text", f"{key!r} has a lone surrogate U+{ord(value[i]):04X} "
+                                                        f"at index {i} (not a character)")
             return _MISSING
         return value
 
@@ -140,7 +151,8 @@ def read_squad(path: PathLike, on_error: str = "raise") -> ReadResult:
                 continue
             for qi, qa in enumerate(qas):
                 qid = qa.get("id") if isinstance(qa, dict) else None
-                where_q = f"{where_p} / question {qid if isinstance(qid, str) else f'#{qi}'}"
+                printable = isinstance(qid, str) and lone_surrogate(qid) is None
+                where_q = f"{where_p} / question {qid if printable else f'#{qi}'}"
                 example = _question(qa, title, context, where_q, fields, seen_ids)
                 if example is not None:
                     examples.append(example)
@@ -203,7 +215,7 @@ def split_by_article(examples: Sequence[QAExample], dev_fraction: float = 0.2,
         ``(train, dev)`` lists of the same example objects.
     """
     if not 0.0 <= dev_fraction <= 1.0:
-        raise ValueError(f"dev_fraction must be in [0, 1], got {dev_fraction}")
+        raise UserError(f"dev_fraction must be in [0, 1], got {dev_fraction}")
     titles = list(dict.fromkeys(e.title for e in examples))
     n_dev = round(len(titles) * dev_fraction)
     if seed is None:

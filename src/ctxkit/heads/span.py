@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checkpoint import CheckpointError
+from ..core.errors import UserError
 
 __all__ = ["SpanHead", "SpanQAModel", "span_loss", "span_head_from_hf"]
 
@@ -125,7 +126,7 @@ class SpanQAModel(nn.Module):
             tuple (what the trainer's ``predict`` collects); ``loss`` when labels are given.
         """
         if (start_positions is None) != (end_positions is None):
-            raise ValueError("give both start_positions and end_positions, or neither")
+            raise UserError("give both start_positions and end_positions, or neither")
         hidden = self.encoder(input_ids, token_type_ids, attention_mask).last_hidden_state
         start, end = self.head(hidden, attention_mask)
         out: Dict[str, object] = {"start_logits": start, "end_logits": end, "logits": (start, end)}

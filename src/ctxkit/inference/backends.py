@@ -4,17 +4,37 @@
 All three keep the task models' interface (``model(input_ids=...)["logits"]``), so
 ``predict`` and ``evaluate`` run unchanged; ``benchmarks/inference_cpu.py`` measures which
 is fastest per precision on a machine (docs/performance.md).
+
+``with_backend(model, "auto", precision, run_dir=RUN)`` decides once per run folder: the
+timed choice is kept in ``RUN/auto_backend/choice.json`` (with the verified ONNX export
+when ONNX Runtime won), keyed by what makes it valid (weights files, precision, CPU,
+threads, ctxkit / torch / onnxruntime versions); later calls read it instead of exporting
+and timing again.
+
+A precision asked of the pytorch backend reaches the model: it comes back wrapped in
+:class:`PrecisionModel` (fp32 = no autocast, whatever encloses the call; bf16 = bf16
+autocast), which :func:`ctxkit.training.predict` honours.
 """
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 from typing import Optional, Tuple
 
+import torch
 from torch import nn
 
-__all__ = ["BACKENDS", "with_backend", "choose_backend", "median_ms"]
+from ..core.errors import UserError
+
+__all__ = ["BACKENDS", "with_backend", "choose_backend", "median_ms", "PrecisionModel", "AUTO_CHOICE_DIR"]
+
+logger = logging.getLogger("ctxkit")
+
+# RUN/<this>/choice.json holds the auto decision for a run folder (RUN/best/backend.json
+# already means "an exported ONNX run" to load_run, hence a folder of its own).
+AUTO_CHOICE_DIR = "auto_backend"
 
 BACKENDS = ("auto", "pytorch", "onnxruntime", "compiled", "gpu")
 
@@ -38,12 +58,15 @@ def add_backend_arguments(parser, default: str, what: str) -> None:
                              "compiled on CPU, gpu = bf16 GPU encoder with CUDA graphs and packed batches; the choice is "
                              f"named (see docs/deployment.md; an int8 run always uses ONNX Runtime; default: {default})")
     parser.add_argument("--precision", choices=PRECISIONS, default=None,
-                        help="for --backend compiled (default fp32) or gpu (default bf16; fp8: float8 GEMMs on Hopper GPUs; "
+                        help="the precision that runs: for --backend pytorch (fp32 = no autocast, bf16 = bf16 autocast; "
+                             "default: bf16 autocast on a GPU, fp32 on CPU), compiled (default fp32) or gpu (default bf16; "
+                             "fp8: float8 GEMMs on Hopper GPUs; "
                              "bf16-gelu-tanh: bf16 with the FFN's GELU in tanh form inside the GEMM's epilogue, a declared "
                              "approximation of BERT's erf GELU, ~10 %% faster at large batches)")
 
 
-def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional[str] = None) -> Tuple[nn.Module, str]:
+def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional[str] = None,
+                 run_dir: Optional[Path] = None) -> Tuple[nn.Module, str]:
     """``(model, description)`` for ``backend``.
 
     Args:
@@ -51,36 +74,43 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
         backend: "auto" (see :func:`choose_backend`), "pytorch" (as loaded), "onnxruntime" (exported now, checked against
             PyTorch within 1e-4), "compiled" (:class:`~ctxkit.inference.cpu_compile.CompiledCPUModel`)
             or "gpu" (:class:`~ctxkit.inference.gpu.GPUTaskModel`, on the current CUDA device).
-        precision: "fp32" or "bf16" for the compiled (default fp32) and gpu (default bf16)
-            backends; "fp8" for the gpu backend (float8 matrix products, a declared
-            precision: :mod:`ctxkit.inference.fp8`) and "bf16-gelu-tanh" (bf16 with the
-            feed-forward GELU in tanh form inside the fc1 GEMM: ``GPUEncoder(gelu_epilogue=True)``).
+        precision: "fp32" or "bf16" for the pytorch (default: bf16 autocast on CUDA, fp32 on
+            CPU; an explicit one is enforced by :class:`PrecisionModel`), compiled (default
+            fp32) and gpu (default bf16) backends; "fp8" for the gpu backend (float8 matrix
+            products, a declared precision: :mod:`ctxkit.inference.fp8`) and "bf16-gelu-tanh"
+            (bf16 with the feed-forward GELU in tanh form inside the fc1 GEMM:
+            ``GPUEncoder(gelu_epilogue=True)``).
+        run_dir: the run folder ``model`` was loaded from; with "auto", the decision is kept
+            there and reused (see :func:`choose_backend`). Ignored by the other backends.
 
     Raises:
-        ValueError: an unknown backend, or one that cannot run this model.
+        UserError: an unknown backend or precision, or one that cannot run this model.
     """
-    from .export import OrtTaskModel, export_onnx, verify_onnx
+    from .export import OrtTaskModel
 
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        raise UserError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if precision not in (None,) + PRECISIONS:
+        raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if backend == "auto":
-        return choose_backend(model, precision)
+        return choose_backend(model, precision, run_dir=run_dir)
     if isinstance(model, OrtTaskModel):
         if backend == "compiled":
-            raise ValueError("this run is an exported ONNX model (ctxkit quantize): it runs on ONNX Runtime only")
+            raise UserError("this run is an exported ONNX model (ctxkit quantize): it runs on ONNX Runtime only")
+        if precision not in (None, "fp32"):
+            raise UserError(f"this run is an exported ONNX model (ctxkit quantize): it runs as exported, not in {precision}; "
+                            "drop --precision")
         return model, f"ONNX Runtime ({model.path.name})"
-    if precision not in (None,) + PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision in GPU_ONLY_PRECISIONS and backend != "gpu":
-        raise ValueError(f"{precision} is a precision of the gpu backend (GPU GEMM kernels); use --backend gpu")
+        raise UserError(f"{precision} is a precision of the gpu backend (GPU GEMM kernels); use --backend gpu")
     device = next(model.parameters()).device
     if backend == "gpu":
         import torch
 
         if not torch.cuda.is_available():
-            raise ValueError("the gpu backend needs a CUDA device; on CPU use pytorch, onnxruntime or compiled")
+            raise UserError("the gpu backend needs a CUDA device; on CPU use pytorch, onnxruntime or compiled")
         if not _is_bert(model):
-            raise ValueError(f"the gpu backend runs BERT-family encoders (packed batches go through BertModel); this run's "
+            raise UserError(f"the gpu backend runs BERT-family encoders (packed batches go through BertModel); this run's "
                              f"encoder is {type(model.encoder).__name__}: use --backend pytorch on the GPU")
         from .gpu import GPUTaskModel
 
@@ -89,23 +119,75 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
                            gelu_epilogue=precision == "bf16-gelu-tanh")
         weights = {"fp8": "fp8 matrix products, bf16 elsewhere",
                    "bf16-gelu-tanh": "bf16 weights, tanh GELU in the fc1 GEMM epilogue"}.get(precision, f"{precision} weights")
+        # The encoder sets its own dtypes: predict() must not lay autocast on top of it.
+        gpu.inference_precision = "native"
         return gpu, f"GPU encoder ({weights}, CUDA graphs for full batches, packed flash-attention batches otherwise)"
-    precision = precision or "fp32"
     if backend == "pytorch":
-        return model, f"PyTorch ({device})"
+        if precision is None:  # as loaded: predict()'s default, bf16 autocast on CUDA, fp32 on CPU
+            return model, f"PyTorch ({device}, {'bf16 autocast' if device.type == 'cuda' else 'fp32'})"
+        return PrecisionModel(model, precision), f"PyTorch ({device}, {_PRECISION_NAMES[precision]})"
+    precision = precision or "fp32"
     if device.type != "cpu":
-        raise ValueError(f"the {backend} backend is for CPU inference; this model is on {device} (use --device cpu)")
+        raise UserError(f"the {backend} backend is for CPU inference; this model is on {device} (use --device cpu)")
     if backend == "onnxruntime":
+        if precision != "fp32":
+            raise UserError(f"the onnxruntime backend runs an fp32 export, not {precision}: use --backend pytorch or compiled for bf16")
         # The session holds the graph in memory, so the export is not kept on disk.
         with tempfile.TemporaryDirectory(prefix="ctxkit-onnx-") as folder:
-            path = Path(folder) / "model.onnx"
-            export_onnx(model, path)
-            diff = verify_onnx(model, path)
-            ort_model = OrtTaskModel(path)
-        return ort_model, f"ONNX Runtime (fp32 export, max |ORT - PyTorch| {diff:.1e})"
+            return _onnxruntime(model, Path(folder) / "model.onnx")
     from .cpu_compile import CompiledCPUModel
 
     return CompiledCPUModel(model, precision), f"compiled PyTorch ({precision}, frozen weights, Inductor C++ GEMMs)"
+
+
+_PRECISION_NAMES = {"fp32": "fp32, no autocast", "bf16": "bf16 autocast"}
+
+
+class PrecisionModel(nn.Module):
+    """A task model that runs at the precision it was asked for, whatever encloses the call.
+
+    ``fp32`` turns autocast off inside the forward (so ``predict``'s default bf16 autocast
+    on CUDA cannot lower it); ``bf16`` runs the forward under bf16 autocast (on CPU too).
+    fp32 matrix products follow ``torch.backends.cuda.matmul.allow_tf32`` / the float32
+    matmul precision, which PyTorch leaves at full fp32 (no TF32) unless told otherwise.
+
+    The wrapped model's attributes (``encoder``, ``head``, ``config``...) read through, and
+    :func:`ctxkit.training.predict` sees ``inference_precision`` and adds no autocast of
+    its own.
+
+    Args:
+        model: a task model (``model(input_ids=...)`` returns a dict).
+        precision: "fp32" or "bf16".
+    """
+
+    def __init__(self, model: nn.Module, precision: str):
+        super().__init__()
+        if precision not in _PRECISION_NAMES:
+            raise UserError(f"precision must be fp32 or bf16 here, got {precision!r}")
+        self.model = model
+        self.inference_precision = precision
+
+    def forward(self, *args, **kwargs):
+        """The wrapped model's output, computed at ``inference_precision``."""
+        param = next(self.model.parameters(), None)
+        device_type = param.device.type if param is not None else "cpu"
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.inference_precision == "bf16"):
+            return self.model(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("model"), name)
+
+
+def _onnxruntime(model: nn.Module, path: Path) -> Tuple[nn.Module, str]:
+    """Export ``model`` to ``path``, check it against PyTorch (1e-4) and load it in ONNX Runtime."""
+    from .export import OrtTaskModel, export_onnx, verify_onnx
+
+    export_onnx(model, path)
+    diff = verify_onnx(model, path)
+    return OrtTaskModel(path), f"ONNX Runtime (fp32 export, max |ORT - PyTorch| {diff:.1e})"
 
 
 def median_ms(fn, reps: int = 5, warmup: int = 1) -> float:
@@ -124,7 +206,7 @@ def median_ms(fn, reps: int = 5, warmup: int = 1) -> float:
     return 1000 * statistics.median(times)
 
 
-def choose_backend(model: nn.Module, precision: Optional[str] = None) -> Tuple[nn.Module, str]:
+def choose_backend(model: nn.Module, precision: Optional[str] = None, run_dir: Optional[Path] = None) -> Tuple[nn.Module, str]:
     """The fastest correct backend for ``model`` here, and a description saying which and why.
 
     * an exported (int8) run: ONNX Runtime, the only runtime it has;
@@ -134,31 +216,173 @@ def choose_backend(model: nn.Module, precision: Optional[str] = None) -> Tuple[n
     * CPU, fp32: PyTorch and ONNX Runtime (exported and checked against PyTorch within
       1e-4) are both timed on a 4 x 64 batch and the faster is kept: which one wins depends
       on the CPU's BLAS (MKL is ~2x slower than ONNX Runtime's kernels on AMD CPUs).
-    """
-    import torch
 
+    With ``run_dir`` (the run folder ``model`` was loaded from) the timed choice is made
+    once: it is kept in ``run_dir/auto_backend/choice.json`` (and the verified export in
+    ``run_dir/auto_backend/model-<key>.onnx`` when ONNX Runtime won) and reused, without
+    export or timing, while its key holds: the files of ``run_dir/best`` (size and mtime),
+    the precision, the CPU model, torch's thread count and the ctxkit, torch and
+    onnxruntime versions. Delete the folder to decide again. A folder that cannot be
+    written (read-only) still works: the choice is made each time, with a warning.
+    """
     from .export import OrtTaskModel, _example_batch, _vocab_size
 
     if isinstance(model, OrtTaskModel):
         return with_backend(model, "onnxruntime")
     if torch.cuda.is_available() and next(model.parameters()).device.type == "cuda":
         if not _is_bert(model):
-            return model, f"auto: PyTorch ({next(model.parameters()).device}; the gpu backend runs BERT-family encoders only)"
+            pytorch, description = with_backend(model, "pytorch", precision)
+            return pytorch, f"auto: {description}; the gpu backend runs BERT-family encoders only"
         gpu, description = with_backend(model, "gpu", precision)
         return gpu, f"auto: {description}"
     if precision in GPU_ONLY_PRECISIONS:
-        raise ValueError(f"{precision} is a precision of the gpu backend (GPU GEMM kernels); this model is on the CPU")
+        raise UserError(f"{precision} is a precision of the gpu backend (GPU GEMM kernels); this model is on the CPU")
     if (precision or "fp32") == "bf16":
         compiled, description = with_backend(model, "compiled", "bf16")
         return compiled, f"auto: {description}"
-    ort, ort_description = with_backend(model, "onnxruntime")
-    batch = _example_batch(_vocab_size(model), batch=4, seq=64)
-    with torch.inference_mode():
-        ms = {"pytorch": median_ms(lambda: model(**batch)), "onnxruntime": median_ms(lambda: ort(**batch))}
-    timing = f"{ms['onnxruntime']:.1f} ms vs PyTorch {ms['pytorch']:.1f} ms on a 4x64 batch"
-    if ms["onnxruntime"] <= ms["pytorch"]:
-        return ort, f"auto: {ort_description}; {timing}"
-    return model, f"auto: PyTorch (cpu); ONNX Runtime {timing}"
+    store = _ChoiceStore(Path(run_dir), _choice_key(model, Path(run_dir), precision)) if run_dir is not None else None
+    if store is not None:
+        kept = store.load(model, precision)
+        if kept is not None:
+            return kept
+    with tempfile.TemporaryDirectory(prefix="ctxkit-onnx-") as folder:
+        # The session holds the graph in memory; the file is only kept (in run_dir) when ONNX Runtime wins.
+        export = Path(folder) / "model.onnx"
+        ort, ort_description = _onnxruntime(model, export)
+        batch = _example_batch(_vocab_size(model), batch=4, seq=64)
+        with torch.inference_mode():
+            ms = {"pytorch": median_ms(lambda: model(**batch)), "onnxruntime": median_ms(lambda: ort(**batch))}
+        timing = f"{ms['onnxruntime']:.1f} ms vs PyTorch {ms['pytorch']:.1f} ms on a 4x64 batch"
+        if ms["onnxruntime"] <= ms["pytorch"]:
+            chosen, description = ort, f"{ort_description}; {timing}"
+        else:
+            chosen, description = model, f"PyTorch (cpu, fp32); ONNX Runtime {timing}"
+            if precision is not None:
+                chosen = PrecisionModel(model, precision)
+        saved = store.save("onnxruntime" if chosen is ort else "pytorch", description, ms, export) if store is not None else None
+    return chosen, f"auto: {description}" + (f" (decision kept in {saved})" if saved else "")
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what ``platform`` knows."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _choice_key(model: nn.Module, run_dir: Path, precision: Optional[str]) -> Optional[dict]:
+    """What the auto decision for ``run_dir`` depends on; None when the weights cannot be named
+    (no ``run_dir/best`` folder), so nothing is kept."""
+    import platform
+
+    from .. import __version__
+
+    best = run_dir / "best"
+    try:
+        files = sorted(p for p in best.iterdir() if p.is_file())
+    except OSError:
+        return None
+    if not files:
+        return None
+    try:
+        import onnxruntime
+
+        ort_version = onnxruntime.__version__
+    except ImportError:
+        ort_version = None
+    return {
+        "backend_choice": 1,  # the layout of choice.json; a new layout decides again
+        "device": "cpu",
+        "precision": precision or "fp32",
+        "weights": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files],
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "cpu": _cpu_name(),
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+        "ctxkit": __version__,
+        "torch": torch.__version__,
+        "onnxruntime": ort_version,
+    }
+
+
+class _ChoiceStore:
+    """``run_dir/auto_backend/``: the auto decision for a run folder, read back while its key holds."""
+
+    def __init__(self, run_dir: Path, key: Optional[dict]):
+        import hashlib
+        import json
+
+        self.folder = run_dir / AUTO_CHOICE_DIR
+        self.path = self.folder / "choice.json"
+        self.key = key
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16] if key is not None else ""
+        self.onnx_name = f"model-{digest}.onnx"
+        if key is None:
+            logger.warning("%s has no best/ folder to key the backend choice on: deciding without keeping it", run_dir)
+
+    def load(self, model: nn.Module, precision: Optional[str]) -> Optional[Tuple[nn.Module, str]]:
+        """The kept ``(model, description)``, or None when there is none or its key no longer holds."""
+        import json
+
+        if self.key is None:
+            return None
+        try:
+            record = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None  # none yet, unreadable or half-written by an older ctxkit: decide again
+        if not isinstance(record, dict) or record.get("key") != self.key:
+            return None
+        when = f"auto (decided {str(record.get('decided', '?'))[:10]} for this run folder on {self.key['cpu']})"
+        if record.get("backend") == "pytorch":
+            chosen = model if precision is None else PrecisionModel(model, precision)
+            return chosen, f"{when}: {record.get('description', 'PyTorch (cpu, fp32)')}"
+        if record.get("backend") == "onnxruntime" and record.get("onnx") == self.onnx_name:
+            from .export import OrtTaskModel
+
+            try:
+                return OrtTaskModel(self.folder / self.onnx_name), f"{when}: {record.get('description', 'ONNX Runtime')}"
+            except Exception as err:  # noqa: BLE001 - a missing or damaged export: decide again
+                logger.warning("%s: could not load the kept export (%s: %s); deciding again", self.folder / self.onnx_name,
+                               type(err).__name__, err)
+        return None
+
+    def save(self, backend: str, description: str, ms: dict, export: Path) -> Optional[Path]:
+        """Keep the decision (and the export, when ONNX Runtime won); returns the file, or None
+        (with a warning) when the run folder cannot be written."""
+        import datetime
+        import shutil
+
+        from ..checkpoint import atomic_write, write_json
+
+        if self.key is None:
+            return None
+        record = {"backend": backend, "description": description, "key": self.key,
+                  "decided": datetime.datetime.now().isoformat(timespec="seconds"),
+                  "timing_ms": {k: round(v, 3) for k, v in ms.items()}}
+        try:
+            if backend == "onnxruntime":
+                # The export first, then the record that names it: a reader never sees a record without its file.
+                atomic_write(self.folder / self.onnx_name, lambda tmp: shutil.copyfile(export, tmp))
+                record["onnx"] = self.onnx_name
+            write_json(record, self.path)
+        except OSError as err:
+            logger.warning("could not keep the backend choice in %s (%s); it will be decided again next time",
+                           self.folder, err.strerror or err)
+            return None
+        for old in self.folder.glob("model-*.onnx"):  # exports of earlier decisions
+            if old.name != record.get("onnx"):
+                try:
+                    old.unlink()
+                except OSError:
+                    pass
+        return self.path
 
 
 def _is_bert(model) -> bool:

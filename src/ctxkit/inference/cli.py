@@ -12,6 +12,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from ..core.errors import UserError
+
 logger = logging.getLogger("ctxkit")
 
 
@@ -86,7 +88,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompts = _stdin_prompts() if interactive else [args.prompt]
     budget = model.config.max_position - args.max_new_tokens
     if budget < 1:
-        raise ValueError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in a context of {model.config.max_position}")
+        raise UserError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in a context of {model.config.max_position}")
     for prompt in prompts:
         ids = tokenizer.encode(prompt) or [tokenizer.eos_id]  # an empty prompt starts from <|endoftext|>
         if len(ids) > budget:
@@ -150,7 +152,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     _, model, _, info = load_run(args.run_dir, device="cpu")
     if "backend" in info:
-        raise ValueError(f"{args.run_dir} is already an exported run ({info['backend']['file']}); export the original run")
+        raise UserError(f"{args.run_dir} is already an exported run ({info['backend']['file']}); export the original run")
     path = export_onnx(model, args.onnx, opset=args.opset)
     diff = verify_onnx(model, path, atol=args.atol)
     result = {"onnx": str(path), "max_abs_diff_vs_pytorch": diff, "mb": round(folder_size_mb([path]), 2)}

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..core.errors import UserError
+
 __all__ = ["CompiledCPUModel", "CPU_INFERENCE_OPTIONS"]
 
 CPU_INFERENCE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
@@ -37,7 +39,7 @@ class CompiledCPUModel(nn.Module):
     def __init__(self, model: nn.Module, precision: str = "bf16", length_multiple: int = 32):
         super().__init__()
         if precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+            raise UserError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
         self.model = model.eval()
         self.precision = precision
         self.length_multiple = length_multiple

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from .ort_model import OrtTaskModel, _session
+from ..core.errors import UserError
 
 __all__ = ["export_onnx", "verify_onnx", "quantize_onnx", "OrtTaskModel", "quantize_run", "ONNX_INPUTS", "folder_size_mb"]
 
@@ -124,7 +125,7 @@ def verify_onnx(model: nn.Module, path: os.PathLike, atol: float = 1e-4, batch: 
             r, g = r[mask], g[mask]
         diff = max(diff, float(np.abs(r - g).max()))
     if diff > atol:
-        raise ValueError(f"{path}: ONNX Runtime differs from PyTorch by {diff:.2e} (> {atol:.0e})")
+        raise UserError(f"{path}: ONNX Runtime differs from PyTorch by {diff:.2e} (> {atol:.0e})")
     return diff
 
 

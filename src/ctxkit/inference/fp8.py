@@ -20,6 +20,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from ..core.errors import UserError
+
 __all__ = ["FP8_MAX", "Fp8Linear", "convert_to_fp8"]
 
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
@@ -49,7 +51,7 @@ class Fp8Linear(nn.Module):
     def __init__(self, linear: nn.Linear, out_dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         if linear.in_features % 16 or linear.out_features % 16:
-            raise ValueError(f"fp8 needs dimensions that are multiples of 16, got {linear.in_features} -> {linear.out_features}")
+            raise UserError(f"fp8 needs dimensions that are multiples of 16, got {linear.in_features} -> {linear.out_features}")
         self.in_features, self.out_features, self.out_dtype = linear.in_features, linear.out_features, out_dtype
         w = linear.weight.detach().float()
         scale = _row_scales(w)  # (out, 1)
@@ -85,7 +87,7 @@ def convert_to_fp8(model: nn.Module) -> int:
 
     layers = [m for m in model.modules() if isinstance(m, (TransformerEncoderLayer, TransformerDecoderLayer))]
     if not layers:
-        raise ValueError(f"{type(model).__name__} has no ctxkit Transformer layers to convert to fp8")
+        raise UserError(f"{type(model).__name__} has no ctxkit Transformer layers to convert to fp8")
     count = 0
     for attn in [m for layer in layers for m in layer.modules() if isinstance(m, MultiHeadAttention)]:
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)

@@ -18,6 +18,7 @@ from torch import Tensor
 from .cpu_gemv import cpu_decoding_context
 from .sampling import apply_repetition_penalty, filter_logits
 from .static_decode import static_decoding_unsupported, static_generate
+from ..core.errors import UserError
 
 __all__ = ["GenerationConfig", "generate", "filter_logits", "apply_repetition_penalty", "left_pad"]
 
@@ -61,21 +62,21 @@ class GenerationConfig:
     def check(self) -> None:
         """Raise ValueError for settings that cannot work together."""
         if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+            raise UserError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (use do_sample=False for greedy), got {self.temperature}")
+            raise UserError(f"temperature must be > 0 (use do_sample=False for greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise UserError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0 or self.num_beams < 1 or self.repetition_penalty <= 0:
-            raise ValueError("top_k must be >= 0, num_beams >= 1 and repetition_penalty > 0")
+            raise UserError("top_k must be >= 0, num_beams >= 1 and repetition_penalty > 0")
         if self.num_beams > 1 and self.do_sample:
-            raise ValueError("beam search is deterministic here: use num_beams=1 with do_sample=True")
+            raise UserError("beam search is deterministic here: use num_beams=1 with do_sample=True")
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_token_id: int = 0) -> Tuple[Tensor, Tensor]:
     """Batch token-id lists with left padding; returns ``(input_ids, attention_mask)``."""
     if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token (e.g. the BOS / end-of-text token)")
+        raise UserError("every prompt needs at least one token (e.g. the BOS / end-of-text token)")
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)

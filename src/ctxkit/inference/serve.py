@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from ..core.errors import MissingDependencyError, UserError
+
 __all__ = ["MicroBatcher", "add_serve_command", "create_app", "serve"]
 
 log = logging.getLogger("ctxkit.serve")
@@ -58,7 +60,7 @@ class MicroBatcher:
 
     def __init__(self, name: str, fn: Callable[[list], list], executor, max_batch: int = 32, max_wait_ms: float = 5.0):
         if max_batch < 1 or max_wait_ms < 0:
-            raise ValueError(f"max_batch must be >= 1 and max_wait_ms >= 0, got {max_batch}, {max_wait_ms}")
+            raise UserError(f"max_batch must be >= 1 and max_wait_ms >= 0, got {max_batch}, {max_wait_ms}")
         self.name, self.fn, self.executor = name, fn, executor
         self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000.0
         self._pending: collections.deque = collections.deque()
@@ -158,7 +160,7 @@ def _task_kind(task) -> str:
     for classes, kind in (((GlueClassificationTask, TableClassificationTask), "classify"), (ConllNerTask, "ner"), (SquadTask, "qa")):
         if isinstance(task, classes):
             return kind
-    raise ValueError(f"task {task.name!r} cannot be served (classification, NER and QA runs can)")
+    raise UserError(f"task {task.name!r} cannot be served (classification, NER and QA runs can)")
 
 
 def _finite(value):
@@ -168,6 +170,14 @@ def _finite(value):
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     return [_finite(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+def _json_type(value) -> str:
+    """The JSON name of a parsed JSON value's type (``null``, not ``NoneType``)."""
+    for types, name in ((type(None), "null"), (bool, "a boolean"), ((int, float), "a number"), (str, "a string"), (list, "an array")):
+        if isinstance(value, types):
+            return name
+    return type(value).__name__
 
 
 def _validation_error(errors, content_type: str):
@@ -185,9 +195,134 @@ def _validation_error(errors, content_type: str):
         if where == "body" and e.get("type") == "missing":
             msg = "the request body is empty; send a JSON object"
         elif where == "body" and e.get("type") in ("model_attributes_type", "model_type", "dict_type"):
-            msg = f"the request body must be a JSON object, not {type(e.get('input')).__name__}"
+            msg = f"the request body must be a JSON object, not {_json_type(e.get('input'))}"
         parts.append(f"{where}: {msg}")
     return 422, "invalid request: " + "; ".join(parts)
+
+
+# ---- OpenAPI schema ------------------------------------------------------------------
+# The request bodies are validated by the pydantic models in create_app (strict types,
+# no extra fields) and then by hand in its ``run`` (limits, blank texts), which gives the
+# messages and status codes of docs/serving.md. The schemas below describe exactly what
+# both accept, limits included, so that a client (or a fuzzer) generating from
+# /openapi.json sends bodies the server takes, and every body they reject is one the
+# schema rejects too. ``null`` for an optional field means "not given", as the server reads it.
+
+_NULL = {"type": "null", "description": "the same as leaving the field out"}
+# "Not blank": a character outside Python's whitespace (str.isspace, which str.strip and
+# the server use), spelled out because regex engines disagree on \s (ECMA's lacks
+# \x1c-\x1f and \x85, and adds \ufeff). tests/test_serve_fuzz.py checks the set.
+_NOT_BLANK = r"[^\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+
+
+def _text_schema(max_text_chars: int, what: str) -> dict:
+    return {"type": "string", "minLength": 1, "maxLength": max_text_chars, "pattern": _NOT_BLANK,
+            "description": f"{what}: not blank, at most {max_text_chars} characters (--max-text-chars; longer: 413)"}
+
+
+def _list_schema(items: dict, max_items: int, what: str) -> dict:
+    return {"type": "array", "items": items, "minItems": 1, "maxItems": max_items,
+            "description": f"{what}: 1 to {max_items} items (--max-items; more: 413)"}
+
+
+def _nullable(schema: dict) -> dict:
+    return {"anyOf": [schema, {"type": "null"}], "description": schema.get("description", "")}
+
+
+def _text_request_schema(endpoint: str, max_items: int, max_text_chars: int) -> dict:
+    """``{"text": ...}`` or ``{"texts": [...]}`` (with ``pair``/``pairs`` for /classify)."""
+    text = _text_schema(max_text_chars, "the text")
+    texts = _list_schema(_text_schema(max_text_chars, "a text"), max_items, "the texts")
+    one = {"text": text, "texts": _NULL}
+    many = {"texts": texts, "text": _NULL}
+    if endpoint == "classify":
+        pair = _text_schema(max_text_chars, "the second text of a sentence pair")
+        pairs = _list_schema(_text_schema(max_text_chars, "a second text"), max_items,
+                             "second texts of sentence pairs, as many as 'texts' (otherwise: 422)")
+        one.update(pair=_nullable(pair), pairs=_NULL)
+        many.update(pairs=_nullable(pairs), pair=_NULL)
+    else:
+        one.update(pair=_NULL, pairs=_NULL)
+        many.update(pair=_NULL, pairs=_NULL)
+    body = {"type": "object", "additionalProperties": False}
+    return {"title": f"{endpoint.capitalize()}Request",
+            "description": "one text, or a list of texts" + (" (with sentence pairs)" if endpoint == "classify" else ""),
+            "oneOf": [{**body, "title": "one text", "required": ["text"], "properties": one},
+                      {**body, "title": "a list of texts", "required": ["texts"], "properties": many}]}
+
+
+def _qa_request_schema(max_items: int, max_text_chars: int) -> dict:
+    question, context = _text_schema(max_text_chars, "the question"), _text_schema(max_text_chars, "the passage to answer from")
+    item = {"type": "object", "additionalProperties": False, "required": ["question", "context"],
+            "properties": {"question": question, "context": context}}
+    body = {"type": "object", "additionalProperties": False}
+    return {"title": "QARequest", "description": "one question and its context, or a list of them",
+            "oneOf": [{**body, "title": "one question", "required": ["question", "context"],
+                       "properties": {"question": question, "context": context, "items": _NULL}},
+                      {**body, "title": "a list of questions", "required": ["items"],
+                       "properties": {"items": _list_schema(item, max_items, "the questions"), "question": _NULL, "context": _NULL}}]}
+
+
+def _answer_schema(kind: str, labels: Optional[List[str]], regression: bool) -> dict:
+    """The 200 answer of the task endpoint: ``{"prediction": P}`` or ``{"predictions": [P, ...]}``."""
+    if kind == "classify" and regression:
+        one = {"type": "object", "required": ["score"], "additionalProperties": False,
+               "properties": {"score": {"type": ["number", "null"], "description": "null: not a finite number"}}}
+    elif kind == "classify":
+        one = {"type": "object", "required": ["label", "probs"], "additionalProperties": False,
+               "properties": {"label": {"type": "string", **({"enum": list(labels)} if labels else {})},
+                              "probs": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0, "maximum": 1},
+                                        **({"required": list(labels), "propertyNames": {"enum": list(labels)}} if labels else {})}}}
+    elif kind == "ner":
+        entity = {"type": "object", "required": ["type", "start", "end", "text"], "additionalProperties": False,
+                  "properties": {"type": {"type": "string"}, "start": {"type": "integer", "minimum": 0},
+                                 "end": {"type": "integer", "minimum": 0}, "text": {"type": "string"}}}
+        one = {"type": "object", "required": ["text", "entities"], "additionalProperties": False,
+               "properties": {"text": {"type": "string"}, "entities": {"type": "array", "items": entity}}}
+    else:
+        span = {"type": ["integer", "null"], "minimum": 0, "description": "null: no valid span"}
+        one = {"type": "object", "required": ["question", "answer", "score", "start", "end"], "additionalProperties": False,
+               "properties": {"question": {"type": "string"}, "answer": {"type": "string"},
+                              "score": {"type": ["number", "null"], "description": "null: no valid span"},
+                              "start": span, "end": span}}
+    return _one_or_many(one, "prediction")
+
+
+def _one_or_many(one: dict, key: str, extra: Optional[dict] = None) -> dict:
+    extra = extra or {}
+    required = sorted(extra)
+    return {"oneOf": [{"type": "object", "required": [key, *required], "additionalProperties": False,
+                       "properties": {key: one, **extra}},
+                      {"type": "object", "required": [key + "s", *required], "additionalProperties": False,
+                       "properties": {key + "s": {"type": "array", "items": one}, **extra}}]}
+
+
+_EMBED_SCHEMA = _one_or_many({"type": "array", "items": {"type": "number"}, "minItems": 1}, "embedding",
+                             {"dim": {"type": "integer", "minimum": 1, "description": "the length of each vector"}})
+
+_HEALTH_SCHEMA = {"type": "object", "required": ["status", "task", "kind", "endpoints", "limits", "stats"],
+                  "properties": {"status": {"const": "ok"}, "task": {"type": "string"},
+                                 "kind": {"enum": ["classify", "ner", "qa"]},
+                                 "labels": {"type": ["array", "null"], "items": {"type": "string"}},
+                                 "endpoints": {"type": "array", "items": {"type": "string"}},
+                                 "batching": {"type": "object"}, "limits": {"type": "object"},
+                                 "uptime_s": {"type": "number"}, "stats": {"type": "object"}}}
+
+# What each error status means; the body is always ``{"error": "<message>"}`` (ErrorBody).
+_ERRORS = {400: "malformed JSON: not JSON, not UTF-8, nested too deeply, or a number of over 4300 digits",
+           413: "too many items (--max-items), a text too long (--max-text-chars), or a body too large (--max-body-bytes)",
+           415: "the body is not sent as 'Content-Type: application/json'",
+           422: "valid JSON but not a valid request: wrong type, missing, conflicting or unknown field, blank text, empty list",
+           503: "the server is shutting down"}
+
+
+def _undecodable(cause: Optional[BaseException]) -> str:
+    """The 400 message for a body ``json.loads`` failed on other than by a syntax error."""
+    if isinstance(cause, RecursionError):
+        return "malformed JSON: nested too deeply"
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):  # sys.get_int_max_str_digits
+        return f"malformed JSON: a number has too many digits ({str(cause).split(';')[0]})"
+    return "malformed JSON: the body could not be decoded; send UTF-8 JSON"
 
 
 class _Guard:
@@ -261,16 +396,16 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         from fastapi import FastAPI, HTTPException, Request
         from fastapi.exceptions import RequestValidationError
         from fastapi.responses import JSONResponse
-        from pydantic import BaseModel, ConfigDict, model_validator
+        from pydantic import BaseModel, ConfigDict, Field, model_validator
         from starlette.exceptions import HTTPException as StarletteHTTPException
     except ImportError as err:
-        raise ImportError(f"ctxkit serve needs FastAPI and uvicorn: pip install fastapi uvicorn ({err})") from None
+        raise MissingDependencyError(f"ctxkit serve needs FastAPI and uvicorn: pip install fastapi uvicorn ({err})") from None
 
     from ..embedding import POOLING_CHOICES, embed
     from ..tasks import load_run
 
     if pooling not in POOLING_CHOICES:
-        raise ValueError(f"pooling must be one of {', '.join(POOLING_CHOICES)}, got {pooling!r}")
+        raise UserError(f"pooling must be one of {', '.join(POOLING_CHOICES)}, got {pooling!r}")
     if isinstance(run, (str, Path)):
         run_dir, (task, model, tokenizer, info) = str(run), load_run(run, device)
     else:
@@ -283,7 +418,7 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     # The GPU encoder casts its model to bf16 in place: give it a copy, so /embed keeps
     # the fp32 encoder (and its answers equal offline `ctxkit embed`).
     on_gpu = first is not None and first.is_cuda and (backend == "gpu" or (backend == "auto" and _is_bert(base)))
-    model, backend_name = with_backend(copy.deepcopy(base) if on_gpu else base, backend, precision)
+    model, backend_name = with_backend(copy.deepcopy(base) if on_gpu else base, backend, precision, run_dir=run_dir)
     params = list(base.parameters())
     dev = str(params[0].device) if params else "cpu"  # an int8 run (ONNX Runtime) has no torch parameters
     can_embed = hasattr(base, "encoder")  # exported runs hold only the task graph, no encoder to pool
@@ -296,14 +431,17 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     def embed_texts(texts: List[str]) -> List[List[float]]:
         return embed(texts, (base.encoder, tokenizer), pooling=pooling, batch_size=max_batch).tolist()
 
-    endpoints = ["GET /health", f"POST /{kind}"] + (["POST /embed"] if can_embed else [])
+    endpoints = ["GET /health", f"POST /{kind}"] + (["POST /embed"] if can_embed else []) + ["GET /openapi.json"]
     executor: List[ThreadPoolExecutor] = []
     batchers: Dict[str, MicroBatcher] = {}
     started = time.time()
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        executor.append(ThreadPoolExecutor(1, thread_name_prefix="ctxkit-serve"))
+        # Fresh workers on every start: the same app may be started again after a stop
+        # (a second `with TestClient(app)`, a test runner restarting it), and a stopped
+        # executor takes no work.
+        executor[:] = [ThreadPoolExecutor(1, thread_name_prefix="ctxkit-serve")]
         for name, fn in ((kind, predict), ("embed", embed_texts))[: 2 if can_embed else 1]:
             batchers[name] = MicroBatcher(name, fn, executor[0], max_batch, max_wait_ms)
             batchers[name].start()
@@ -315,7 +453,11 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         executor[0].shutdown(wait=True)
         log_event("shutdown", stats={n: b.stats for n, b in batchers.items()})
 
-    app = FastAPI(title=f"ctxkit serve: {task.name}", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    from .. import __version__
+
+    app = FastAPI(title=f"ctxkit serve: {task.name}", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json",
+                  description=f"JSON API of a {task.name} run (ctxkit serve). Every error answers {{\"error\": \"<message>\"}}.")
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError):
@@ -325,8 +467,8 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException):
         message = exc.detail
-        if exc.status_code == 400:  # FastAPI's generic "error parsing the body": not UTF-8, or nested too deep
-            message = "malformed JSON: the body could not be decoded; send UTF-8 JSON"
+        if exc.status_code == 400:  # FastAPI's generic "error parsing the body", from json.loads
+            message = _undecodable(exc.__cause__)
         elif exc.status_code in (404, 405):
             message = f"no endpoint {request.method} {request.url.path}; this {task.name} run serves: {', '.join(endpoints)}"
         return JSONResponse({"error": message}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
@@ -335,6 +477,17 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     async def on_bug(request: Request, exc: Exception):
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         return JSONResponse({"error": f"internal error ({type(exc).__name__}); see the server log"}, status_code=500)
+
+    class ErrorBody(BaseModel):
+        """Every 4xx/5xx answer: one message naming the field and, for a limit, its option."""
+        error: str = Field(min_length=1)
+
+    def schema_of(published: dict):
+        """pydantic config that publishes ``published`` as the model's JSON schema."""
+        def replace(schema, _cls):
+            schema.clear()
+            schema.update(copy.deepcopy(published))
+        return ConfigDict(extra="forbid", strict=True, json_schema_extra=replace)
 
     class _Body(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=True)
@@ -348,18 +501,30 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         @model_validator(mode="after")
         def _shape(self):
             if (self.text is None) == (self.texts is None):
-                raise ValueError("give either 'text' (a string) or 'texts' (a list of strings)")
+                raise UserError("give either 'text' (a string) or 'texts' (a list of strings)")
             if (self.pair is not None and self.text is None) or (self.pairs is not None and self.texts is None):
-                raise ValueError("'pair' goes with 'text', 'pairs' with 'texts'")
+                raise UserError("'pair' goes with 'text', 'pairs' with 'texts'")
             if self.pairs is not None and len(self.pairs) != len(self.texts):
-                raise ValueError(f"'pairs' has {len(self.pairs)} items but 'texts' has {len(self.texts)}")
+                raise UserError(f"'pairs' has {len(self.pairs)} items but 'texts' has {len(self.texts)}")
             return self
+
+    # One validating model, published with each endpoint's own schema (only /classify takes pairs).
+    class ClassifyRequest(TextRequest):
+        model_config = schema_of(_text_request_schema("classify", max_items, max_text_chars))
+
+    class NerRequest(TextRequest):
+        model_config = schema_of(_text_request_schema("ner", max_items, max_text_chars))
+
+    class EmbedRequest(TextRequest):
+        model_config = schema_of(_text_request_schema("embed", max_items, max_text_chars))
 
     class QAItem(_Body):
         question: str
         context: str
 
     class QARequest(_Body):
+        model_config = schema_of(_qa_request_schema(max_items, max_text_chars))
+
         question: Optional[str] = None
         context: Optional[str] = None
         items: Optional[List[QAItem]] = None
@@ -368,7 +533,7 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         def _shape(self):
             single = (self.question, self.context) != (None, None)
             if single == (self.items is not None) or (single and None in (self.question, self.context)):
-                raise ValueError("give either 'question' and 'context' (strings) or 'items' (a list of {question, context})")
+                raise UserError("give either 'question' and 'context' (strings) or 'items' (a list of {question, context})")
             return self
 
     async def run(request: Request, name: str, many: bool, fields: Dict[str, List[str]], lines: list, key="prediction"):
@@ -419,7 +584,13 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
             lines = [f"{t}\t{p.replace(chr(9), ' ')}" for t, p in zip(lines, pairs)]
         return many, fields, lines
 
-    @app.get("/health")
+    def responses(ok: dict, what: str, errors=(400, 413, 415, 422, 503)) -> dict:
+        out = {200: {"description": what, "content": {"application/json": {"schema": ok}}}}
+        out.update({code: {"model": ErrorBody, "description": _ERRORS[code]} for code in errors})
+        return out
+
+    @app.get("/health", operation_id="health", summary="The run, its limits and counters",
+             responses=responses(_HEALTH_SCHEMA, "the run, the limits and per-endpoint counters", ()))
     async def health():
         return {"status": "ok", "task": task.name, "kind": kind, "labels": getattr(task, "labels", None),
                 "model": info.get("model"), "run_dir": run_dir, "device": dev, "backend": backend_name, "endpoints": endpoints,
@@ -427,15 +598,19 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
                 "limits": {"max_items": max_items, "max_text_chars": max_text_chars, "max_body_bytes": max_body_bytes},
                 "uptime_s": round(time.time() - started, 1), "stats": {n: dict(b.stats) for n, b in batchers.items()}}
 
-    @app.post("/embed")
-    async def embed_route(body: TextRequest, request: Request):
+    # An exported run has no /embed: its schema leaves it out (requests get the 404 below).
+    @app.post("/embed", operation_id="embed", summary="Vectors from the run's encoder", include_in_schema=can_embed,
+              responses=responses(_EMBED_SCHEMA, "one vector per text"))
+    async def embed_route(body: EmbedRequest, request: Request):
         if not can_embed:
             raise HTTPException(404, "this run is an exported model (ctxkit quantize) without an encoder to embed with; "
                                      "serve the original run for /embed")
         return await run(request, "embed", *text_lines(body, "embed"), key="embedding")
 
+    answer = _answer_schema(kind, getattr(task, "labels", None), bool(getattr(task, "is_regression", False)))
     if kind == "qa":
-        @app.post("/qa")
+        @app.post("/qa", operation_id="qa", summary="Answer questions from their contexts",
+                  responses=responses(answer, "one answer per question"))
         async def qa_route(body: QARequest, request: Request):
             many = body.items is not None
             items = body.items if many else [body]
@@ -443,8 +618,11 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
             lines = [json.dumps({"question": q.question, "context": q.context}, ensure_ascii=False) for q in items]
             return await run(request, "qa", many, fields, lines)
     else:
-        @app.post(f"/{kind}")
-        async def text_route(body: TextRequest, request: Request):
+        summary = {"classify": "Classify texts or sentence pairs", "ner": "Find named entities"}[kind]
+        KindRequest = ClassifyRequest if kind == "classify" else NerRequest  # noqa: N806 (a class)
+
+        @app.post(f"/{kind}", operation_id=kind, summary=summary, responses=responses(answer, "one prediction per text"))
+        async def text_route(body: KindRequest, request: Request):
             return await run(request, kind, *text_lines(body, kind))
 
     return _Guard(app, max_body_bytes)

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from .sampling import apply_repetition_penalty, filter_logits
+from ..core.errors import UserError
 
 __all__ = ["StaticDecoder", "chunked_argmax", "static_decoding_unsupported", "static_generate"]
 
@@ -90,7 +91,7 @@ class StaticDecoder:
         total = slots
         self.cache = model.new_cache(batch, total)
         if self.cache.max_len < total:
-            raise ValueError(f"prompt + max_new_tokens ({slots}) exceeds the model's "
+            raise UserError(f"prompt + max_new_tokens ({slots}) exceeds the model's "
                              f"context length ({self.cache.max_len})")
         long = dict(dtype=torch.long, device=device)
         self.write_index = torch.zeros(1, **long)  # next cache slot
@@ -219,7 +220,7 @@ class StaticDecoder:
         c, cache = self.config, self.cache
         prompt_len = input_ids.size(1)
         if prompt_len + self.max_new > self.slots:
-            raise ValueError(f"a {prompt_len}-token prompt + {self.max_new} new tokens exceed this decoder's {self.slots} slots")
+            raise UserError(f"a {prompt_len}-token prompt + {self.max_new} new tokens exceed this decoder's {self.slots} slots")
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         padded = not bool(mask.all())
         cache.set_static(None)
@@ -275,11 +276,11 @@ def static_generate(model, input_ids: Tensor, attention_mask: Optional[Tensor], 
     """
     reason = static_decoding_unsupported(model, config, generator)
     if reason is not None:
-        raise ValueError(f"static decoding unavailable: {reason}")
+        raise UserError(f"static decoding unavailable: {reason}")
     device = input_ids.device
     capture = device.type == "cuda" if capture is None else capture
     if capture and device.type != "cuda":
-        raise ValueError("CUDA graphs need a CUDA device")
+        raise UserError("CUDA graphs need a CUDA device")
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
     param = next(model.parameters())
     # Slots rounded up to a multiple of 64: prompts of similar length share one decoder

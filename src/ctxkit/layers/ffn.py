@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..core.errors import UserError
+
 __all__ = ["PositionwiseFFN", "get_activation", "ACTIVATIONS", "linear_gelu_tanh", "enable_gelu_epilogue"]
 
 
@@ -64,7 +66,7 @@ def get_activation(name: str):
     try:
         return ACTIVATIONS[name]
     except KeyError:
-        raise ValueError(f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}") from None
+        raise UserError(f"unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}") from None
 
 
 class PositionwiseFFN(nn.Module):

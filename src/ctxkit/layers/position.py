@@ -7,6 +7,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from ..core.errors import UserError
+
 __all__ = ["sinusoidal_table", "SinusoidalPositionalEncoding", "LearnedPositionalEmbedding"]
 
 
@@ -34,7 +36,7 @@ def sinusoidal_table(max_len: int, dim: int) -> Tensor:
 
 def _check_length(seq_len: int, max_len: int) -> None:
     if seq_len > max_len:
-        raise ValueError(
+        raise UserError(
             f"sequence length {seq_len} exceeds the {max_len} positions this model has; "
             "truncate or window the input (the tokenizer's max_length, or ctxkit.embed's long_inputs)"
         )

@@ -36,6 +36,7 @@ from ..layers import (
     padding_mask,
 )
 from .presets import BertConfig
+from ..core.errors import UserError
 
 __all__ = [
     "BertOutput",
@@ -160,9 +161,9 @@ class BertModel(nn.Module):
             ValueError: when ``seq`` exceeds ``config.max_position`` (truncate or window first).
         """
         if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
+            raise UserError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
         if input_ids.size(1) > self.config.max_position and position_ids is None:
-            raise ValueError(
+            raise UserError(
                 f"input has {input_ids.size(1)} tokens but this model has {self.config.max_position} positions; "
                 "truncate it (tokenizer max_length) or window it (ctxkit.embed long_inputs='window')"
             )
@@ -180,7 +181,7 @@ class BertModel(nn.Module):
                         output_attentions, output_positions) -> BertOutput:
         """The forward pass on the real tokens only; outputs come back padded (zeros on padding)."""
         if output_attentions or output_positions is not None:
-            raise ValueError("packed sequences do not support output_attentions or output_positions")
+            raise UserError("packed sequences do not support output_attentions or output_positions")
         ids = packed.pack(input_ids)
         types = packed.pack(token_type_ids) if token_type_ids is not None else None
         positions = packed.pack(position_ids) if position_ids is not None else packed.positions()
@@ -248,7 +249,7 @@ class BertForPreTraining(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         if not config.pooler:
-            raise ValueError("NSP needs the pooler; this architecture has none")
+            raise UserError("NSP needs the pooler; this architecture has none")
         self.config = config
         self.bert = BertModel(config)
         self.mlm = BertMLMHead(config)

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from .elmo_chars import MAX_CHARS, N_CHARACTERS, batch_to_char_ids
 from .sampled_softmax import sampled_softmax_nll
+from ..core.errors import UserError
 
 __all__ = [
     "ElmoConfig",
@@ -89,9 +90,9 @@ class ElmoConfig:
     def __post_init__(self):
         object.__setattr__(self, "filters", tuple((int(w), int(n)) for w, n in self.filters))
         if self.activation not in ("relu", "tanh"):
-            raise ValueError(f"activation must be 'relu' or 'tanh', got {self.activation!r}")
+            raise UserError(f"activation must be 'relu' or 'tanh', got {self.activation!r}")
         if any(w > self.max_chars for w, _ in self.filters):
-            raise ValueError(f"a filter is wider than max_chars={self.max_chars}: {self.filters}")
+            raise UserError(f"a filter is wider than max_chars={self.max_chars}: {self.filters}")
 
     @property
     def n_filters(self) -> int:
@@ -421,7 +422,7 @@ class ElmoLanguageModel(nn.Module):
                  cutoffs: Optional[Sequence[int]] = None):
         super().__init__()
         if softmax not in ("sampled", "full", "adaptive"):
-            raise ValueError(f"softmax must be 'sampled', 'full' or 'adaptive', got {softmax!r}")
+            raise UserError(f"softmax must be 'sampled', 'full' or 'adaptive', got {softmax!r}")
         self.config, self.vocab_size, self.softmax_kind, self.num_samples = config, vocab_size, softmax, num_samples
         self.bilm = ElmoBiLM(config)
         self.output_dropout = nn.Dropout(config.dropout)
@@ -511,7 +512,7 @@ class ScalarMix(nn.Module):
         super().__init__()
         initial = list(initial_scalar_parameters) if initial_scalar_parameters is not None else [0.0] * num_layers
         if len(initial) != num_layers:
-            raise ValueError(f"{len(initial)} initial scalar parameters for {num_layers} layers")
+            raise UserError(f"{len(initial)} initial scalar parameters for {num_layers} layers")
         self.num_layers, self.do_layer_norm = num_layers, do_layer_norm
         self.scalar_parameters = nn.Parameter(torch.tensor(initial, dtype=torch.float32), requires_grad=trainable)
         self.gamma = nn.Parameter(torch.tensor([1.0]), requires_grad=trainable)
@@ -524,11 +525,11 @@ class ScalarMix(nn.Module):
         """Mix ``num_layers`` tensors of one shape ``(batch, seq, dim)``; ``mask`` is
         ``(batch, seq)`` and needed only with ``do_layer_norm``."""
         if len(tensors) != self.num_layers:
-            raise ValueError(f"{len(tensors)} tensors passed to a ScalarMix of {self.num_layers} layers")
+            raise UserError(f"{len(tensors)} tensors passed to a ScalarMix of {self.num_layers} layers")
         weights = self.weights()
         if self.do_layer_norm:
             if mask is None:
-                raise ValueError("do_layer_norm needs the mask")
+                raise UserError("do_layer_norm needs the mask")
             keep = mask[..., None].to(tensors[0].dtype)
             count = keep.sum() * tensors[0].shape[-1]
             normed = []

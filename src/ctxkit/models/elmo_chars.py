@@ -20,6 +20,8 @@ from typing import List, Sequence
 import torch
 from torch import Tensor
 
+from ..core.errors import UserError
+
 __all__ = [
     "BOS_TOKEN",
     "EOS_TOKEN",
@@ -54,7 +56,7 @@ def word_to_char_ids(word: str, max_chars: int = MAX_CHARS) -> List[int]:
         ``max_chars`` ints in ``[1, 261]``.
     """
     if max_chars < 3:
-        raise ValueError(f"max_chars must be at least 3 (begin, one byte, end), got {max_chars}")
+        raise UserError(f"max_chars must be at least 3 (begin, one byte, end), got {max_chars}")
     if word == BOS_TOKEN:
         return _marker(_BOS_CHAR, max_chars)
     if word == EOS_TOKEN:

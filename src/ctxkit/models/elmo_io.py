@@ -36,6 +36,7 @@ from torch import Tensor
 
 from ..checkpoint import CheckpointError, CheckpointMismatchError, atomic_write, load_state_dict_strict, read_weights, save_weights
 from .elmo import ElmoBiLM, ElmoConfig, ElmoLanguageModel
+from ..core.errors import MissingDependencyError, UserError
 
 __all__ = [
     "config_to_options",
@@ -229,7 +230,7 @@ def _h5py():
     try:
         import h5py
     except ImportError:
-        raise ImportError("reading or writing ELMo hdf5 weights needs h5py (pip install 'h5py>=3.8')") from None
+        raise MissingDependencyError("reading or writing ELMo hdf5 weights needs h5py (pip install 'h5py>=3.8')") from None
     return h5py
 
 
@@ -294,7 +295,7 @@ def save_elmo_lm(lm: ElmoLanguageModel, folder: os.PathLike, vocab: Sequence[str
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     if len(vocab) != lm.vocab_size:
-        raise ValueError(f"vocabulary of {len(vocab)} words for a softmax of {lm.vocab_size}")
+        raise UserError(f"vocabulary of {len(vocab)} words for a softmax of {lm.vocab_size}")
     save_weights(lm.state_dict(), folder / "model.safetensors")
     write_options(lm.config, folder / "options.json", n_tokens_vocab=lm.vocab_size, softmax=lm.softmax_kind,
                   n_negative_samples_batch=lm.num_samples,

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from ..checkpoint import CheckpointError, KeyMap, load_state_dict_strict, read_config, read_weights, save_weights
 from ..layers import KVCache, TransformerEncoder, causal_mask, padding_mask
 from .presets import GPT2_PRESETS, GPT2Config
+from ..core.errors import UserError
 
 __all__ = ["GPT2Config", "GPT2_PRESETS", "GPT2Model", "GPT2LMHeadModel", "load_gpt2", "save_gpt2", "gpt2_config_from_hf"]
 
@@ -82,7 +83,7 @@ class GPT2Model(nn.Module):
         past = cache.length if cache is not None else 0
         total = past + seq
         if total > self.config.max_position and position_ids is None:
-            raise ValueError(f"input has {total} tokens but the context length is {self.config.max_position}; "
+            raise UserError(f"input has {total} tokens but the context length is {self.config.max_position}; "
                              "truncate it or evaluate with a sliding window")
         if position_ids is None:
             position_ids = torch.arange(past, total, device=input_ids.device)
@@ -102,10 +103,10 @@ class GPT2Model(nn.Module):
         """One new token over a static cache (fixed shapes, so a CUDA graph can replay it):
         ``attention_mask (batch, max_len)`` marks the filled slots, this token's included."""
         if input_ids.size(1) != 1 or attention_mask is None or position_ids is None:
-            raise ValueError("a static cache takes one token per row with explicit position_ids and an "
+            raise UserError("a static cache takes one token per row with explicit position_ids and an "
                              "attention_mask over all of the cache's slots")
         if attention_mask.size(1) != cache.max_len:
-            raise ValueError(f"attention_mask spans {attention_mask.size(1)} keys; the static cache has {cache.max_len} slots")
+            raise UserError(f"attention_mask spans {attention_mask.size(1)} keys; the static cache has {cache.max_len} slots")
         x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
         return self.encoder(x, mask=padding_mask(attention_mask), cache=cache).last_hidden_state
 

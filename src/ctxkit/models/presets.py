@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict, Tuple
 
+from ..core.errors import UnknownNameError, UserError
+
 __all__ = ["BertConfig", "Preset", "PRESETS", "get_preset", "GPT2Config", "GPT2_PRESETS", "Seq2SeqConfig", "SEQ2SEQ_PRESETS", "RNNSeq2SeqConfig",
            "RNN_SEQ2SEQ_PRESETS", "TransformerXLConfig", "TRANSFO_XL_PRESETS", "XLNetConfig", "XLNET_PRESETS"]
 
@@ -72,7 +74,7 @@ class BertConfig:
             if getattr(self, f) != getattr(other, f)
         ]
         if diffs:
-            raise ValueError("checkpoint does not match the preset architecture:\n  " + "\n  ".join(diffs))
+            raise UserError("checkpoint does not match the preset architecture:\n  " + "\n  ".join(diffs))
         return self.replace(**{f: getattr(other, f) for f in self.CHECKPOINT_FIELDS})
 
 
@@ -121,7 +123,7 @@ def get_preset(name: str) -> Preset:
     try:
         return PRESETS[name]
     except KeyError:
-        raise KeyError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}") from None
+        raise UnknownNameError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}") from None
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ from tqdm.auto import tqdm
 
 from ctxkit.models.static_io import read_corpus, read_vectors, write_vectors
 
+from ..core.errors import UnknownNameError, UserError
+
 __all__ = [
     "NegativeSamplingModel", "UnigramSampler",
     "WordVectors", "build_vocab", "char_ngrams", "fasttext_hash", "keep_probabilities", "ngram_buckets",
@@ -100,10 +102,10 @@ class WordVectors:
         self.words = list(words)
         self.vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         if self.vectors.ndim != 2 or self.vectors.shape[0] != len(self.words):
-            raise ValueError(f"vectors of shape {self.vectors.shape} do not match {len(self.words)} words")
+            raise UserError(f"vectors of shape {self.vectors.shape} do not match {len(self.words)} words")
         self.index: Dict[str, int] = {w: i for i, w in enumerate(self.words)}
         if len(self.index) != len(self.words):
-            raise ValueError("duplicate words in the vocabulary")
+            raise UserError("duplicate words in the vocabulary")
         self.counts = None if counts is None else np.asarray(counts, dtype=np.int64)
         if isinstance(ngram_vectors, torch.Tensor):
             ngram_vectors = ngram_vectors.detach().cpu().numpy()
@@ -133,10 +135,10 @@ class WordVectors:
     def subword_vector(self, word: str) -> np.ndarray:
         """Mean of the bucket vectors of ``word``'s n-grams, shape ``(dim,)``."""
         if self.ngram_vectors is None:
-            raise KeyError(f"{word!r} is not in the vocabulary (and these vectors have no sub-words)")
+            raise UnknownNameError(f"{word!r} is not in the vocabulary (and these vectors have no sub-words)")
         ids = ngram_buckets(word, self.minn, self.maxn, len(self.ngram_vectors))
         if not ids:
-            raise KeyError(f"{word!r} has no character n-grams of length {self.minn}-{self.maxn}")
+            raise UnknownNameError(f"{word!r} has no character n-grams of length {self.minn}-{self.maxn}")
         return self.ngram_vectors[ids].mean(axis=0)
 
     def __getitem__(self, word: str) -> np.ndarray:
@@ -145,7 +147,7 @@ class WordVectors:
         if i is not None:
             return self.vectors[i]
         if self.ngram_vectors is None:
-            raise KeyError(f"{word!r} is not in the vocabulary")
+            raise UnknownNameError(f"{word!r} is not in the vocabulary")
         return self.subword_vector(word)
 
     def get(self, word: str, default=None):
@@ -165,7 +167,7 @@ class WordVectors:
     def _unit_query(self, query) -> np.ndarray:
         vec = np.asarray(self[query] if isinstance(query, str) else query, dtype=np.float32)
         if vec.shape != (self.dim,):
-            raise ValueError(f"query vector has shape {vec.shape}, expected ({self.dim},)")
+            raise UserError(f"query vector has shape {vec.shape}, expected ({self.dim},)")
         return vec / max(float(np.linalg.norm(vec)), 1e-12)
 
     def _top(self, unit_query: np.ndarray, k: int, exclude: Iterable[str], restrict: Optional[int]):
@@ -498,11 +500,11 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
         per-epoch losses, ``seconds`` and ``words_per_sec`` (corpus tokens, before subsampling).
     """
     if model not in ("skipgram", "cbow"):
-        raise ValueError(f"model must be 'skipgram' or 'cbow', not {model!r}")
+        raise UserError(f"model must be 'skipgram' or 'cbow', not {model!r}")
     if optimizer not in ("sgd", "sparse_adam"):
-        raise ValueError(f"optimizer must be 'sgd' or 'sparse_adam', not {optimizer!r}")
+        raise UserError(f"optimizer must be 'sgd' or 'sparse_adam', not {optimizer!r}")
     if epochs < 1 or dim < 1 or window < 1 or negative < 1 or batch_size < 1:
-        raise ValueError("epochs, dim, window, negative and batch_size must be at least 1")
+        raise UserError("epochs, dim, window, negative and batch_size must be at least 1")
     corpus = [corpus] if isinstance(corpus, (str, os.PathLike)) else list(corpus)
     is_paths = bool(corpus) and all(isinstance(c, (str, os.PathLike)) for c in corpus)
 
@@ -511,7 +513,7 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
 
     words, counts = build_vocab(sentences(), min_count, max_vocab)
     if not words:
-        raise ValueError(f"no word occurs at least min_count={min_count} times in the corpus")
+        raise UserError(f"no word occurs at least min_count={min_count} times in the corpus")
     ids, sent = _encode(sentences(), {w: i for i, w in enumerate(words)})
     vocab_size, total = len(words), len(ids)
     torch.manual_seed(seed)

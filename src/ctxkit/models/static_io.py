@@ -15,29 +15,39 @@ These functions work on plain ``(words, matrix)`` pairs so they stay independent
 
 Text files may be ``.gz`` or ``.xz`` compressed. Every problem in a file raises
 :class:`ctxkit.data.errors.DataError` (a ``ValueError``) whose message starts with
-``"{path}:{line}: "`` (for the binary format, the 1-based record number and byte offset).
+``"{path}:{line}: "`` (for the binary format, the 1-based record number and byte offset; for
+``npz``, ``archive`` or the array's name). Files are read in one pass, so a FIFO or ``<(...)``
+works too (an ``npz`` from a pipe is read into memory first, since ``np.load`` seeks).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import lzma
 import math
 import os
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from ctxkit.data.errors import DataError
+from ctxkit.data.errors import DataError, is_rereadable, open_input, raw_lines, require_rereadable
 from ctxkit.tokenizers.wordpiece import decode_lines
+
+from ..core.errors import UserError
 
 __all__ = ["FORMATS", "guess_format", "open_file", "read_corpus", "read_vectors", "write_vectors"]
 
 PathLike = Union[str, os.PathLike]
 FORMATS = ("glove", "word2vec", "fasttext", "word2vec-binary", "npz")
 _SUFFIX_FORMATS = {".txt": "glove", ".vec": "word2vec", ".bin": "word2vec-binary", ".npz": "npz"}
+# What a corrupt or truncated .xz / .gz stream raises while it is read.
+_DECOMPRESSION_ERRORS = (lzma.LZMAError, EOFError, zlib.error, gzip.BadGzipFile)
 
 
 def open_file(path: PathLike, mode: str = "rb"):
@@ -54,13 +64,18 @@ def read_corpus(paths: Union[PathLike, Sequence[PathLike]], lowercase: bool = Fa
     """Yields the whitespace tokens of each non-empty line of UTF-8 text files (``.xz`` / ``.gz`` transparently).
 
     A line is a "sentence": training windows never cross line ends.
+
+    Raises:
+        DataError: ``PATH:LINE: invalid UTF-8 ...`` or corrupt compressed data.
+        UserError: a missing path (``MissingFileError``), a directory, or a pipe (FIFO,
+            ``<(...)``): training reads the corpus more than once, which a pipe cannot give.
     """
     for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
-        with open_file(path) as fh:
-            for line in decode_lines(fh, str(path)):
-                tokens = (line.lower() if lowercase else line).split()
-                if tokens:
-                    yield tokens
+        require_rereadable(path, "word-vector training")
+        for line in decode_lines(raw_lines(path), str(path)):
+            tokens = (line.lower() if lowercase else line).split()
+            if tokens:
+                yield tokens
 
 
 def _base_suffix(path: PathLike) -> str:
@@ -77,24 +92,32 @@ def guess_format(path: PathLike, for_writing: bool = False) -> str:
     other text file is word2vec text if its first line is exactly two integers (the
     header), else GloVe; when writing, anything not named above is written as GloVe.
 
+    Sniffing reads the first line, so the file is opened twice; :func:`read_vectors`
+    sniffs as it reads instead, which also works for a FIFO or ``<(...)``.
+
     Raises:
         DataError: Reading an empty file of an unknown suffix (nothing to sniff).
     """
     suffix = _base_suffix(path)
     if suffix in (".bin", ".npz", ".vec") or for_writing:
         return _SUFFIX_FORMATS.get(suffix, "glove")
-    with open_file(path) as fh:
-        first = fh.readline()
+    with contextlib.closing(raw_lines(path)) as lines:
+        first = next(lines, b"")
     if not first:
         raise DataError(path, 1, "empty file")
-    fields = first.split()
-    return "word2vec" if len(fields) == 2 and all(f.isdigit() for f in fields) else "glove"
+    return "word2vec" if _is_header(first.decode("utf-8", "replace")) else "glove"
+
+
+def _is_header(line: str) -> bool:
+    """Whether a first line is word2vec's ``"COUNT DIM"`` (ASCII digits only: ``int()`` takes no ``"²"``)."""
+    fields = line.split()
+    return len(fields) == 2 and all(f.isascii() and f.isdigit() and len(f) <= 18 for f in fields)
 
 
 def _parse_header(line: str, path: PathLike) -> Tuple[int, int]:
-    fields = line.split()
-    if len(fields) != 2 or not all(f.isdigit() for f in fields):
+    if not _is_header(line):
         raise DataError(path, 1, "bad header", f"expected 'COUNT DIM', found {line[:80]!r}")
+    fields = line.split()
     count, dim = int(fields[0]), int(fields[1])
     if dim <= 0:
         raise DataError(path, 1, "bad header", f"dimension must be positive, found {dim}")
@@ -135,31 +158,42 @@ class _Collector:
         self.rows.append(values)
 
     def result(self, dim: int) -> Tuple[List[str], np.ndarray]:
-        matrix = np.asarray(self.rows, dtype=np.float32) if self.rows else np.zeros((0, dim), np.float32)
+        with np.errstate(over="ignore"):
+            matrix = np.asarray(self.rows, dtype=np.float32) if self.rows else np.zeros((0, dim), np.float32)
+        finite = np.isfinite(matrix).all(axis=1) if matrix.ndim == 2 else np.ones(len(self.words), bool)
+        if not finite.all():  # finite as float64 text, but beyond float32: it would silently be inf
+            word = self.words[int(np.flatnonzero(~finite)[0])]
+            raise DataError(self.path, self.seen[word], "value out of range",
+                            f"beyond float32's ±{float(np.finfo(np.float32).max):.4g}")
         return self.words, matrix.reshape(len(self.words), dim)
 
 
 def _text_lines(path: PathLike, progress: bool) -> Iterator[Tuple[int, str]]:
-    total = None if _base_suffix(path) != Path(path).suffix.lower() else os.path.getsize(path)
-    with open_file(path) as fh, tqdm(total=total, unit="B", unit_scale=True, desc=f"reading {Path(path).name}",
-                                  disable=not progress, leave=False) as bar:
-        def raw_lines():
+    plain = _base_suffix(path) == Path(path).suffix.lower() and is_rereadable(path)
+    total = os.path.getsize(path) if plain and os.path.exists(path) else None
+    with contextlib.closing(raw_lines(path)) as lines, \
+            tqdm(total=total, unit="B", unit_scale=True, desc=f"reading {Path(path).name}",
+                 disable=not progress, leave=False) as bar:
+        def counted():
             pending = 0
-            for raw in fh:
+            for raw in lines:
                 pending += len(raw)
                 if pending > 1 << 20:  # tqdm per line would cost more than parsing
                     bar.update(pending)
                     pending = 0
                 yield raw
-        yield from enumerate(decode_lines(raw_lines(), str(path)), start=1)
+        yield from enumerate(decode_lines(counted(), str(path)), start=1)
 
 
-def _read_text(path: PathLike, header: bool, progress: bool, max_words: Optional[int]):
+def _read_text(path: PathLike, header: Optional[bool], progress: bool, max_words: Optional[int]):
+    """``header=None`` sniffs the first line (one pass, so pipes work)."""
     count = dim = None
     out = _Collector(path)
     last = 0
     for line_no, line in _text_lines(path, progress):
         last = line_no
+        if header is None:
+            header = _is_header(line)
         if header and line_no == 1:
             count, dim = _parse_header(line, path)
             continue
@@ -168,6 +202,8 @@ def _read_text(path: PathLike, header: bool, progress: bool, max_words: Optional
         fields = line.rstrip().split(" ")
         if not line.strip():
             raise DataError(path, line_no, "empty line")
+        if not fields[0]:
+            raise DataError(path, line_no, "empty word", "the line starts with a space")
         if dim is None:
             dim = len(fields) - 1
             if dim == 0:
@@ -188,52 +224,117 @@ def _read_text(path: PathLike, header: bool, progress: bool, max_words: Optional
     return out.result(dim)
 
 
+def _read_exactly(fh, n: int) -> bytes:
+    """Up to ``n`` bytes, read in bounded chunks: a corrupt header's huge size must not
+    allocate gigabytes before the short read is noticed."""
+    chunks, left = [], n
+    while left > 0:
+        chunk = fh.read(min(left, 1 << 24))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
 def _read_binary(path: PathLike, progress: bool, max_words: Optional[int]):
-    with open_file(path) as fh:
-        count, dim = _parse_header(fh.readline().decode("utf-8", "replace"), path)
-        want = count if max_words is None else min(count, max_words)
-        words: List[str] = []
-        seen: Dict[str, int] = {}
-        matrix = np.empty((want, dim), dtype=np.float32)
-        offset = fh.tell()
-        for record in tqdm(range(1, want + 1), desc=f"reading {Path(path).name}", unit="word",
-                           disable=not progress, leave=False, mininterval=1.0):
-            where = f"record {record} (byte {offset})"
-            raw = bytearray()
-            while True:
-                ch = fh.read(1)
-                if not ch:
-                    raise DataError(path, where, "truncated file", f"header says {count} vectors")
-                if ch == b" ":
-                    break
-                if ch != b"\n" or raw:  # the newline closing the previous vector is optional
-                    raw += ch
-                if len(raw) > 10_000:
-                    raise DataError(path, where, "no space after the word", "is this really word2vec binary?")
-            try:
-                word = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataError(path, where, "invalid UTF-8 in the word", exc.reason) from None
-            if not word:
-                raise DataError(path, where, "empty word")
-            data = fh.read(4 * dim)
-            if len(data) != 4 * dim:
-                raise DataError(path, where, "truncated vector", f"{len(data)} of {4 * dim} bytes")
-            row = np.frombuffer(data, dtype="<f4")
-            if not np.isfinite(row).all():
-                raise DataError(path, where, "non-finite value", "NaN or infinity in the vector")
-            if word in seen:
-                raise DataError(path, where, "duplicate word", f"{word!r} first seen at record {seen[word]}")
-            seen[word] = record
-            words.append(word)
-            matrix[record - 1] = row
-            offset = fh.tell()
-        if max_words is None:
-            rest = fh.read(2)
-            if rest not in (b"", b"\n"):
-                raise DataError(path, f"record {count + 1} (byte {offset})", "more vectors than the header's count",
-                                f"header says {count}")
-    return words, matrix
+    name = str(path)
+    opener = lzma.open if name.endswith(".xz") else gzip.open if name.endswith(".gz") else None
+    where = "record 1 (byte 0)"
+    with open_input(path) as raw_fh, (opener(raw_fh, "rb") if opener else contextlib.nullcontext(raw_fh)) as fh:
+        try:
+            return _read_binary_records(fh, path, progress, max_words)
+        except _DECOMPRESSION_ERRORS as exc:
+            raise DataError(path, where, "corrupt compressed data", str(exc) or type(exc).__name__) from None
+
+
+def _read_binary_records(fh, path: PathLike, progress: bool, max_words: Optional[int]):
+    header = fh.readline(1 << 16)
+    count, dim = _parse_header(header.decode("utf-8", "replace"), path)
+    want = count if max_words is None else min(count, max_words)
+    words: List[str] = []
+    seen: Dict[str, int] = {}
+    # Grown as records arrive (not sized by the header, which may lie), trimmed at the end.
+    matrix = np.empty((0, dim), dtype=np.float32)
+    offset = len(header)  # counted by hand: a pipe cannot tell()
+    for record in tqdm(range(1, want + 1), desc=f"reading {Path(path).name}", unit="word",
+                       disable=not progress, leave=False, mininterval=1.0):
+        where = f"record {record} (byte {offset})"
+        raw = bytearray()
+        while True:
+            ch = fh.read(1)
+            if not ch:
+                raise DataError(path, where, "truncated file", f"header says {count} vectors")
+            offset += 1
+            if ch == b" ":
+                break
+            if ch != b"\n" or raw:  # the newline closing the previous vector is optional
+                raw += ch
+            if len(raw) > 10_000:
+                raise DataError(path, where, "no space after the word", "is this really word2vec binary?")
+        try:
+            word = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(path, where, "invalid UTF-8 in the word", exc.reason) from None
+        if not word:
+            raise DataError(path, where, "empty word")
+        data = _read_exactly(fh, 4 * dim)
+        offset += len(data)
+        if len(data) != 4 * dim:
+            raise DataError(path, where, "truncated vector", f"{len(data)} of {4 * dim} bytes")
+        row = np.frombuffer(data, dtype="<f4")
+        if not np.isfinite(row).all():
+            raise DataError(path, where, "non-finite value", "NaN or infinity in the vector")
+        if word in seen:
+            raise DataError(path, where, "duplicate word", f"{word!r} first seen at record {seen[word]}")
+        seen[word] = record
+        words.append(word)
+        if len(matrix) < record:  # double, starting at ~16 MB
+            grown = np.empty((min(want, max(2 * len(matrix), (1 << 24) // (4 * dim), 1)), dim), dtype=np.float32)
+            grown[: record - 1] = matrix[: record - 1]
+            matrix = grown
+        matrix[record - 1] = row
+    if max_words is None:
+        rest = fh.read(2)
+        if rest not in (b"", b"\n"):
+            raise DataError(path, f"record {count + 1} (byte {offset})", "more vectors than the header's count",
+                            f"header says {count}")
+    return words, matrix[: len(words)]
+
+
+def _read_npz(path: PathLike, max_words: Optional[int]) -> Tuple[List[str], np.ndarray, Dict[str, np.ndarray]]:
+    with open_input(path) as fh:
+        source = fh if is_rereadable(path) else io.BytesIO(fh.read())  # np.load seeks; a pipe cannot
+        try:
+            loaded = np.load(source, allow_pickle=False)
+            if not isinstance(loaded, np.lib.npyio.NpzFile):
+                raise DataError(path, "archive", "not an .npz archive", "a single .npy array")
+            with loaded as data:
+                missing = [k for k in ("words", "vectors") if k not in data.files]
+                if missing:
+                    raise DataError(path, "archive", "not a word-vector archive", f"no {' or '.join(missing)} array")
+                extras = {k: data[k] for k in data.files if k not in ("words", "vectors")}
+                words_arr, vectors = data["words"], data["vectors"]
+        except DataError:
+            raise
+        except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile, zlib.error, MemoryError,
+                NotImplementedError) as exc:  # not a zip, pickled objects, truncated or corrupt members
+            detail = "not a NumPy archive" if "pickled" in str(exc) else (str(exc)[:200] or type(exc).__name__)
+            raise DataError(path, "archive", "unreadable .npz file", detail) from None
+    if words_arr.ndim != 1 or words_arr.dtype.kind not in "US":
+        raise DataError(path, "array 'words'", "bad array", f"expected a 1-D string array, got {words_arr.dtype} "
+                                                            f"of shape {words_arr.shape}")
+    if vectors.ndim != 2 or vectors.shape[0] != len(words_arr) or vectors.dtype.kind not in "fiu":
+        raise DataError(path, "array 'vectors'", "bad array", f"expected ({len(words_arr)}, dim) numbers, got "
+                                                              f"{vectors.dtype} of shape {vectors.shape}")
+    words = [str(w) for w in words_arr]
+    matrix = np.asarray(vectors, dtype=np.float32)
+    if not np.isfinite(matrix).all():
+        row = int(np.flatnonzero(~np.isfinite(matrix).all(axis=1))[0])
+        raise DataError(path, "array 'vectors'", "non-finite value", f"NaN or infinity in row {row} ({words[row]!r})")
+    if max_words is not None:
+        words, matrix = words[:max_words], matrix[:max_words]
+    return words, matrix, extras
 
 
 def read_vectors(path: PathLike, format: Optional[str] = None, progress: bool = True,
@@ -256,22 +357,18 @@ def read_vectors(path: PathLike, format: Optional[str] = None, progress: bool = 
             dimension mismatch, duplicate word, invalid UTF-8, truncated binary data.
         FileNotFoundError: ``path`` does not exist.
     """
+    if format is None and _base_suffix(path) not in (".bin", ".npz", ".vec"):
+        format = "sniff"  # decided by the first line while reading: one pass, so pipes work
     format = format or guess_format(path)
-    if format not in FORMATS:
-        raise ValueError(f"unknown vector format {format!r}; choose from {', '.join(FORMATS)}")
+    if format not in FORMATS + ("sniff",):
+        raise UserError(f"unknown vector format {format!r}; choose from {', '.join(FORMATS)}")
     if format == "npz":
-        with np.load(path, allow_pickle=False) as data:
-            extras = {k: data[k] for k in data.files if k not in ("words", "vectors")}
-            words = [str(w) for w in data["words"]]
-            matrix = np.asarray(data["vectors"], dtype=np.float32)
-        if max_words is not None:
-            words, matrix = words[:max_words], matrix[:max_words]
-        return words, matrix, extras
+        return _read_npz(path, max_words)
     if format == "word2vec-binary":
         words, matrix = _read_binary(path, progress, max_words)
     else:
-        words, matrix = _read_text(path, header=format in ("word2vec", "fasttext"), progress=progress,
-                                   max_words=max_words)
+        header = None if format == "sniff" else format in ("word2vec", "fasttext")
+        words, matrix = _read_text(path, header=header, progress=progress, max_words=max_words)
     return words, matrix, {}
 
 
@@ -279,7 +376,7 @@ def _check_word(word: str) -> None:
     # ASCII whitespace only: readers split lines on it, but fastText vocabularies hold
     # words with non-breaking spaces, which survive a round trip here.
     if not word or any(ch in " \t\n\r\x0b\x0c" for ch in word):
-        raise ValueError(f"cannot write {word!r}: word-vector text formats split on whitespace")
+        raise UserError(f"cannot write {word!r}: word-vector text formats split on whitespace")
 
 
 def write_vectors(path: PathLike, words: Sequence[str], matrix: np.ndarray, format: Optional[str] = None,
@@ -304,10 +401,10 @@ def write_vectors(path: PathLike, words: Sequence[str], matrix: np.ndarray, form
     """
     format = format or guess_format(path, for_writing=True)
     if format not in FORMATS:
-        raise ValueError(f"unknown vector format {format!r}; choose from {', '.join(FORMATS)}")
+        raise UserError(f"unknown vector format {format!r}; choose from {', '.join(FORMATS)}")
     matrix = np.ascontiguousarray(matrix, dtype=np.float32)
     if matrix.ndim != 2 or matrix.shape[0] != len(words):
-        raise ValueError(f"matrix of shape {matrix.shape} does not match {len(words)} words")
+        raise UserError(f"matrix of shape {matrix.shape} does not match {len(words)} words")
     path = Path(path)
     if format == "npz":
         np.savez(path, words=np.asarray(list(words), dtype=str), vectors=matrix, **(extras or {}))

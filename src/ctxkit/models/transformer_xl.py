@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from ..layers import AddNorm, PositionwiseFFN, causal_mask, sinusoidal_table
 from ..layers.relative_attention import RelativeMultiHeadAttention
 from .presets import TRANSFO_XL_PRESETS, TransformerXLConfig
+from ..core.errors import UserError
 
 __all__ = ["TransformerXLConfig", "TRANSFO_XL_PRESETS", "AdaptiveEmbedding", "TransformerXLLayer", "TransformerXLModel",
            "TransformerXLLMHeadModel", "TransformerXLLMOutput"]
@@ -54,7 +55,7 @@ class AdaptiveEmbedding(nn.Module):
         super().__init__()
         cutoffs = list(cutoffs)
         if cutoffs != sorted(set(cutoffs)) or (cutoffs and (cutoffs[0] <= 0 or cutoffs[-1] >= vocab_size)):
-            raise ValueError(f"cutoffs must be increasing, unique and inside (0, {vocab_size}), got {cutoffs}")
+            raise UserError(f"cutoffs must be increasing, unique and inside (0, {vocab_size}), got {cutoffs}")
         self.vocab_size, self.d_embed, self.d_proj, self.div_val = vocab_size, d_embed, d_proj, div_val
         self.cutoff_ends = [0] + cutoffs + [vocab_size]
         self.scale = d_proj ** 0.5
@@ -67,7 +68,7 @@ class AdaptiveEmbedding(nn.Module):
             for i, (lo, hi) in enumerate(zip(self.cutoff_ends[:-1], self.cutoff_ends[1:])):
                 d_i = d_embed // div_val ** i
                 if d_i < 1:
-                    raise ValueError(f"cluster {i} would have embeddings of size {d_embed} // {div_val}**{i} = 0")
+                    raise UserError(f"cluster {i} would have embeddings of size {d_embed} // {div_val}**{i} = 0")
                 self.emb_layers.append(nn.Embedding(hi - lo, d_i))
                 self.emb_projs.append(nn.Linear(d_i, d_proj, bias=False))
 
@@ -220,7 +221,7 @@ class TransformerXLModel(nn.Module):
             input being the embeddings), detached; None when ``mem_len`` is 0.
         """
         if mems is not None and len(mems) != len(self.layers):
-            raise ValueError(f"mems must have one tensor per layer ({len(self.layers)}), got {len(mems)}")
+            raise UserError(f"mems must have one tensor per layer ({len(self.layers)}), got {len(mems)}")
         batch, qlen = input_ids.shape
         mlen = mems[0].size(1) if mems is not None else 0
         klen = mlen + qlen

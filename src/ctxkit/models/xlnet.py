@@ -45,6 +45,7 @@ from ..checkpoint import (
 from ..layers import AddNorm, PositionwiseFFN, RelativeMultiHeadAttention, rel_shift
 from ..layers.attention import masked_softmax
 from .presets import XLNET_PRESETS, XLNetConfig
+from ..core.errors import UserError
 
 __all__ = ["XLNetConfig", "XLNET_PRESETS", "XLNetOutput", "XLNetRelativeAttention", "XLNetLayer", "XLNetModel",
            "XLNetLMHeadModel", "PermutationMasks", "bidirectional_position_encoding", "sample_permutation_masks",
@@ -173,7 +174,7 @@ class XLNetModel(nn.Module):
     def __init__(self, config: XLNetConfig):
         super().__init__()
         if config.d_model % config.n_heads:
-            raise ValueError(f"d_model={config.d_model} is not divisible by n_heads={config.n_heads}")
+            raise UserError(f"d_model={config.d_model} is not divisible by n_heads={config.n_heads}")
         self.config = config
         self.word_embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.mask_emb = nn.Parameter(torch.zeros(1, 1, config.d_model))
@@ -313,7 +314,7 @@ def sample_permutation_masks(input_ids: Tensor, num_predict: int, attention_mask
     device = input_ids.device
     real = torch.ones(batch, seq, dtype=torch.bool, device=device) if attention_mask is None else attention_mask > 0
     if not 0 < num_predict or (real.sum(dim=1) < num_predict).any():
-        raise ValueError(f"num_predict={num_predict} must be positive and at most the number of real tokens of every row")
+        raise UserError(f"num_predict={num_predict} must be positive and at most the number of real tokens of every row")
     keys = torch.rand(batch, seq, generator=generator, device=device) if shuffle else \
         torch.arange(seq, device=device, dtype=torch.float32).expand(batch, seq) / seq
     keys = keys.masked_fill(~real, -1.0)  # padding first in the order: never among the last num_predict

@@ -47,8 +47,10 @@ from ..checkpoint import CheckpointError, atomic_write, load_state_dict_strict
 from ..models.elmo import ELMO_PRESETS, ElmoConfig, ElmoLanguageModel
 from ..models.elmo_chars import BOS_TOKEN, EOS_TOKEN, word_to_char_ids
 from ..models.elmo_io import config_to_options, save_elmo_lm, write_bilm_tf
+from ..data.errors import require_rereadable
 from ..tokenizers import read_lines
 from ..training import autocast, resolve_device
+from ..core.errors import MissingFileError, UnknownNameError, UserError
 
 __all__ = ["UNK_TOKEN", "BiLMTrainConfig", "build_vocab", "corpus_stream", "char_table", "batchify", "evaluate_bilm", "train_bilm", "main"]
 
@@ -64,6 +66,8 @@ def build_vocab(files: Sequence[os.PathLike], min_count: int = 1, max_size: Opti
     """Words of whitespace-tokenised text files (plain or ``.xz``), specials first, then
     by descending count (ties alphabetically, so the order is reproducible)."""
     counts: Counter = Counter()
+    for path in files:  # read again by the stream builder: a pipe would block the second time
+        require_rereadable(path, "building the vocabulary and then the token stream")
     for path in files:
         for line in read_lines(path):
             counts.update(line.split())
@@ -85,7 +89,7 @@ def corpus_stream(files: Sequence[os.PathLike], vocab: Sequence[str]) -> Tensor:
                 ids.extend(index.get(w, UNK_ID) for w in words)
                 ids.append(EOS_ID)
     if not ids:
-        raise ValueError(f"no text in {', '.join(map(str, files))}")
+        raise UserError(f"no text in {', '.join(map(str, files))}")
     return torch.tensor(ids, dtype=torch.long)
 
 
@@ -98,7 +102,7 @@ def batchify(stream: Tensor, batch_size: int) -> Tensor:
     """``(batch_size, n // batch_size)``: row ``b`` is the ``b``-th contiguous slice of the stream."""
     cols = len(stream) // batch_size
     if cols < 2:
-        raise ValueError(f"a stream of {len(stream)} tokens is too short for {batch_size} rows")
+        raise UserError(f"a stream of {len(stream)} tokens is too short for {batch_size} rows")
     return stream[: cols * batch_size].view(batch_size, cols)
 
 
@@ -211,7 +215,7 @@ def _resolve_model_config(model_config: Union[str, ElmoConfig]) -> ElmoConfig:
     if isinstance(model_config, ElmoConfig):
         return model_config
     if model_config not in ELMO_PRESETS:
-        raise KeyError(f"unknown ELMo preset {model_config!r}; known: {', '.join(ELMO_PRESETS)}")
+        raise UnknownNameError(f"unknown ELMo preset {model_config!r}; known: {', '.join(ELMO_PRESETS)}")
     return ELMO_PRESETS[model_config]
 
 
@@ -248,7 +252,7 @@ def train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Path
     ckpt = None
     if resume:
         if not ckpt_path.is_file():
-            raise FileNotFoundError(f"{out}: no checkpoint.pt to resume from")
+            raise MissingFileError(f"{out}: no checkpoint.pt to resume from")
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         changed = [k for k in _RESUME_FIXED if ckpt["train_config"].get(k) != getattr(cfg, k)]
         if ckpt["model_config"] != config_to_options(arch):
@@ -276,7 +280,7 @@ def train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Path
     elif cfg.optimizer == "adagrad":
         opt = torch.optim.Adagrad(lm.parameters(), lr=cfg.lr, initial_accumulator_value=1.0)
     else:
-        raise ValueError(f"optimizer must be 'adam' or 'adagrad', got {cfg.optimizer!r}")
+        raise UserError(f"optimizer must be 'adam' or 'adagrad', got {cfg.optimizer!r}")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0)
     run = {"step": 0, "epoch": 0, "chunk": 0, "losses": [], "history": [], "train_time_s": 0.0}
     lstm_state = None

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from .corpus import FORMATS
+from ..core.errors import UserError
 
 __all__ = ["add_commands"]
 
@@ -25,9 +26,10 @@ def _tokenizer_dir(name: str) -> Path:
 
 
 def _check_inputs(files) -> None:
+    from ..data.errors import check_input
+
     for f in files:
-        if not Path(f).is_file():
-            raise ValueError(f"{f}: no such file")
+        check_input(f)  # a file, a FIFO or <(...)
 
 
 def cmd_pretrain_data(args: argparse.Namespace) -> int:
@@ -36,7 +38,7 @@ def cmd_pretrain_data(args: argparse.Namespace) -> int:
 
     _check_inputs(args.corpus)
     if args.limit_docs is not None and args.limit_docs < 1:
-        raise ValueError(f"--limit-docs must be >= 1, got {args.limit_docs}")
+        raise UserError(f"--limit-docs must be >= 1, got {args.limit_docs}")
     meta = build_shards(
         args.corpus, _tokenizer_dir(args.tokenizer), args.out, max_seq_len=args.max_seq_len,
         short_seq_prob=args.short_seq_prob, nsp_prob=args.nsp_prob, dupe_factor=args.dupe_factor, seed=args.seed,
@@ -55,7 +57,7 @@ def cmd_pretrain_vocab(args: argparse.Namespace) -> int:
 
     _check_inputs(args.corpus)
     if args.vocab_size < 10:
-        raise ValueError(f"--vocab-size must be at least 10, got {args.vocab_size}")
+        raise UserError(f"--vocab-size must be at least 10, got {args.vocab_size}")
     tok = train_vocab(args.corpus, args.vocab_size, args.out, format=args.format, min_frequency=args.min_frequency,
                       lowercase=not args.cased, limit_docs=args.limit_docs, show_progress=not args.no_progress)
     print(f"wrote a WordPiece vocabulary of {tok.vocab_size} tokens to {args.out}")
@@ -208,6 +210,10 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     from ..tokenizers import ByteLevelBPETokenizer, read_lines
     from .lm import corpus_ids, perplexity
 
+    from ..data.errors import require_rereadable
+
+    for path in args.data:  # read twice below: tokens, then words
+        require_rereadable(path, "perplexity")
     model = load_gpt2(args.model)
     ids = corpus_ids(args.data, ByteLevelBPETokenizer.from_dir(args.model), show_progress=not args.no_progress)
     result = perplexity(model, ids, args.max_length, args.stride, device=args.device, batch_size=args.batch_size,

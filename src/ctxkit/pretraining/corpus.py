@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Union
 
-from ..tokenizers.wordpiece import decode_lines
+from ..tokenizers.wordpiece import read_lines
+from ..core.errors import UserError
+from ..data.errors import DataError, check_input
 
 PathLike = Union[str, os.PathLike]
 FORMATS = ("auto", "blank", "file", "wikiextractor")
@@ -30,9 +32,7 @@ __all__ = ["FORMATS", "Instance", "create_instances", "read_documents", "split_s
 
 
 def _lines(path: PathLike) -> Iterator[str]:
-    opener = lzma.open if str(path).endswith(".xz") else open
-    with opener(path, "rb") as fh:
-        yield from decode_lines(fh, str(path))
+    yield from read_lines(path)  # one pass, so a FIFO / <(...) works; corrupt .xz is named by line
 
 
 def read_documents(path: PathLike, format: str = "auto") -> Iterator[List[str]]:
@@ -51,21 +51,23 @@ def read_documents(path: PathLike, format: str = "auto") -> Iterator[List[str]]:
     Lines are stripped of surrounding whitespace; empty documents are never yielded.
 
     Args:
-        path: A UTF-8 text file, plain or ``.xz``.
+        path: A UTF-8 text file, plain or ``.xz``; read once, so a FIFO or ``<(...)`` works.
         format: One of :data:`FORMATS`.
 
     Yields:
         Lists of non-empty line strings.
 
     Raises:
-        ValueError: Unknown format, invalid UTF-8 (``"{path}:{line}: invalid UTF-8 ..."``)
-            or a malformed WikiExtractor file (naming ``path:line``).
-        FileNotFoundError: ``path`` does not exist.
+        DataError: (a ``UserError``, a ``ValueError``) invalid UTF-8
+            (``"{path}:{line}: invalid UTF-8 ..."``), corrupt ``.xz`` data, or a malformed
+            WikiExtractor file (naming ``path:line``; a file ending inside a ``<doc>`` names
+            the line that opened it).
+        UserError: Unknown format; ``path`` is a directory.
+        FileNotFoundError: ``path`` does not exist (``MissingFileError``, also a ``UserError``).
     """
     if format not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {format!r}")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such file")
+        raise UserError(f"format must be one of {FORMATS}, got {format!r}")
+    check_input(path)  # MissingFileError "PATH: no such file"; a FIFO or <(...) is fine
     lines = _lines(path)
     if format == "auto":
         first = next(lines, None)
@@ -90,27 +92,27 @@ def read_documents(path: PathLike, format: str = "auto") -> Iterator[List[str]]:
 
 def _wikiextractor_docs(lines: Iterator[str], name: str) -> Iterator[List[str]]:
     doc: Optional[List[str]] = None
-    title_pending = False
+    title_pending, opened = False, 0
     for line_no, line in enumerate(lines, start=1):
         if line.startswith("<doc ") and line.rstrip().endswith(">"):
             if doc is not None:
-                raise ValueError(f"{name}:{line_no}: <doc> opened before the previous </doc>")
-            doc, title_pending = [], True
+                raise DataError(name, line_no, "<doc> opened before the previous </doc>")
+            doc, title_pending, opened = [], True, line_no
         elif line.strip() == "</doc>":
             if doc is None:
-                raise ValueError(f"{name}:{line_no}: </doc> without an opening <doc ...>")
+                raise DataError(name, line_no, "</doc> without an opening <doc ...>")
             if doc:
                 yield doc
             doc = None
         elif doc is None:
             if line.strip():
-                raise ValueError(f"{name}:{line_no}: text outside a <doc ...> block")
+                raise DataError(name, line_no, "text outside a <doc ...> block")
         elif title_pending:
             title_pending = False  # the title line; the body follows
         elif line.strip():
             doc.append(line.strip())
     if doc is not None:
-        raise ValueError(f"{name}: ends inside a <doc ...> block (no closing </doc>)")
+        raise UserError(f"{name}: ends inside a <doc ...> block (no closing </doc> for the one opened at line {opened})")
 
 
 # ---------------------------------------------------------------- sentences
@@ -285,10 +287,10 @@ def create_instances(documents: Sequence[Sequence[Sequence[int]]], max_seq_len: 
         ``len(tokens_a) + len(tokens_b) <= max_seq_len - 3``.
     """
     if max_seq_len < 5:
-        raise ValueError(f"max_seq_len must be >= 5 ([CLS] a [SEP] b [SEP]), got {max_seq_len}")
+        raise UserError(f"max_seq_len must be >= 5 ([CLS] a [SEP] b [SEP]), got {max_seq_len}")
     for name, p in (("short_seq_prob", short_seq_prob), ("nsp_prob", nsp_prob)):
         if not 0.0 <= p <= 1.0:
-            raise ValueError(f"{name} must be in [0, 1], got {p}")
+            raise UserError(f"{name} must be in [0, 1], got {p}")
     rng = rng if rng is not None else random.Random(0)
     docs = [[list(s) for s in doc if len(s)] for doc in documents]
     docs = [d for d in docs if d]

@@ -27,6 +27,7 @@ from ..models.gpt2 import GPT2LMHeadModel, save_gpt2
 from ..models.presets import GPT2_PRESETS
 from ..tokenizers import ByteLevelBPETokenizer, read_lines
 from ..training import TrainConfig, Trainer, resolve_device, set_seed
+from ..core.errors import UnknownNameError, UserError
 
 __all__ = ["corpus_ids", "LMBlocks", "CausalLMModel", "perplexity", "train_lm"]
 
@@ -42,7 +43,7 @@ def corpus_ids(files: Sequence[os.PathLike], tokenizer: ByteLevelBPETokenizer, s
             for row in tokenizer.encode_batch(lines[start : start + 2000]):
                 ids.extend(row)
     if not ids:
-        raise ValueError(f"no text in {', '.join(map(str, files))}")
+        raise UserError(f"no text in {', '.join(map(str, files))}")
     return torch.tensor(ids, dtype=torch.long)
 
 
@@ -54,7 +55,7 @@ class LMBlocks(torch.utils.data.Dataset):
 
     def __init__(self, ids: Tensor, block_size: int):
         if len(ids) < block_size:
-            raise ValueError(f"the corpus has {len(ids)} tokens, fewer than one block of {block_size}")
+            raise UserError(f"the corpus has {len(ids)} tokens, fewer than one block of {block_size}")
         self.blocks = ids[: len(ids) // block_size * block_size].view(-1, block_size)
         self.lengths = [block_size] * len(self.blocks)
 
@@ -84,7 +85,8 @@ class CausalLMModel(nn.Module):
 
 @torch.inference_mode()
 def perplexity(model: GPT2LMHeadModel, ids: Tensor, max_length: Optional[int] = None, stride: Optional[int] = None,
-               device: str = "auto", batch_size: int = 16, show_progress: bool = False) -> Dict[str, float]:
+               device: str = "auto", batch_size: int = 16, show_progress: bool = False, desc: str = "perplexity",
+               leave: bool = True) -> Dict[str, float]:
     """Sliding-window perplexity of a token stream (see the module docstring).
 
     Args:
@@ -93,6 +95,8 @@ def perplexity(model: GPT2LMHeadModel, ids: Tensor, max_length: Optional[int] = 
         max_length: window length (default: the model's context length).
         stride: window step, ``1 <= stride <= max_length`` (default: ``max_length // 2``).
         batch_size: windows per forward pass.
+        show_progress, desc, leave: a tqdm bar (stderr) named ``desc``; ``leave=False``
+            erases it when done (a validation pass inside training).
 
     Returns:
         ``perplexity``, ``nll`` (mean negative log-likelihood per token, nats) and
@@ -101,9 +105,9 @@ def perplexity(model: GPT2LMHeadModel, ids: Tensor, max_length: Optional[int] = 
     max_length = max_length or model.config.max_position
     stride = stride or max(1, max_length // 2)
     if not 1 <= stride <= max_length or max_length > model.config.max_position:
-        raise ValueError(f"need 1 <= stride ({stride}) <= max_length ({max_length}) <= context ({model.config.max_position})")
+        raise UserError(f"need 1 <= stride ({stride}) <= max_length ({max_length}) <= context ({model.config.max_position})")
     if len(ids) < 2:
-        raise ValueError("need at least two tokens to score")
+        raise UserError("need at least two tokens to score")
     dev = resolve_device(device)
     was_training = model.training
     model.eval().to(dev)
@@ -115,7 +119,10 @@ def perplexity(model: GPT2LMHeadModel, ids: Tensor, max_length: Optional[int] = 
         if end == len(ids):
             break
     total_nll, scored = 0.0, 0
-    for i in tqdm(range(0, len(windows), batch_size), desc="perplexity", disable=not show_progress, unit="batch"):
+    # position=0: inside training it takes the train bar's line for a while instead of
+    # drawing a second line (which a log file would show as a stray line per update).
+    for i in tqdm(range(0, len(windows), batch_size), desc=desc, disable=not show_progress, unit="batch", leave=leave,
+                  position=0, dynamic_ncols=True):
         group = windows[i : i + batch_size]
         # Full-length windows share a shape and run as one batch; the short last one alone.
         for same in ([w for w in group if w[1] - w[0] == max_length], [w for w in group if w[1] - w[0] != max_length]):
@@ -130,6 +137,36 @@ def perplexity(model: GPT2LMHeadModel, ids: Tensor, max_length: Optional[int] = 
     model.train(was_training)
     mean = total_nll / scored
     return {"perplexity": math.exp(mean), "nll": mean, "tokens": scored}
+
+
+def _train_tokenizer(files: Sequence[os.PathLike], vocab_size: int, show_progress: bool) -> ByteLevelBPETokenizer:
+    """A byte-level BPE of ``vocab_size`` learned on ``files``, with a tqdm bar on stderr
+    (lines read, then the merges). The tokenizers library's own bars stay off: they end
+    each phase with a blank line on stdout."""
+    from ..data.errors import check_input
+
+    for path in files:
+        check_input(path)
+    bar = tqdm(desc="vocabulary", unit=" lines", unit_scale=True, disable=not show_progress, dynamic_ncols=True)
+
+    def lines():
+        n = 0
+        for path in files:
+            for line in read_lines(path):
+                yield line
+                n += 1
+                if n == 2000:
+                    bar.update(n)
+                    n = 0
+        bar.update(n)
+        bar.set_postfix_str("computing merges")  # the longest silent part on a big corpus
+
+    try:
+        tokenizer = ByteLevelBPETokenizer.train(lines(), vocab_size=vocab_size, show_progress=False)
+        bar.set_postfix_str(f"{tokenizer.vocab_size} tokens", refresh=False)
+    finally:
+        bar.close()
+    return tokenizer
 
 
 def train_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.PathLike], preset: str, out_dir: os.PathLike,
@@ -152,13 +189,13 @@ def train_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.PathLi
         ``{"valid": {"perplexity", "nll", "tokens"}, "best_epoch", "steps", ...}``.
     """
     if preset not in GPT2_PRESETS:
-        raise KeyError(f"unknown GPT-2 preset {preset!r}; known: {', '.join(GPT2_PRESETS)}")
+        raise UnknownNameError(f"unknown GPT-2 preset {preset!r}; known: {', '.join(GPT2_PRESETS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer_dir is not None:
         tokenizer = ByteLevelBPETokenizer.from_dir(tokenizer_dir)
     else:
-        tokenizer = ByteLevelBPETokenizer.train(list(map(str, train_files)), vocab_size=vocab_size, show_progress=config.progress)
+        tokenizer = _train_tokenizer(train_files, vocab_size, config.progress)
     train_ids = corpus_ids(train_files, tokenizer, config.progress)
     valid_ids = corpus_ids(valid_files, tokenizer, config.progress)
     arch = GPT2_PRESETS[preset].replace(vocab_size=tokenizer.vocab_size, max_position=block_size)
@@ -167,7 +204,8 @@ def train_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.PathLi
     stride = eval_stride or max(1, block_size // 2)
 
     def evaluate(m: CausalLMModel) -> Dict[str, float]:
-        return perplexity(m.lm, valid_ids, block_size, stride, device=config.device)
+        return perplexity(m.lm, valid_ids, block_size, stride, device=config.device, show_progress=config.progress,
+                          desc="validation", leave=False)
 
     def save_best(m: CausalLMModel, folder: Path) -> None:
         save_gpt2(m.lm, folder)
@@ -177,7 +215,7 @@ def train_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.PathLi
                       greater_is_better=False, save_best=save_best)
     result = trainer.train()
     history, best = result.history, result.best_metric
-    if not history:  # stopped by max_steps before an epoch ended: score and keep the final model
+    if not history:  # per-epoch evaluation was off: score and keep the final model
         history = [evaluate(model)]
         best = history[0]["perplexity"]
         save_best(model, out / "best")

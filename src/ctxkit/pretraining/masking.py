@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ..data.batching import collate
+from ..core.errors import UserError
 
 __all__ = [
     "IGNORE_INDEX",
@@ -63,12 +64,12 @@ class MaskingConfig:
 
     def __post_init__(self):
         if not 0.0 <= self.mask_prob <= 1.0:
-            raise ValueError(f"mask_prob must be in [0, 1], got {self.mask_prob}")
+            raise UserError(f"mask_prob must be in [0, 1], got {self.mask_prob}")
         if self.replace_mask < 0 or self.replace_random < 0 or self.replace_mask + self.replace_random > 1 + 1e-9:
-            raise ValueError(f"replace_mask ({self.replace_mask}) and replace_random ({self.replace_random}) "
+            raise UserError(f"replace_mask ({self.replace_mask}) and replace_random ({self.replace_random}) "
                              "must be >= 0 and sum to at most 1")
         if self.max_predictions is not None and self.max_predictions < 1:
-            raise ValueError(f"max_predictions must be >= 1 or None, got {self.max_predictions}")
+            raise UserError(f"max_predictions must be >= 1 or None, got {self.max_predictions}")
 
 
 @dataclass
@@ -243,7 +244,7 @@ def mask_tokens(input_ids: Tensor, special_ids: Union[Iterable[int], Tensor], vo
         all random tokens (each drawn independently) or all unchanged.
     """
     if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
+        raise UserError(f"input_ids must be (batch, seq), got shape {tuple(input_ids.shape)}")
     device = input_ids.device
     special = torch.as_tensor(sorted(special_ids) if not isinstance(special_ids, Tensor) else special_ids,
                               dtype=torch.long, device=device).flatten()
@@ -252,9 +253,9 @@ def mask_tokens(input_ids: Tensor, special_ids: Union[Iterable[int], Tensor], vo
 
     if config.whole_word:
         if word_starts is None:
-            raise ValueError("whole_word masking needs word_starts (see word_start_mask)")
+            raise UserError("whole_word masking needs word_starts (see word_start_mask)")
         if word_starts.shape != input_ids.shape:
-            raise ValueError(f"word_starts shape {tuple(word_starts.shape)} != input_ids shape {tuple(input_ids.shape)}")
+            raise UserError(f"word_starts shape {tuple(word_starts.shape)} != input_ids shape {tuple(input_ids.shape)}")
         chosen, word = _choose_words(cand, word_starts.to(device=device, dtype=torch.bool), k, config, generator, device)
         # One draw per word slot, spread to the word's tokens.
         u = _rand(input_ids.shape, generator, device).gather(1, word)
@@ -318,7 +319,7 @@ class MLMCollator:
     def __init__(self, tokenizer_or_ids, config: MaskingConfig = MaskingConfig(), seed: int = 0, multiple_of: int = 1):
         ids = tokenizer_or_ids if isinstance(tokenizer_or_ids, MaskingIds) else MaskingIds.from_tokenizer(tokenizer_or_ids)
         if config.whole_word and ids.continuation is None:
-            raise ValueError("whole_word masking needs MaskingIds.continuation (the '##' table)")
+            raise UserError("whole_word masking needs MaskingIds.continuation (the '##' table)")
         self.ids = ids
         self.config = config
         self.multiple_of = multiple_of

@@ -30,6 +30,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..checkpoint import atomic_write, sha256_file, write_json
+from ..core.errors import MissingFileError, UserError
 from ..tokenizers import WordPieceTokenizer
 from .corpus import create_instances, read_documents, split_sentences
 
@@ -40,7 +41,7 @@ _SUFFIXES = ("tokens.npy", "index.npy", "nsp.npy")
 __all__ = ["PretrainDataset", "ShardError", "build_shards", "train_vocab", "vocab_sha256"]
 
 
-class ShardError(ValueError):
+class ShardError(UserError):
     """A shard folder is incomplete, corrupt, or does not match its ``meta.json``."""
 
 
@@ -183,15 +184,15 @@ def build_shards(inputs: Sequence[PathLike], tokenizer_dir: PathLike, out_dir: P
     """
     inputs = [str(p) for p in inputs]
     if not inputs:
-        raise ValueError("no input files given")
+        raise UserError("no input files given")
     for p in inputs:
         if not os.path.isfile(p):
-            raise FileNotFoundError(f"{p}: no such file")
+            raise MissingFileError(f"{p}: no such file")
     if dupe_factor < 1 or docs_per_shard < 1:
-        raise ValueError(f"dupe_factor and docs_per_shard must be >= 1, got {dupe_factor} and {docs_per_shard}")
+        raise UserError(f"dupe_factor and docs_per_shard must be >= 1, got {dupe_factor} and {docs_per_shard}")
     tok = WordPieceTokenizer.from_dir(tokenizer_dir)
     if max_seq_len < 5 or max_seq_len > tok.max_length:
-        raise ValueError(f"max_seq_len must be in [5, {tok.max_length}] (the tokenizer's maximum), got {max_seq_len}")
+        raise UserError(f"max_seq_len must be in [5, {tok.max_length}] (the tokenizer's maximum), got {max_seq_len}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # meta.json goes first: from here on the folder no longer claims to be complete.
@@ -367,7 +368,7 @@ def train_vocab(files: Sequence[PathLike], vocab_size: int, out_dir: PathLike, f
     files = [str(f) for f in files]
     for f in files:
         if not os.path.isfile(f):
-            raise FileNotFoundError(f"{f}: no such file")
+            raise MissingFileError(f"{f}: no such file")
     lines = (line for doc in _iter_documents(files, format, limit_docs) for line in doc)
     tok = WordPieceTokenizer.train(lines, vocab_size=vocab_size, min_frequency=min_frequency,
                                    lowercase=lowercase, show_progress=show_progress)

@@ -24,6 +24,7 @@ from ..models.presets import BertConfig, get_preset
 from ..training import TrainConfig, Trainer, set_seed
 from .masking import IGNORE_INDEX, MaskingConfig, MLMCollator
 from .shards import PretrainDataset, vocab_sha256
+from ..core.errors import UserError
 
 __all__ = ["PretrainingModel", "training_flops_per_token", "pretrain"]
 
@@ -105,7 +106,7 @@ def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: Tra
     tokenizer = WordPieceTokenizer.from_dir(tok_dir)
     recorded = data.meta["tokenizer"].get("vocab_sha256")
     if recorded and recorded != vocab_sha256(tokenizer):
-        raise ValueError(f"{tok_dir}: not the vocabulary the shards in {shards} were built with (SHA-256 differs)")
+        raise UserError(f"{tok_dir}: not the vocabulary the shards in {shards} were built with (SHA-256 differs)")
     arch = get_preset(preset).config.replace(vocab_size=tokenizer.vocab_size, max_position=max(512, data.meta["max_seq_len"]))
     set_seed(config.seed)  # the initial weights depend on the seed alone
     model = PretrainingModel(arch)

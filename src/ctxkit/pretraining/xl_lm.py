@@ -46,9 +46,11 @@ from ..layers import causal_mask
 from ..layers.transformer import TransformerEncoder
 from ..models.transformer_xl import (TRANSFO_XL_PRESETS, AdaptiveEmbedding, TransformerXLConfig, TransformerXLLMHeadModel,
                                      TransformerXLModel)
+from ..data.errors import require_rereadable
 from ..tokenizers import read_lines
 from ..training import autocast, resolve_device
 from .bilm import _rng_state, _set_rng_state
+from ..core.errors import MissingFileError, UserError
 
 __all__ = ["EOS", "UNK", "XLTrainConfig", "build_xl_vocab", "xl_stream", "make_rows", "VanillaTransformerLM", "build_model",
            "lm_forward", "evaluate_xl_lm", "train_xl_lm", "save_xl_lm", "load_xl_lm", "main"]
@@ -63,14 +65,18 @@ def build_xl_vocab(files: Sequence[os.PathLike], max_size: Optional[int] = None)
     ``<unk>`` is appended when the text has none. ``max_size`` keeps the most frequent words
     (``<unk>`` included), the rest map to ``<unk>``."""
     counts: Counter = Counter()
+    for path in files:  # read again by the stream builder: a pipe would block the second time
+        require_rereadable(path, "building the vocabulary and then the token stream")
     for path in files:
         for line in read_lines(path):
             counts.update(line.split())
             counts[EOS] += 1
+    if not counts:  # not even an empty line: the vocabulary would lack <eos>
+        raise UserError(f"no text in {', '.join(map(str, files))}")
     vocab = sorted(counts, key=lambda w: (-counts[w], w))
     if max_size is not None:
         if max_size < 3:
-            raise ValueError(f"max_size must be at least 3 (<eos>, <unk> and a word), got {max_size}")
+            raise UserError(f"max_size must be at least 3 (<eos>, <unk> and a word), got {max_size}")
         kept = [w for w in vocab if w != UNK][: max_size - 1]
         return kept + [UNK] if EOS in kept else kept[:-1] + [EOS, UNK]
     return vocab if UNK in counts else vocab + [UNK]
@@ -79,6 +85,8 @@ def build_xl_vocab(files: Sequence[os.PathLike], max_size: Optional[int] = None)
 def xl_stream(files: Sequence[os.PathLike], vocab: Sequence[str]) -> Tensor:
     """``(n,)`` ids: each line's words then ``<eos>`` (empty lines give a lone ``<eos>``)."""
     index = {w: i for i, w in enumerate(vocab)}
+    if UNK not in index or EOS not in index:
+        raise UserError(f"the vocabulary lacks {' and '.join(t for t in (UNK, EOS) if t not in index)}")
     unk, eos = index[UNK], index[EOS]
     ids: List[int] = []
     for path in files:
@@ -86,7 +94,7 @@ def xl_stream(files: Sequence[os.PathLike], vocab: Sequence[str]) -> Tensor:
             ids.extend(index.get(w, unk) for w in line.split())
             ids.append(eos)
     if len(ids) < 2:
-        raise ValueError(f"too little text in {', '.join(map(str, files))}")
+        raise UserError(f"too little text in {', '.join(map(str, files))}")
     return torch.tensor(ids, dtype=torch.long)
 
 
@@ -98,7 +106,7 @@ def make_rows(stream: Tensor, batch_size: int, pad: bool = False) -> Tuple[Tenso
     n = len(stream) - 1  # predictions
     cols = math.ceil(n / batch_size) if pad else n // batch_size
     if cols < 1:
-        raise ValueError(f"a stream of {len(stream)} tokens is too short for {batch_size} rows")
+        raise UserError(f"a stream of {len(stream)} tokens is too short for {batch_size} rows")
     padded = torch.cat([stream, stream.new_zeros(max(0, batch_size * cols + 1 - len(stream)))])
     inputs = padded[: batch_size * cols].view(batch_size, cols)
     targets = padded[1 : batch_size * cols + 1].view(batch_size, cols)
@@ -123,7 +131,7 @@ class _VanillaBody(nn.Module):
     def forward(self, input_ids: Tensor, mems=None) -> Tuple[Tensor, None]:
         seq = input_ids.size(1)
         if seq > self.max_position:
-            raise ValueError(f"segment of {seq} tokens exceeds the {self.max_position} learned positions")
+            raise UserError(f"segment of {seq} tokens exceeds the {self.max_position} learned positions")
         h = self.drop(self.word_emb(input_ids) + self.pos_emb(torch.arange(seq, device=input_ids.device)))
         h = self.encoder(h, mask=causal_mask(seq, seq, device=input_ids.device)).last_hidden_state
         return self.drop(h), None
@@ -140,7 +148,7 @@ class VanillaTransformerLM(TransformerXLLMHeadModel):
 def build_model(kind: str, config: TransformerXLConfig, max_position: int = 0) -> TransformerXLLMHeadModel:
     """``"xl"``: :class:`TransformerXLLMHeadModel`; ``"vanilla"``: :class:`VanillaTransformerLM`."""
     if kind not in ("xl", "vanilla"):
-        raise ValueError(f"model must be 'xl' or 'vanilla', got {kind!r}")
+        raise UserError(f"model must be 'xl' or 'vanilla', got {kind!r}")
     return TransformerXLLMHeadModel(config) if kind == "xl" else VanillaTransformerLM(config, max_position or config.tgt_len)
 
 
@@ -273,13 +281,13 @@ def train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
     """
     cfg = train_cfg or XLTrainConfig()
     if not cfg.max_steps and not cfg.max_time_s:
-        raise ValueError("give max_steps or max_time_s (the schedule's length)")
+        raise UserError("give max_steps or max_time_s (the schedule's length)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     device, ckpt_path, ckpt = resolve_device(cfg.device), out / "checkpoint.pt", None
     if resume:
         if not ckpt_path.is_file():
-            raise FileNotFoundError(f"{out}: no checkpoint.pt to resume from")
+            raise MissingFileError(f"{out}: no checkpoint.pt to resume from")
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         changed = [k for k in _RESUME_FIXED if ckpt["train_config"].get(k) != getattr(cfg, k)]
         if changed:

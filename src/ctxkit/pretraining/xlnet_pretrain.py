@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from ..models.presets import XLNET_PRESETS, XLNetConfig
 from ..models.xlnet import XLNetLMHeadModel, sample_permutation_masks, save_xlnet
 from ..training import TrainConfig, Trainer, set_seed
+from ..core.errors import UserError
 
 __all__ = ["IGNORE_INDEX", "XLNetCollator", "XLNetPretrainingModel", "permutation_lm_loss", "to_xlnet_layout",
            "pretrain_xlnet", "main"]
@@ -94,7 +95,7 @@ class XLNetCollator:
 
     def __init__(self, pad_id: int, cls_id: int, sep_id: int, K: float = 6, seed: int = 0, multiple_of: int = 1):
         if K < 1:
-            raise ValueError(f"K must be >= 1, got {K}")
+            raise UserError(f"K must be >= 1, got {K}")
         self.pad_id, self.cls_id, self.sep_id, self.K = pad_id, cls_id, sep_id, K
         self.seed, self.multiple_of = seed, max(1, multiple_of)
         self.generator = torch.Generator().manual_seed(seed)
@@ -106,7 +107,7 @@ class XLNetCollator:
     def __call__(self, features: Sequence, key: Optional[Sequence[int]] = None) -> Dict[str, Tensor]:
         rows = [to_xlnet_layout(f, self.cls_id, self.sep_id) for f in features]
         if any(sum(c) == 0 for _, _, c in rows):
-            raise ValueError("an instance has no content tokens to predict")
+            raise UserError("an instance has no content tokens to predict")
         seq = max(len(ids) for ids, _, _ in rows)
         seq = -(-seq // self.multiple_of) * self.multiple_of
         batch = len(rows)
@@ -200,7 +201,7 @@ def pretrain_xlnet(data: Union[os.PathLike, str, Sequence], arch: XLNetConfig, o
     else:
         features = [f if isinstance(f, Mapping) else {"input_ids": [int(t) for t in f]} for f in data]
         if special_ids is None:
-            raise ValueError("special_ids (pad_id, cls_id, sep_id) are needed for plain sequences")
+            raise UserError("special_ids (pad_id, cls_id, sep_id) are needed for plain sequences")
         ids = dict(special_ids)
     set_seed(config.seed)  # the initial weights depend on the seed alone
     model = XLNetPretrainingModel(arch)

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Callable, Dict
 
-from .base import Task, evaluate_run, finetune, load_run, save_run_model
+from .base import Task, evaluate_run, finetune, load_run, load_task, save_run_model
+from ..core.errors import UnknownNameError
 
-__all__ = ["TASKS", "Task", "get_task", "finetune", "evaluate_run", "load_run", "save_run_model"]
+__all__ = ["TASKS", "Task", "get_task", "finetune", "evaluate_run", "load_run", "load_task", "save_run_model"]
 
 
 def _glue(name: str) -> Callable[..., Task]:
@@ -60,5 +61,5 @@ def get_task(name: str, **options) -> Task:
     """
     key = name.lower()
     if key not in TASKS:
-        raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
+        raise UnknownNameError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
     return TASKS[key](**options)

@@ -8,9 +8,32 @@ import logging
 import sys
 from dataclasses import fields
 
+from ..core.errors import UserError
+
 __all__ = ["add_commands", "add_translation_commands"]
 
 _TASK_HELP = "sst-2, cola, mrpc, sts-b, qqp, mnli, qnli, rte, wnli, table, conll2003, squad, squad2"
+
+
+def _task_options(args: argparse.Namespace) -> dict:
+    options = {}
+    if args.max_length:
+        options["max_seq_len" if args.task.startswith("squad") else "max_length"] = args.max_length
+    if args.doc_stride:
+        options["doc_stride"] = args.doc_stride
+    if args.eval_articles is not None:
+        if not args.task.lower().startswith("squad"):
+            raise UserError("--eval-articles is for SQuAD-style tasks (the article split of one file)")
+        options["eval_articles"] = args.eval_articles
+    if args.labels:
+        if args.task.lower() not in ("conll2003", "table"):
+            raise UserError("--labels is for conll2003 and table tasks (the others have a fixed label set)")
+        options["labels"] = [label.strip() for label in args.labels.split(",") if label.strip()]
+    if args.allow_unknown_tags:
+        if args.task.lower() != "conll2003":
+            raise UserError("--allow-unknown-tags is for conll2003")
+        options["unknown_tags"] = "score"
+    return options
 
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
@@ -18,43 +41,66 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     from . import finetune, get_task
 
     logging.getLogger("ctxkit").setLevel(logging.INFO)
-    options = {}
-    if args.max_length:
-        options["max_seq_len" if args.task.startswith("squad") else "max_length"] = args.max_length
-    if args.doc_stride:
-        options["doc_stride"] = args.doc_stride
-    task = get_task(args.task, **options)
+    task = get_task(args.task, **_task_options(args))
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None})
     summary = finetune(task, args.model, args.data, args.out, config, resume=args.resume,
-                       limit_train=args.limit_train, limit_eval=args.limit_eval)
+                       limit_train=args.limit_train, limit_eval=args.limit_eval, eval_data=args.eval_data)
     print(json.dumps(summary, indent=2))
+    if "stopped" in summary:  # a stop that was asked for is a success
+        print(f"ctxkit: stopped by --{summary['stopped']['reason'].replace('_', '-')} at step {summary['stopped']['step']}; "
+              f"{args.out}/best holds the best model so far; add --resume to continue", file=sys.stderr)
     return 0
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from . import evaluate_run
 
-    results = evaluate_run(args.run_dir, args.data, args.split, args.batch_size, args.device)
+    kw = {} if args.limit_eval is None else {"limit_eval": args.limit_eval}
+    if args.allow_unknown_tags:
+        kw["unknown_tags"] = "score"
+    results = evaluate_run(args.run_dir, args.data, args.split, args.batch_size, args.device, progress=args.progress, **kw)
     print(json.dumps(results, indent=2))
     return 0
 
 
-def _cmd_predict(args: argparse.Namespace) -> int:
+def _input_lines(source: str):
+    """``(line number, text)`` of the non-empty lines of a file or stdin (``-``)."""
     from ..tokenizers.wordpiece import decode_lines, read_lines
-    from . import load_run
 
+    lines = decode_lines(sys.stdin.buffer, "<stdin>") if source == "-" else read_lines(source)
+    return [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from . import load_run, load_task
+
+    # The input is checked against the task's format before any weights are loaded.
+    task, _ = load_task(args.run_dir)
+    source = "<stdin>" if args.input == "-" else args.input
+    numbered = _input_lines(args.input)
+    if not numbered:
+        raise UserError(f"{source}: no input lines to predict")
+    lines = task.clean_input(numbered, source, args.extra_columns)
     task, model, tokenizer, _ = load_run(args.run_dir, args.device)
     from ..inference.backends import with_backend
 
-    model, description = with_backend(model, args.backend, args.precision)
+    model, description = with_backend(model, args.backend, args.precision, run_dir=args.run_dir)  # auto decides once per run folder
     print(f"backend: {description}", file=sys.stderr)
-    lines = list(decode_lines(sys.stdin.buffer, "<stdin>") if args.input == "-" else read_lines(args.input))
-    lines = [line for line in lines if line.strip()]
-    if not lines:
-        raise ValueError("no input lines to predict")
     for row in task.predict_lines(model, tokenizer, lines, args.batch_size, args.device):
         print(json.dumps(row, ensure_ascii=False))
     return 0
+
+
+PREDICT_FORMATS = """\
+input, one example per line (empty lines are skipped; output line i answers the i-th non-empty line):
+  single-sentence tasks (sst-2, cola, a table without text_pair):
+          one text; a line with a tab has extra columns (e.g. a label): an error
+          naming the line, or dropped with a warning under --extra-columns drop
+  pair tasks (mrpc, sts-b, qqp, mnli, qnli, rte, wnli, a table with text_pair):
+          'text<TAB>pair', exactly two columns
+  conll2003: one sentence of raw text; entities come back with character spans
+  squad, squad2: JSON {"question": ..., "context": ...} or 'question<TAB>context'
+"""
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -81,9 +127,21 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
     p.add_argument("--max-steps", dest="max_steps", type=int, help="stop after N optimiser steps (resume later with --resume)")
     p.add_argument("--save-every", dest="save_every", type=int, help="checkpoint every N steps as well as each epoch")
+    p.add_argument("--log-every", dest="log_every", type=int, help="log the mean training loss every N steps to log.jsonl (default: 50)")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
     p.add_argument("--limit-train", type=int, help="use only the first N training examples")
-    p.add_argument("--limit-eval", type=int, help="use only the first N evaluation examples")
+    p.add_argument("--limit-eval", type=int, help="use only the first N evaluation examples (recorded; evaluate applies it too)")
+    p.add_argument("--eval-data", dest="eval_data", default=None, metavar="PATH",
+                   help="evaluation data elsewhere (a folder with the dev file; for squad a separate file, all of whose "
+                        "questions evaluate while every question of --data trains)")
+    p.add_argument("--eval-articles", dest="eval_articles", type=int, default=None, metavar="N",
+                   help="squad: the last N articles of --data evaluate, the rest train (default: the data protocol's "
+                        "first 38 articles train)")
+    p.add_argument("--labels", default=None, metavar="L1,L2,...",
+                   help="conll2003 / table: the label set (default: taken from the training file); a training tag "
+                        "outside it is an error")
+    p.add_argument("--allow-unknown-tags", dest="allow_unknown_tags", action="store_true",
+                   help="conll2003: score evaluation tags outside the label set as missed entities instead of refusing them")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="hide progress bars")
     p.set_defaults(func=_cmd_finetune)
 
@@ -92,16 +150,25 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--data", default=None, help="data folder/file (default: the one used for training)")
     p.add_argument("--split", action="append", default=None, help="split to score, repeatable (default: the task's eval splits)")
+    p.add_argument("--limit-eval", dest="limit_eval", type=int, default=None, metavar="N",
+                   help="score the first N examples of each split (default: the run's own --limit-eval, so the number "
+                        "matches results.json; 0 = all)")
+    p.add_argument("--allow-unknown-tags", dest="allow_unknown_tags", action="store_true",
+                   help="conll2003: score tags outside the model's label set as missed entities instead of refusing them")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--device", default="auto")
+    p.add_argument("--no-progress", dest="progress", action="store_false", default=True, help="hide the progress bar")
     p.set_defaults(func=_cmd_evaluate)
 
     p = sub.add_parser("predict", help="predict with a fine-tuned run, one JSON line per input line",
                        description="Read inputs (a file or stdin) and print one JSON object per line: the label for "
-                                   "classification (pairs as 'text<TAB>pair'), entities with character spans for NER, "
-                                   "the answer with its score for QA (JSON {\"question\", \"context\"} or 'question<TAB>context').")
+                                   "classification, entities with character spans for NER, the answer with its score "
+                                   "for QA. The input is checked against the task's format before the model is loaded.",
+                       epilog=PREDICT_FORMATS, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("input", nargs="?", default="-", metavar="FILE|-", help="UTF-8 input file, or - for stdin (default)")
+    p.add_argument("--extra-columns", dest="extra_columns", choices=("error", "drop"), default="error",
+                   help="a line with more tab-separated columns than the task reads: error (default) or drop them with a warning")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default="auto")
     from ..inference.backends import add_backend_arguments
@@ -133,13 +200,13 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     model, tok = load_translator(args.run_dir)
     if args.ref:
         if args.input == "-":
-            raise ValueError("--ref needs the source as a file, to check the two are line-aligned")
+            raise UserError("--ref needs the source as a file, to check the two are line-aligned")
         pairs = read_parallel(args.input, args.ref)
         sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
     else:
         sources = list(decode_lines(sys.stdin.buffer, "<stdin>") if args.input == "-" else read_lines(args.input))
     if not sources:
-        raise ValueError("no input lines to translate")
+        raise UserError("no input lines to translate")
     hyps = translate(model, tok, sources, num_beams=args.beams, batch_size=args.batch_size, device=args.device)
     sys.stdout.write("".join(h + "\n" for h in hyps))
     if args.ref:

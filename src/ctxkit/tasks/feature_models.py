@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from ..metrics import ner_f1
 from ..models.elmo import ScalarMix
 from .feature_sources import CASING_DIM, ElmoFeatures, StaticFeatures, load_bilm
+from ..core.errors import UserError
 
 __all__ = ["StaticFeatures", "ElmoFeatures", "FeatureTagger", "FeatureSentenceClassifier", "collate_features",
            "length_batches", "predict_tags", "predict_classes", "train_feature_tagger", "train_feature_classifier",
@@ -163,7 +164,7 @@ def _fit(model: nn.Module, features: Sequence[Tensor], loss_fn: Callable[[Tensor
     """Adam over length-grouped batches, ``evaluate() -> (score, metrics)`` after each epoch;
     keeps (on the CPU) the weights of the best-scoring epoch."""
     if epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {epochs}")
+        raise UserError(f"epochs must be >= 1, got {epochs}")
     rng = np.random.default_rng(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     lengths = [f.shape[1] for f in features]
@@ -204,10 +205,10 @@ def _common(run: dict, model: nn.Module, selection: str) -> dict:
 
 def _check(split: str, features: Sequence[Tensor], targets: Sequence, per_word: bool) -> None:
     if len(features) != len(targets):
-        raise ValueError(f"{split}: {len(features)} feature tensors for {len(targets)} targets")
+        raise UserError(f"{split}: {len(features)} feature tensors for {len(targets)} targets")
     bad = next((i for i, (f, t) in enumerate(zip(features, targets)) if per_word and f.shape[1] != len(t)), None)
     if bad is not None:
-        raise ValueError(f"{split}: sentence {bad} has {features[bad].shape[1]} feature rows for {len(targets[bad])} tags")
+        raise UserError(f"{split}: sentence {bad} has {features[bad].shape[1]} feature rows for {len(targets[bad])} tags")
 
 
 def train_feature_tagger(features_train: Sequence[Tensor], tags_train: Sequence[Sequence[str]], features_dev: Sequence[Tensor],
@@ -241,7 +242,7 @@ def train_feature_tagger(features_train: Sequence[Tensor], tags_train: Sequence[
     label_to_id = {label: i for i, label in enumerate(label_list)}
     unknown = sorted({t for s in tags_train for t in s if t not in label_to_id})
     if unknown:
-        raise ValueError(f"training tags not in label_list: {unknown}")
+        raise UserError(f"training tags not in label_list: {unknown}")
     torch.manual_seed(seed)
     model = FeatureTagger(features_train[0].shape[0], features_train[0].shape[2], len(label_list), hidden, lstm_layers,
                           dropout, layer_norm).to(device)

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from ..checkpoint import WEIGHT_FILES, load_state_dict_strict
 from ..models.elmo import ElmoBiLM, elmo_embed
 from ..models.static import WordVectors
+from ..core.errors import MissingFileError, UserError
 
 __all__ = ["StaticFeatures", "ElmoFeatures", "load_bilm", "CASING_DIM"]
 
@@ -148,14 +149,14 @@ def load_bilm(path: os.PathLike) -> Tuple[ElmoBiLM, dict]:
         if (p / "options.json").is_file() and (p / "weights.hdf5").is_file():
             return load_bilm_tf(p / "options.json", p / "weights.hdf5"), {"source": str(p), "format": "bilm-tf options + hdf5"}
         if not (p / "checkpoint.pt").is_file():
-            raise FileNotFoundError(f"{p}: no biLM here (looked for final/, options.json + vocab.txt + weights, "
+            raise MissingFileError(f"{p}: no biLM here (looked for final/, options.json + vocab.txt + weights, "
                                     "options.json + weights.hdf5, checkpoint.pt)")
         p = p / "checkpoint.pt"
     if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such biLM folder or checkpoint file")
+        raise MissingFileError(f"{p}: no such biLM folder or checkpoint file")
     blob = torch.load(p, map_location="cpu", weights_only=True)
     if not isinstance(blob, dict) or "model" not in blob or "model_config" not in blob:
-        raise ValueError(f"{p}: not a train_bilm checkpoint (no 'model' and 'model_config')")
+        raise UserError(f"{p}: not a train_bilm checkpoint (no 'model' and 'model_config')")
     bilm = ElmoBiLM(config_from_options(blob["model_config"], str(p)))
     # The checkpoint holds the whole LM; the softmax plays no part in the features.
     load_state_dict_strict(bilm, {k[5:]: v for k, v in blob["model"].items() if k.startswith("bilm.")}, source=str(p))

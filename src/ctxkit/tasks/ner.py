@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from collections import Counter
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from torch import nn
 
@@ -20,6 +21,7 @@ from ..data.conll import (
 from ..heads.classification import EncoderWithHead, TokenClassificationHead
 from ..metrics import ner_f1
 from ..training import predict
+from ..core.errors import UserError
 from .base import Task
 
 __all__ = ["ConllNerTask"]
@@ -27,6 +29,7 @@ __all__ = ["ConllNerTask"]
 logger = logging.getLogger("ctxkit")
 
 _FILES = {"train": "train.txt", "dev": "valid.txt", "valid": "valid.txt", "test": "test.txt"}
+UNKNOWN_TAGS = ("error", "score")
 
 
 class ConllNerTask(Task):
@@ -36,6 +39,9 @@ class ConllNerTask(Task):
         labels: BIO tag set (taken from the training file when None).
         max_length: sub-word tokens per sentence; words past it are predicted ``O`` and
             counted in the metrics as ``truncated_words``.
+        unknown_tags: what evaluation does with a gold tag outside the label set: "error"
+            (a :class:`UserError` naming ``file:line`` before any work) or "score" (counted
+            as an entity no prediction can match).
     """
 
     name = "conll2003"
@@ -46,22 +52,56 @@ class ConllNerTask(Task):
     # (benchmarks/results/finetune_vs_hf.json), so batches are plainly shuffled.
     group_factor = 0
 
-    def __init__(self, labels: Optional[Sequence[str]] = None, max_length: int = 256):
+    def __init__(self, labels: Optional[Sequence[str]] = None, max_length: int = 256, unknown_tags: str = "error"):
+        if unknown_tags not in UNKNOWN_TAGS:
+            raise UserError(f"unknown_tags must be one of {', '.join(UNKNOWN_TAGS)}, got {unknown_tags!r}")
         self.labels = list(labels) if labels is not None else None
+        self.fixed_labels = labels is not None  # given by the user: the training file must keep to them
         self.max_length = max_length
+        self.unknown_tags = unknown_tags
 
     def options(self) -> dict:
         return {"labels": self.labels, "max_length": self.max_length}
 
-    def load(self, data: os.PathLike, split: str) -> list:
+    def describe_split(self, data: os.PathLike, split: str) -> str:
         path = Path(data)
-        if path.is_dir():
-            path = path / _FILES.get(split, f"{split}.txt")
-        return read_conll(path)
+        return str(path / _FILES.get(split, f"{split}.txt")) if path.is_dir() else str(path)
+
+    def load(self, data: os.PathLike, split: str) -> list:
+        return read_conll(self.describe_split(data, split))
 
     def prepare(self, train_examples: list) -> None:
         if self.labels is None:
             self.labels = label_list(train_examples)
+
+    def check(self, examples: list, source: str, training: bool) -> None:
+        """Entity types the label set does not hold, before any training.
+
+        Training data: with a label set given by the user, a tag outside it is an error;
+        otherwise rare types and types that look like a variant of another (``ORGANISATION``
+        beside ``ORG``) are warned about with ``file:line`` and counts, since each becomes a
+        class of its own. Evaluation data: a tag the model cannot predict is an error unless
+        ``unknown_tags="score"`` (it then counts as a gold entity no prediction can match).
+        """
+        stats = _type_stats(examples, source)
+        if training and not self.fixed_labels:
+            for kind, message in _suspicious_types(stats):
+                logger.warning("%s: entity type %r: %s; it becomes a class of its own (fix the file, or pass the tag set "
+                               "with --labels to refuse it)", stats[kind][1], kind, message)
+            return
+        known = set(self.labels or ())
+        tags = _tag_stats(examples, source)
+        unknown = sorted(t for t in tags if t not in known)
+        if not unknown or self.unknown_tags == "score":
+            if unknown:
+                logger.warning("%s: %d tag(s) the model cannot predict, scored as missed entities: %s", source, len(unknown),
+                               ", ".join(unknown))
+            return
+        listed = "; ".join(f"{t} x{tags[t][0]} (first at {tags[t][1]})" for t in unknown[:10])
+        what = "the label set given with --labels" if training else "the model's label set"
+        hint = "fix the file or --labels" if training else "fix the file, or pass --allow-unknown-tags to score them as missed entities"
+        raise UserError(f"{tags[unknown[0]][1]}: {len(unknown)} tag(s) outside {what} ({', '.join(self.labels or [])}): "
+                        f"{listed}; {hint}")
 
     def build_model(self, encoder: nn.Module) -> nn.Module:
         return EncoderWithHead(encoder, TokenClassificationHead(encoder.config.hidden_size, len(self.labels), encoder.config.dropout))
@@ -99,6 +139,9 @@ class ConllNerTask(Task):
         metrics["truncated_words"] = truncated
         return metrics, tags
 
+    def input_format(self) -> str:
+        return "one sentence of raw text per line (split into words like CoNLL; tabs count as spaces)"
+
     def predict_lines(self, model, tokenizer, lines, batch_size=64, device="auto") -> List[dict]:
         # Words with character spans from BERT's own pre-tokenizer (punctuation split off),
         # which is close to CoNLL's tokenisation.
@@ -110,6 +153,59 @@ class ConllNerTask(Task):
         for line, ws, sentence_tags in zip(lines, words_spans, tags):
             rows.append({"text": line, "entities": _entities(line, [span for _, span in ws], sentence_tags)})
         return rows
+
+
+def _word_line(sentence: TaggedSentence, j: int, source: str) -> str:
+    """``file:line`` of word ``j`` (CoNLL sentences are runs of consecutive token lines;
+    the sentence's guid holds its first line)."""
+    _, _, line = sentence.guid.rpartition(":")
+    return f"{source}:{int(line) + j}" if line.isdigit() else f"{source} ({sentence.guid})"
+
+
+def _tag_stats(examples: Sequence[TaggedSentence], source: str) -> Dict[str, Tuple[int, str]]:
+    """tag -> (count, file:line of its first occurrence)."""
+    counts: Counter = Counter()
+    first: Dict[str, str] = {}
+    for sentence in examples:
+        for j, tag in enumerate(sentence.tags):
+            counts[tag] += 1
+            if tag not in first:
+                first[tag] = _word_line(sentence, j, source)
+    return {t: (counts[t], first[t]) for t in counts}
+
+
+def _type_stats(examples: Sequence[TaggedSentence], source: str) -> Dict[str, Tuple[int, str]]:
+    """entity type -> (number of entities, file:line of the first), counted at ``B-`` tags."""
+    counts: Counter = Counter()
+    first: Dict[str, str] = {}
+    for sentence in examples:
+        for j, tag in enumerate(sentence.tags):
+            if tag.startswith("B-"):
+                counts[tag[2:]] += 1
+                first.setdefault(tag[2:], _word_line(sentence, j, source))
+    return {t: (counts[t], first[t]) for t in counts}
+
+
+# A type this rare next to the others (share of all entities) is more likely a typo than a class.
+RARE_SHARE = 0.001
+RARE_COUNT = 3
+
+
+def _suspicious_types(stats: Dict[str, Tuple[int, str]]) -> List[Tuple[str, str]]:
+    """(type, why) for types that look like mistakes: rare ones, and near-copies of a more frequent type."""
+    import difflib
+
+    total = sum(c for c, _ in stats.values())
+    out = []
+    for kind, (count, _) in sorted(stats.items()):
+        others = [k for k in stats if k != kind and stats[k][0] > count]
+        similar = [k for k in others if k.startswith(kind) or kind.startswith(k)] or difflib.get_close_matches(kind, others, n=1, cutoff=0.6)
+        if similar:
+            near = similar[0]
+            out.append((kind, f"{count} entit{'y' if count == 1 else 'ies'}, close to {near!r} ({stats[near][0]}): a typo?"))
+        elif total >= 100 and (count <= RARE_COUNT or count < RARE_SHARE * total):
+            out.append((kind, f"only {count} of {total} entities"))
+    return out
 
 
 def _entities(text: str, spans: List[tuple], tags: List[str]) -> List[Dict]:

@@ -22,6 +22,7 @@ from ..heads.span import SpanQAModel
 from ..metrics import squad_v1, squad_v2
 from ..training import predict
 from .base import Task
+from ..core.errors import MissingFileError, UserError
 
 __all__ = ["SquadTask", "split_articles_in_order"]
 
@@ -35,7 +36,7 @@ def split_articles_in_order(examples: List, train_articles: int):
     for e in examples:
         if not titles or titles[-1] != e.title:
             if e.title in titles:
-                raise ValueError(f"article {e.title!r} is not contiguous in the file")
+                raise UserError(f"article {e.title!r} is not contiguous in the file")
             titles.append(e.title)
     train_titles = set(titles[:train_articles])
     return [e for e in examples if e.title in train_titles], [e for e in examples if e.title not in train_titles]
@@ -52,24 +53,48 @@ class SquadTask(Task):
         n_best: candidate starts/ends per window.
         max_answer_len: longest answer in tokens.
         null_threshold: SQuAD 2.0: answer "" when null score - best span score exceeds it.
-        train_articles: articles (in file order) used for training.
+        train_articles: articles (in file order) used for training (default: the data
+            protocol's 38 of SQuAD v1.1 dev, 12 of the v2.0 file).
+        eval_articles: instead, the last N articles evaluate and all before them train
+            (for your own file); a separate evaluation file is ``finetune(eval_data=...)``.
     """
 
     main_metric = "f1"
     eval_splits = ("dev",)
+    splits_one_file = True
 
     def __init__(self, version: int = 1, max_seq_len: int = 384, doc_stride: int = 128, max_query_len: int = 64,
-                 n_best: int = 20, max_answer_len: int = 30, null_threshold: float = 0.0, train_articles: Optional[int] = None):
+                 n_best: int = 20, max_answer_len: int = 30, null_threshold: float = 0.0, train_articles: Optional[int] = None,
+                 eval_articles: Optional[int] = None):
         if version not in (1, 2):
-            raise ValueError(f"SQuAD version must be 1 or 2, got {version}")
+            raise UserError(f"SQuAD version must be 1 or 2, got {version}")
         self.version = version
         self.name = "squad" if version == 1 else "squad2"
         self.max_seq_len, self.doc_stride, self.max_query_len = max_seq_len, doc_stride, max_query_len
         self.n_best, self.max_answer_len, self.null_threshold = n_best, max_answer_len, null_threshold
-        self.train_articles = _TRAIN_ARTICLES[version] if train_articles is None else train_articles
+        if train_articles is not None and eval_articles is not None:
+            raise UserError("give train_articles or eval_articles, not both")
+        for name, value in (("train_articles", train_articles), ("eval_articles", eval_articles)):
+            if value is not None and value < 1:
+                raise UserError(f"{name} must be >= 1, got {value}")
+        self.eval_articles = eval_articles
+        self.train_articles = _TRAIN_ARTICLES[version] if train_articles is None and eval_articles is None else train_articles
 
     def options(self) -> dict:
-        return {k: getattr(self, k) for k in ("version", "max_seq_len", "doc_stride", "max_query_len", "n_best", "max_answer_len", "null_threshold", "train_articles")}
+        keys = ("version", "max_seq_len", "doc_stride", "max_query_len", "n_best", "max_answer_len", "null_threshold",
+                "train_articles", "eval_articles")
+        return {k: getattr(self, k) for k in keys}
+
+    def describe_split(self, data: os.PathLike, split: str) -> str:
+        try:
+            path = self._file(data)
+        except FileNotFoundError:
+            return f"{data} ({split})"
+        if split == "all":
+            return str(path)
+        if self.eval_articles is not None:
+            return f"{path} ({split}: {'all but ' if split == 'train' else ''}the last {self.eval_articles} articles)"
+        return f"{path} ({split}: {'the first' if split == 'train' else 'the articles after the first'} {self.train_articles} articles)"
 
     def _file(self, data: os.PathLike) -> Path:
         data = Path(data)
@@ -78,18 +103,25 @@ class SquadTask(Task):
         for name in _FILES[self.version]:
             if (data / name).is_file():
                 return data / name
-        raise FileNotFoundError(f"{data}: none of {', '.join(_FILES[self.version])}")
+        raise MissingFileError(f"{data}: none of {', '.join(_FILES[self.version])}")
 
     def load(self, data: os.PathLike, split: str) -> list:
         examples = read_squad(self._file(data))
         if split == "all":
             return list(examples)
-        train, dev = split_articles_in_order(examples, self.train_articles)
-        if split == "train":
-            return train
-        if split == "dev":
-            return dev
-        raise ValueError(f"unknown split {split!r} for {self.name}: use train, dev or all")
+        if split not in ("train", "dev"):
+            raise UserError(f"unknown split {split!r} for {self.name}: use train, dev or all")
+        n_articles = len(dict.fromkeys(e.title for e in examples))
+        n_train = n_articles - self.eval_articles if self.eval_articles is not None else self.train_articles
+        train, dev = split_articles_in_order(examples, max(n_train, 0))
+        chosen = train if split == "train" else dev
+        if not chosen and examples:
+            how = (f"--eval-articles {self.eval_articles} leaves none to train on" if self.eval_articles is not None and split == "train"
+                   else f"the article split trains on the first {n_train} and leaves none to evaluate" if split == "dev"
+                   else f"the article split trains on the first {n_train}")
+            raise UserError(f"{self._file(data)}: {n_articles} articles; {how}: pass --eval-articles N (the last N articles "
+                            "evaluate) or --eval-data FILE (a separate evaluation file)")
+        return chosen
 
     def build_model(self, encoder: nn.Module) -> nn.Module:
         return SpanQAModel(encoder)
@@ -116,6 +148,22 @@ class SquadTask(Task):
         # margins) only feed the official best-threshold search.
         return squad_v2(texts, examples, na_probs=na, na_prob_thresh=float("inf")), preds
 
+    def input_format(self) -> str:
+        return 'JSON {"question": ..., "context": ...}, or \'question<TAB>context\''
+
+    def clean_input(self, lines, source, extra_columns="error") -> List[str]:
+        for number, text in lines:
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError:
+                record = None
+            if isinstance(record, dict):
+                if not all(isinstance(record.get(k), str) for k in ("question", "context")):
+                    raise UserError(f"{source}:{number}: a JSON input needs string fields \"question\" and \"context\"")
+            elif "\t" not in text:
+                raise UserError(f"{source}:{number}: expected {self.input_format()}")
+        return [text for _, text in lines]
+
     def predict_lines(self, model, tokenizer, lines, batch_size=64, device="auto") -> List[dict]:
         examples = []
         for i, line in enumerate(lines):
@@ -125,7 +173,7 @@ class SquadTask(Task):
             except (json.JSONDecodeError, KeyError, TypeError):
                 question, sep, context = line.partition("\t")
                 if not sep:
-                    raise ValueError(f"input line {i + 1}: expected JSON {{\"question\", \"context\"}} or 'question<TAB>context'") from None
+                    raise UserError(f"input line {i + 1}: expected JSON {{\"question\", \"context\"}} or 'question<TAB>context'") from None
             examples.append(QAExample(f"q{i}", "", question, context, [], False))
         preds = self._answer(model, tokenizer, examples, batch_size, device)
         return [

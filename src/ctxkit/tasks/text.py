@@ -3,6 +3,7 @@ CSV/TSV/JSONL files. The [CLS] vector feeds a dense layer."""
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -14,9 +15,12 @@ from ..data.glue import get_glue_task, read_glue, read_table
 from ..heads.classification import EncoderWithHead, SequenceClassificationHead
 from ..metrics import glue_metrics
 from ..training import predict
+from ..core.errors import MissingFileError, UserError
 from .base import Task
 
 __all__ = ["GlueClassificationTask", "TableClassificationTask"]
+
+logger = logging.getLogger("ctxkit")
 
 
 class _TextTask(Task):
@@ -53,6 +57,34 @@ class _TextTask(Task):
         preds = out if self.is_regression else out.argmax(-1)
         gold = np.array([e.label for e in examples])
         return glue_metrics(self.metrics, preds, gold), preds
+
+    # Whether examples are sentence pairs (None: unknown, a run folder from before this was recorded).
+    pair: Optional[bool] = None
+
+    def input_format(self) -> str:
+        if self.pair is None:
+            return "a text, or a pair as 'text<TAB>pair'"
+        return "a pair as 'text<TAB>pair' (two tab-separated columns)" if self.pair else "one text (a single column; no tabs)"
+
+    def clean_input(self, lines, source, extra_columns="error") -> List[str]:
+        if self.pair is None:
+            return [text for _, text in lines]
+        want = 2 if self.pair else 1
+        out, dropped = [], 0
+        for number, text in lines:
+            columns = text.split("\t")
+            if len(columns) < want:
+                raise UserError(f"{source}:{number}: one column, but {self.name} classifies sentence pairs: write 'text<TAB>pair'")
+            if len(columns) > want:
+                if extra_columns != "drop":
+                    raise UserError(f"{source}:{number}: {len(columns)} tab-separated columns, but {self.name} reads "
+                                    f"{self.input_format()}; a label column must not be given to predict "
+                                    "(remove it, or pass --extra-columns drop)")
+                columns, dropped = columns[:want], dropped + 1
+            out.append("\t".join(columns))
+        if dropped:
+            logger.warning("%s: dropped the columns after column %d on %d line(s) (--extra-columns drop)", source, want, dropped)
+        return out
 
     def predict_lines(self, model, tokenizer, lines, batch_size=64, device="auto") -> List[dict]:
         from ..data.glue import TextExample
@@ -100,6 +132,11 @@ class GlueClassificationTask(_TextTask):
         self.main_metric = {"mcc": "mcc", "pearson": "corr", "f1": "f1"}.get(spec.metrics[0], spec.metrics[0])
         self.eval_splits = spec.dev_splits
         self.max_length = max_length
+        self.pair = spec.pair_column is not None
+
+    def describe_split(self, data: os.PathLike, split: str) -> str:
+        files = self.spec.files
+        return str(Path(data) / files[split]) if split in files and Path(data).is_dir() else f"{data} ({split} split)"
 
     def options(self) -> dict:
         return {"max_length": self.max_length}
@@ -121,10 +158,12 @@ class TableClassificationTask(_TextTask):
 
     name = "table"
 
-    def __init__(self, labels: Optional[Sequence[str]] = None, regression: Optional[bool] = None, max_length: int = 128):
+    def __init__(self, labels: Optional[Sequence[str]] = None, regression: Optional[bool] = None, max_length: int = 128,
+                 pair: Optional[bool] = None):
         self.labels = list(labels) if labels is not None else None
         self.regression = regression
         self.max_length = max_length
+        self.pair = pair
 
     @property
     def metrics(self) -> Tuple[str, ...]:  # type: ignore[override]
@@ -135,18 +174,26 @@ class TableClassificationTask(_TextTask):
         return "corr" if self.is_regression else "accuracy"
 
     def options(self) -> dict:
-        return {"labels": self.labels, "regression": self.is_regression, "max_length": self.max_length}
+        return {"labels": self.labels, "regression": self.is_regression, "max_length": self.max_length, "pair": self.pair}
+
+    def describe_split(self, data: os.PathLike, split: str) -> str:
+        try:
+            return str(self._file(data, split))
+        except FileNotFoundError:
+            return f"{data} ({split} split)"
 
     def _file(self, data: os.PathLike, split: str) -> Path:
         data = Path(data)
         for ext in (".csv", ".tsv", ".jsonl"):
             if (data / f"{split}{ext}").is_file():
                 return data / f"{split}{ext}"
-        raise FileNotFoundError(f"{data}: no {split}.csv, {split}.tsv or {split}.jsonl")
+        raise MissingFileError(f"{data}: no {split}.csv, {split}.tsv or {split}.jsonl")
 
     def load(self, data: os.PathLike, split: str) -> list:
         result = read_table(self._file(data, split), labels=self.labels)
         if self.labels is None and self.regression is None:
             self.labels = result.labels
             self.regression = result.is_regression
+        if self.pair is None and len(result):
+            self.pair = result[0].text_pair is not None
         return result

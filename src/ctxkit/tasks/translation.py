@@ -20,6 +20,7 @@ from ..models.presets import RNN_SEQ2SEQ_PRESETS, SEQ2SEQ_PRESETS
 from ..models.seq2seq import RNNSeq2Seq, TransformerSeq2Seq, load_seq2seq, save_seq2seq
 from ..tokenizers import ByteLevelBPETokenizer, read_lines
 from ..training import TrainConfig, Trainer, resolve_device, set_seed
+from ..core.errors import UnknownNameError, UserError
 
 __all__ = ["read_parallel", "train_translation", "translate", "alignment", "load_translator", "bleu", "SPECIALS"]
 
@@ -36,12 +37,12 @@ def read_parallel(src_path: os.PathLike, tgt_path: os.PathLike) -> List[Tuple[st
     """
     src, tgt = list(read_lines(src_path)), list(read_lines(tgt_path))
     if len(src) != len(tgt):
-        raise ValueError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: not a parallel pair of files")
+        raise UserError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: not a parallel pair of files")
     pairs = []
     for lineno, (s, t) in enumerate(zip(src, tgt), 1):
         s, t = s.strip(), t.strip()
         if bool(s) != bool(t):
-            raise ValueError(f"{src_path if not s else tgt_path}:{lineno}: empty line where the other side has text")
+            raise UserError(f"{src_path if not s else tgt_path}:{lineno}: empty line where the other side has text")
         if s:
             pairs.append((s, t))
     return pairs
@@ -164,7 +165,7 @@ def train_translation(train: Tuple[os.PathLike, os.PathLike], valid: Tuple[os.Pa
     """
     presets = {**SEQ2SEQ_PRESETS, **RNN_SEQ2SEQ_PRESETS}
     if preset not in presets:
-        raise KeyError(f"unknown translation preset {preset!r}; known: {', '.join(presets)}")
+        raise UnknownNameError(f"unknown translation preset {preset!r}; known: {', '.join(presets)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     train_pairs, valid_pairs = read_parallel(*train), read_parallel(*valid)

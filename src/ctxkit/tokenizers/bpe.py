@@ -15,12 +15,28 @@ from typing import Iterable, List, Optional, Sequence, Union
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from .wordpiece import _text_batches
+from .wordpiece import (_check_text, _raise_unencodable, _text_batches, decode_lines, load_tokenizer_json,
+                        read_json_object)
+from ..core.errors import MissingFileError, UserError
+from ..data.errors import check_input, open_input
 
 __all__ = ["ByteLevelBPETokenizer", "END_OF_TEXT"]
 
 END_OF_TEXT = "<|endoftext|>"
 PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _read_vocab(path: Path) -> dict:
+    """``vocab.json`` as ``{token: id}``; every way it can be malformed is named with the file."""
+    vocab = read_json_object(path)
+    seen: dict = {}
+    for token, i in vocab.items():
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 2**32:
+            raise UserError(f"{path}: the id of {token!r} must be an integer in [0, 2**32), got {str(i)[:40]}")
+        if i in seen:
+            raise UserError(f"{path}: {token!r} and {seen[i]!r} have the same id {i}")
+        seen[i] = token
+    return vocab
 
 
 def _build(model: models.BPE) -> Tokenizer:
@@ -44,7 +60,7 @@ class ByteLevelBPETokenizer:
         self.max_length = max_length
         eot = tokenizer.token_to_id(END_OF_TEXT)
         if eot is None:
-            raise ValueError(f"the vocabulary has no {END_OF_TEXT} token")
+            raise UserError(f"the vocabulary has no {END_OF_TEXT} token")
         self.eos_id = eot  # GPT-2 uses <|endoftext|> as BOS, EOS and padding
 
     @classmethod
@@ -52,25 +68,33 @@ class ByteLevelBPETokenizer:
         """Load GPT-2's ``vocab.json`` and ``merges.txt``.
 
         Raises:
-            FileNotFoundError: a file is missing.
-            ValueError: malformed files, named with the line.
+            FileNotFoundError: a file is missing (a :class:`~ctxkit.core.errors.MissingFileError`).
+            UserError: (a ``ValueError``) malformed files, named with the line: invalid UTF-8
+                or JSON, a vocabulary that is not ``{token: id}`` with distinct ids, a merge
+                that is not two tokens or whose tokens are not in the vocabulary.
         """
         vocab_json, merges_txt = Path(vocab_json), Path(merges_txt)
         for path in (vocab_json, merges_txt):
-            if not path.is_file():
-                raise FileNotFoundError(f"{path}: not found (a byte-level BPE tokenizer needs vocab.json and merges.txt)")
-        try:
-            vocab = json.loads(vocab_json.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{vocab_json}:{err.lineno}:{err.colno}: malformed JSON: {err.msg}") from None
+            try:
+                check_input(path)
+            except MissingFileError:
+                raise MissingFileError(f"{path}: not found (a byte-level BPE tokenizer needs vocab.json "
+                                       f"and merges.txt)") from None
+        vocab = _read_vocab(vocab_json)
         merges = []
-        for lineno, line in enumerate(merges_txt.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip() or (lineno == 1 and line.startswith("#version")):
-                continue
-            parts = line.split(" ")
-            if len(parts) != 2:
-                raise ValueError(f"{merges_txt}:{lineno}: expected two space-separated tokens, got {line!r}")
-            merges.append((parts[0], parts[1]))
+        with open_input(merges_txt) as fh:
+            for lineno, line in enumerate(decode_lines(fh, str(merges_txt)), 1):
+                if not line.strip() or (lineno == 1 and line.startswith("#version")):
+                    continue
+                parts = line.split(" ")
+                if len(parts) != 2 or not all(parts):
+                    raise UserError(f"{merges_txt}:{lineno}: expected two space-separated tokens, got {line!r}")
+                # tokenizers panics (or fails without a line number) on a merge outside the vocabulary.
+                missing = [t for t in (parts[0], parts[1], parts[0] + parts[1]) if t not in vocab]
+                if missing:
+                    raise UserError(f"{merges_txt}:{lineno}: the merge {line!r} needs {missing[0]!r}, "
+                                    f"which {vocab_json} lacks")
+                merges.append((parts[0], parts[1]))
         return cls(_build(models.BPE(vocab=vocab, merges=merges)), max_length)
 
     @classmethod
@@ -80,9 +104,15 @@ class ByteLevelBPETokenizer:
         path = Path(path)
         max_length = 1024
         if (path / "config.json").is_file():
-            max_length = json.loads((path / "config.json").read_text(encoding="utf-8")).get("n_positions", max_length)
+            max_length = read_json_object(path / "config.json").get("n_positions", max_length)
         if (path / "tokenizer.json").is_file():
-            return cls(Tokenizer.from_file(str(path / "tokenizer.json")), max_length)
+            file = path / "tokenizer.json"
+            try:
+                return cls(load_tokenizer_json(file), max_length)
+            except UserError as exc:
+                if str(exc).startswith(str(file)):
+                    raise
+                raise UserError(f"{file}: {exc}") from None  # e.g. no <|endoftext|> token
         return cls.from_files(path / "vocab.json", path / "merges.txt", max_length)
 
     @classmethod
@@ -122,14 +152,36 @@ class ByteLevelBPETokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> List[int]:
-        """Token ids of ``text`` (no special tokens added)."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be str, got {type(text).__name__}")
-        return self._tok.encode(text).ids
+        """Token ids of ``text`` (no special tokens added).
+
+        Raises:
+            TypeError: ``text`` is not a str.
+            ValueError: ``text`` holds a lone surrogate (it is not valid Unicode).
+        """
+        _check_text(text, "text")
+        try:
+            return self._tok.encode(text).ids
+        except TypeError:  # what tokenizers raises for a str it cannot encode as UTF-8
+            _raise_unencodable([text], 1)
+            raise
 
     def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
-        """Token ids of each text."""
-        return [e.ids for e in self._tok.encode_batch(list(texts))]
+        """Token ids of each text.
+
+        Raises:
+            TypeError: ``texts`` is not a list/tuple of str (a bare str is refused), naming the index.
+            ValueError: A text holds a lone surrogate, naming its index.
+        """
+        if isinstance(texts, str) or not isinstance(texts, Sequence):
+            raise TypeError(f"texts must be a list/tuple of str, got {type(texts).__name__}")
+        texts = list(texts)
+        for i, t in enumerate(texts):
+            _check_text(t, f"texts[{i}]")
+        try:
+            return [e.ids for e in self._tok.encode_batch(texts)]
+        except TypeError:
+            _raise_unencodable(texts, len(texts))
+            raise
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids`` (bytes that do not form complete UTF-8 characters become U+FFFD)."""

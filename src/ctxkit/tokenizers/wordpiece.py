@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import lzma
 import os
 import threading
 from dataclasses import dataclass
@@ -26,6 +25,10 @@ from tokenizers import (
 )
 from tokenizers.models import WordPiece
 
+from ..core.errors import MissingFileError, UserError
+from ..data.errors import DataError, check_input, open_input, require_rereadable
+from ..data.errors import raw_lines as _file_lines
+
 PathLike = Union[str, os.PathLike]
 PAD, UNK, CLS, SEP, MASK = SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 TRUNCATION_STRATEGIES = ("longest_first", "only_first", "only_second")
@@ -36,42 +39,75 @@ _NO_LIMIT_SENTINEL = 10**12
 
 
 def read_lines(path: PathLike) -> Iterator[str]:
-    """Yield the lines of a UTF-8 text file, optionally ``.xz`` compressed.
+    """Yield the lines of a UTF-8 text file, optionally ``.xz`` or ``.gz`` compressed.
 
     Lines are decoded one at a time from bytes so a bad byte is reported with its
     file and line, not as a bare ``UnicodeDecodeError``. A leading UTF-8 BOM (some
-    GLUE files have one) and the line terminators are dropped.
+    GLUE files have one) and the line terminators are dropped. The file is read once,
+    so a FIFO or a ``<(...)`` process substitution works too.
 
     Args:
-        path: File to read; a name ending in ``.xz`` is decompressed on the fly.
+        path: File to read; a name ending in ``.xz`` / ``.gz`` is decompressed on the fly.
 
     Yields:
         Each line without ``\\n`` / ``\\r\\n``.
 
     Raises:
-        ValueError: ``"{path}:{line_no}: invalid UTF-8 ..."``, when that line is reached.
+        DataError: (a ``ValueError``) ``"{path}:{line_no}: invalid UTF-8 ..."`` or
+            ``"{path}:{line_no}: corrupt xz data ..."``, when that line is reached.
+        MissingFileError: (a ``FileNotFoundError``) ``"{path}: no such file"``.
+        UserError: ``path`` is a directory or cannot be read.
     """
-    opener = lzma.open if str(path).endswith(".xz") else open
-    with opener(path, "rb") as fh:
-        yield from decode_lines(fh, str(path))
+    yield from decode_lines(_file_lines(path), str(path))
+
+
+def read_json_object(path: PathLike) -> dict:
+    """A small JSON settings file (``tokenizer_config.json``, ``config.json``) as a dict.
+
+    Raises:
+        UserError: ``PATH:LINE:COL: malformed JSON: ...``, invalid UTF-8, or not an object.
+    """
+    with open_input(path) as fh:
+        data = fh.read()
+    try:
+        value = json.loads(data.decode("utf-8-sig"))
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise UserError(f"{path}:{line}: invalid UTF-8 ({err.reason})") from None
+    except json.JSONDecodeError as err:
+        raise UserError(f"{path}:{err.lineno}:{err.colno}: malformed JSON: {err.msg}") from None
+    except (RecursionError, ValueError) as err:  # nested too deeply; an integer with too many digits
+        raise UserError(f"{path}: malformed JSON: {str(err).split(';')[0]}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def load_tokenizer_json(path: PathLike) -> Tokenizer:
+    """``tokenizers.Tokenizer.from_file`` whose failures name the file (a ``UserError``)."""
+    read_json_object(path)  # JSON problems with line and column
+    try:
+        return Tokenizer.from_file(os.fspath(path))
+    except Exception as exc:  # tokenizers raises a bare Exception on a bad layout
+        raise UserError(f"{path}: not a tokenizers file ({str(exc)[:200]})") from None
 
 
 def decode_lines(raw_lines: Iterable[bytes], name: str) -> Iterator[str]:
     """Decode byte lines as UTF-8 (BOM and line ends dropped), naming ``name:LINE`` on bad bytes.
 
     Raises:
-        ValueError: ``"{name}:{line_no}: invalid UTF-8 ..."``, when that line is reached.
+        DataError: (a ``ValueError``) ``"{name}:{line_no}: invalid UTF-8 ..."``, when that line is reached.
     """
     for line_no, raw in enumerate(raw_lines, start=1):
         if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
+            if not raw:  # a file holding only a BOM is empty, not one empty line
+                return
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ValueError(
-                f"{name}:{line_no}: invalid UTF-8 at byte {exc.start} of the line "
-                f"({raw[exc.start:exc.start + 4]!r}): {exc.reason}"
-            ) from None
+            raise DataError(name, line_no, f"invalid UTF-8 at byte {exc.start} of the line "
+                                           f"({raw[exc.start:exc.start + 4]!r})", exc.reason) from None
         yield line.rstrip("\n").rstrip("\r")
 
 
@@ -130,8 +166,10 @@ def _text_batches(source, batch_size: int) -> Iterator[List[str]]:
         for p in source:
             if not isinstance(p, (str, os.PathLike)):
                 raise TypeError(f"expected file paths in the list, got {type(p).__name__}")
-            if not os.path.isfile(p):
-                raise FileNotFoundError(f"training file not found: {p!s} (pass iter(lines) to train on strings)")
+            try:
+                check_input(p)  # a regular file, or a FIFO / <(...): training reads each file once
+            except MissingFileError:
+                raise MissingFileError(f"{p}: no such file (pass iter(lines) to train on strings)") from None
         lines: Iterable[str] = (line for p in source for line in read_lines(p))
     else:
         lines = iter(source)
@@ -157,14 +195,14 @@ class WordPieceTokenizer:
 
     def __init__(self, tokenizer: Tokenizer, max_length: int = 512):
         if not isinstance(tokenizer.model, WordPiece):
-            raise ValueError(f"expected a WordPiece model, got {type(tokenizer.model).__name__}")
+            raise UserError(f"expected a WordPiece model, got {type(tokenizer.model).__name__}")
         if not isinstance(tokenizer.normalizer, normalizers.BertNormalizer):
-            raise ValueError(f"expected a BertNormalizer, got {type(tokenizer.normalizer).__name__}")
+            raise UserError(f"expected a BertNormalizer, got {type(tokenizer.normalizer).__name__}")
         if int(max_length) < 3:
-            raise ValueError(f"max_length must be >= 3 to fit [CLS] x [SEP], got {max_length}")
+            raise UserError(f"max_length must be >= 3 to fit [CLS] x [SEP], got {max_length}")
         missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
         if missing:
-            raise ValueError(f"vocabulary lacks the special token(s) {missing}")
+            raise UserError(f"vocabulary lacks the special token(s) {missing}")
         # As "added" special tokens, a literal "[MASK]" in the input maps to the mask
         # id and decode() can skip them, exactly as in HF.
         tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
@@ -194,8 +232,23 @@ class WordPieceTokenizer:
             tokenize_chinese_chars: Put spaces around CJK ideographs.
             clean_text: Drop control characters and map all whitespace to spaces.
             max_length: Default maximum sequence length.
+
+        Raises:
+            MissingFileError: (a ``FileNotFoundError``) no such file.
+            UserError: (a ``ValueError``) invalid UTF-8 (``PATH:LINE: ...``), special tokens
+                missing, or a pipe (the file is read twice).
         """
-        vocab = WordPiece.read_file(str(vocab_path))
+        name = os.fspath(vocab_path)
+        require_rereadable(vocab_path, "loading a WordPiece vocabulary")
+        for _ in decode_lines(_file_lines(vocab_path, compressed=()), name):  # names the line of a bad byte
+            pass
+        try:
+            vocab = WordPiece.read_file(name)
+        except Exception as exc:  # tokenizers raises a bare Exception for I/O problems
+            raise UserError(f"{name}: cannot read the vocabulary ({exc})") from None
+        missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+        if missing:
+            raise UserError(f"{name}: the vocabulary lacks the special token(s) {missing}")
         return cls(_build_tokenizer(vocab, lowercase, strip_accents, tokenize_chinese_chars, clean_text), max_length)
 
     @classmethod
@@ -209,12 +262,16 @@ class WordPieceTokenizer:
 
         Raises:
             FileNotFoundError: Neither ``vocab.txt`` nor ``tokenizer.json`` exists.
+            UserError: A malformed file, named (with line and column for JSON).
         """
         path = Path(path)
         config = {}
         if (path / "tokenizer_config.json").is_file():
-            config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+            config = read_json_object(path / "tokenizer_config.json")
         max_length = config.get("model_max_length") or 512
+        if isinstance(max_length, bool) or not isinstance(max_length, (int, float)) or max_length < 3:
+            raise UserError(f"{path / 'tokenizer_config.json'}: model_max_length must be a number >= 3, "
+                            f"got {str(max_length)[:40]}")
         max_length = 512 if max_length > _NO_LIMIT_SENTINEL else int(max_length)
         if (path / "vocab.txt").is_file():
             return cls.from_vocab(
@@ -224,8 +281,14 @@ class WordPieceTokenizer:
                 clean_text=config.get("clean_text", True), max_length=max_length,
             )
         if (path / "tokenizer.json").is_file():
-            return cls(Tokenizer.from_file(str(path / "tokenizer.json")), max_length=max_length)
-        raise FileNotFoundError(f"{path} has neither vocab.txt nor tokenizer.json")
+            file = path / "tokenizer.json"
+            try:
+                return cls(load_tokenizer_json(file), max_length=max_length)
+            except UserError as exc:
+                if str(exc).startswith(str(file)):
+                    raise
+                raise UserError(f"{file}: {exc}") from None  # e.g. not a WordPiece model
+        raise MissingFileError(f"{path} has neither vocab.txt nor tokenizer.json")
 
     @classmethod
     def train(cls, files_or_iterator, vocab_size: int = 30522, min_frequency: int = 2, lowercase: bool = True,
@@ -272,7 +335,7 @@ class WordPieceTokenizer:
         directory.mkdir(parents=True, exist_ok=True)
         by_id = sorted(self.get_vocab().items(), key=lambda kv: kv[1])
         if [i for _, i in by_id] != list(range(len(by_id))):
-            raise ValueError("vocabulary ids are not contiguous; cannot write vocab.txt")
+            raise UserError("vocabulary ids are not contiguous; cannot write vocab.txt")
         with open(directory / "vocab.txt", "w", encoding="utf-8", newline="\n") as fh:
             fh.writelines(tok + "\n" for tok, _ in by_id)
         self._tok.save(str(directory / "tokenizer.json"))
@@ -314,7 +377,7 @@ class WordPieceTokenizer:
         out = [self._tok.id_to_token(int(i)) for i in _as_list(ids)]
         if None in out:
             bad = _as_list(ids)[out.index(None)]
-            raise ValueError(f"id {bad} is outside the vocabulary (size {self.vocab_size})")
+            raise UserError(f"id {bad} is outside the vocabulary (size {self.vocab_size})")
         return out
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -380,11 +443,11 @@ class WordPieceTokenizer:
             for i, t in enumerate(seq):
                 _check_text(t, f"{name}[{i}]")
         if text_pairs is not None and len(text_pairs) != len(texts):
-            raise ValueError(f"got {len(texts)} texts but {len(text_pairs)} text_pairs")
+            raise UserError(f"got {len(texts)} texts but {len(text_pairs)} text_pairs")
         if padding not in (None,) + PADDING_STRATEGIES:
-            raise ValueError(f"padding must be one of {PADDING_STRATEGIES} or None, got {padding!r}")
+            raise UserError(f"padding must be one of {PADDING_STRATEGIES} or None, got {padding!r}")
         if return_tensors not in (None, "pt"):
-            raise ValueError(f"return_tensors must be None or 'pt', got {return_tensors!r}")
+            raise UserError(f"return_tensors must be None or 'pt', got {return_tensors!r}")
         raw = self._encode_many(list(texts), text_pairs, max_length, truncation, add_special_tokens, keep_raw=True)
         if padding is not None and raw:
             target = self._limit(max_length) if padding == "max_length" else max(len(e) for e, _ in raw)
@@ -394,7 +457,7 @@ class WordPieceTokenizer:
         if return_tensors is None:
             return out
         if len({len(e) for e in out}) > 1:
-            raise ValueError("cannot stack sequences of different lengths into a tensor; pass padding='longest'")
+            raise UserError("cannot stack sequences of different lengths into a tensor; pass padding='longest'")
         import torch  # deferred: plain tokenization does not need torch
 
         def stack(field):
@@ -409,7 +472,7 @@ class WordPieceTokenizer:
     def _encode_many(self, texts, pairs, max_length, truncation, add_special_tokens, keep_raw=False):
         limit = self._limit(max_length)
         if truncation not in (None, "error") + TRUNCATION_STRATEGIES:
-            raise ValueError(f"truncation must be one of {TRUNCATION_STRATEGIES}, 'error' or None, got {truncation!r}")
+            raise UserError(f"truncation must be one of {TRUNCATION_STRATEGIES}, 'error' or None, got {truncation!r}")
         inputs = list(texts) if pairs is None else list(zip(texts, pairs))
         where = (lambda i: "input") if len(inputs) == 1 else (lambda i: f"input {i}")
         with self._lock:
@@ -420,14 +483,14 @@ class WordPieceTokenizer:
             long_idx = [i for i, n in enumerate(full) if n > limit]
             if long_idx and truncation not in TRUNCATION_STRATEGIES:
                 i = long_idx[0]
-                raise ValueError(
+                raise UserError(
                     f"{where(i)} is {full[i]} tokens long (special tokens included), exceeding max_length={limit}; "
                     f"pass truncation='longest_first' (or 'only_first'/'only_second') to cut it"
                 )
             n_special = self._tok.num_special_tokens_to_add(pairs is not None) if add_special_tokens else 0
             if long_idx and limit < n_special:
                 # tokenizers would silently return the input uncut in this case.
-                raise ValueError(f"max_length={limit} is smaller than the {n_special} special tokens to add")
+                raise UserError(f"max_length={limit} is smaller than the {n_special} special tokens to add")
             if long_idx:
                 # Overlong inputs are re-encoded through the same truncation code HF
                 # uses, so ids, offsets and sequence ids match it exactly.
@@ -442,14 +505,14 @@ class WordPieceTokenizer:
                             seq = encs[i].sequence_ids
                             sizes = f"first text {seq.count(0)} tokens"
                             sizes += "" if pairs is None else f", second text {seq.count(1)} tokens"
-                            raise ValueError(f"{where(i)} ({sizes}) cannot be truncated to max_length={limit} "
+                            raise UserError(f"{where(i)} ({sizes}) cannot be truncated to max_length={limit} "
                                              f"with truncation={truncation!r}: {exc}") from None
                     raise
                 finally:
                     self._tok.no_truncation()
                 for i, enc in zip(long_idx, cut):
                     if len(enc) > limit:  # never hand back an over-limit result unnoticed
-                        raise ValueError(f"{where(i)} could not be truncated to max_length={limit}")
+                        raise UserError(f"{where(i)} could not be truncated to max_length={limit}")
                     encs[i] = enc
                 # Recorded per Encoding too; the log line makes the cut visible to callers
                 # who never look at num_truncated.
@@ -497,7 +560,7 @@ def _raise_unencodable(texts: Sequence[str], n_first: int) -> None:
             t.encode("utf-8")
         except UnicodeEncodeError as exc:
             name = f"text {i}" if i < n_first else f"text_pair {i - n_first}"
-            raise ValueError(
+            raise UserError(
                 f"{name} cannot be encoded as UTF-8: U+{ord(t[exc.start]):04X} at index {exc.start} is a lone "
                 f"surrogate (was the text decoded with errors='surrogateescape'?)"
             ) from None

@@ -8,6 +8,8 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from ..core.errors import UserError
+
 __all__ = ["Lamb", "build_adamw", "build_lamb", "linear_warmup_decay", "polynomial_warmup_decay"]
 
 
@@ -37,7 +39,7 @@ def build_adamw(model: nn.Module, lr: float, weight_decay: float = 0.01, betas=(
     groups = _param_groups(model, weight_decay)
     if capturable:
         if not fused:
-            raise ValueError("capturable AdamW needs every parameter on a CUDA device")
+            raise UserError("capturable AdamW needs every parameter on a CUDA device")
         device = next(model.parameters()).device
         for group in groups:
             group["lr"] = torch.tensor(float(lr), device=device)
@@ -87,7 +89,7 @@ def build_schedule(config, optimizer: torch.optim.Optimizer, warmup_steps: int, 
         return polynomial_warmup_decay(optimizer, warmup_steps, total_steps, power=config.schedule_power)
     if config.schedule == "inverse_sqrt":
         return inverse_sqrt_warmup(optimizer, warmup_steps)
-    raise ValueError(f"schedule must be 'linear', 'polynomial' or 'inverse_sqrt', got {config.schedule!r}")
+    raise UserError(f"schedule must be 'linear', 'polynomial' or 'inverse_sqrt', got {config.schedule!r}")
 
 
 class Lamb(torch.optim.Optimizer):

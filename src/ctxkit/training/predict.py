@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..data.batching import collate, sequential_batches
+from . import progress
 from .trainer import _to, autocast, resolve_device
 
 __all__ = ["predict"]
@@ -22,16 +23,25 @@ def predict(model: nn.Module, features: Sequence[dict], batch_size: int = 128, d
         model: module returning a dict; ``output`` names the entry to collect. Entries may
             be a tensor or a tuple of tensors (e.g. start and end logits).
         features: feature dicts as for training (labels are ignored).
+        precision: "auto" (bf16 autocast on CUDA, fp32 on CPU), "bf16" or "fp32" (no
+            autocast). A model that declares ``inference_precision`` (the pytorch backend
+            asked for a precision: :class:`ctxkit.inference.backends.PrecisionModel`; the
+            GPU encoder, which sets its own dtypes: "native") runs at that precision instead.
 
     Returns:
         One float32 numpy array (or tuple of arrays) per feature, in input order, with
         sequence outputs trimmed to the feature's own length.
     """
     dev = resolve_device(device)
+    # What the model was built to run at wins over this call's default; "native" = no autocast.
+    declared = getattr(model, "inference_precision", None)
+    if declared is not None:
+        precision = "bf16" if declared == "bf16" else "fp32"
     was_training = model.training
     model.eval()
     lengths = [len(f["input_ids"]) for f in features]
     results: list = [None] * len(features)
+    progress.begin(len(features))  # an enclosing evaluate() shows a bar; a no-op otherwise
     for idx in sequential_batches(lengths, batch_size):
         batch = collate([{k: v for k, v in features[i].items() if k in ("input_ids", "token_type_ids", "attention_mask")} for i in idx])
         with autocast(dev, precision):
@@ -41,6 +51,7 @@ def predict(model: nn.Module, features: Sequence[dict], batch_size: int = 128, d
         for row, i in enumerate(idx):
             trimmed = tuple(p[row, : lengths[i]] if _is_seq(p, batch) else p[row] for p in parts)
             results[i] = trimmed if isinstance(out, tuple) else trimmed[0]
+        progress.advance(len(idx))
     model.train(was_training)
     return results
 

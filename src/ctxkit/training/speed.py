@@ -22,6 +22,7 @@ from torch import nn
 
 from ..layers.embeddings import TransformerEmbeddings
 from ..layers.transformer import AddNorm, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
+from ..core.errors import UserError
 
 __all__ = ["compile_blocks", "compile_model", "enable_activation_checkpointing", "set_stream_dtype", "apply_speed_options",
            "graph_grad_sync", "FlatGradAllReduce", "all_reduce_gradients"]
@@ -40,7 +41,7 @@ def compile_blocks(model: nn.Module, mode: str = "default") -> int:
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     blocks = [m for m in model.modules() if isinstance(m, BLOCK_TYPES)]
     if not blocks:
-        raise ValueError(f"{type(model).__name__} has no ctxkit Transformer layers to compile")
+        raise UserError(f"{type(model).__name__} has no ctxkit Transformer layers to compile")
     for block in blocks:
         block.compile(mode=mode)
     return len(blocks)
@@ -55,7 +56,7 @@ def enable_activation_checkpointing(model: nn.Module) -> int:
     """
     encoders = [m for m in model.modules() if isinstance(m, TransformerEncoder)]
     if not encoders:
-        raise ValueError(f"{type(model).__name__} has no TransformerEncoder to checkpoint")
+        raise UserError(f"{type(model).__name__} has no TransformerEncoder to checkpoint")
     for encoder in encoders:
         encoder.checkpoint_layers = True
     return sum(len(e.layers) for e in encoders)
@@ -86,7 +87,7 @@ def compile_model(model: nn.Module, segments: int = 1, mode: str = "default") ->
         mode: ``torch.compile`` mode.
     """
     if segments < 1:
-        raise ValueError(f"segments must be >= 1, got {segments}")
+        raise UserError(f"segments must be >= 1, got {segments}")
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     for encoder in (m for m in model.modules() if isinstance(m, TransformerEncoder)):
         n = len(encoder.layers)
@@ -116,7 +117,7 @@ def graph_grad_sync(model: nn.Module, config):
         ValueError: for an unknown ``grad_reduce_dtype``.
     """
     if config.grad_reduce_dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"grad_reduce_dtype must be 'float32' or 'bfloat16', got {config.grad_reduce_dtype!r}")
+        raise UserError(f"grad_reduce_dtype must be 'float32' or 'bfloat16', got {config.grad_reduce_dtype!r}")
     reduce_dtype = torch.bfloat16 if config.grad_reduce_dtype == "bfloat16" else None
     if config.overlap_grad_reduce:
         from .reducer import OverlappedGradReducer

@@ -37,10 +37,21 @@ from .distributed import (agree, all_reduce_mean, broadcast_parameters, cpu_copy
 from .graphs import GraphedTrainStep, graphs_supported
 from .optim import build_adamw, build_lamb, build_schedule
 from .speed import apply_speed_options, graph_grad_sync
+from ..core.errors import MissingFileError, UserError
 
 __all__ = ["TrainConfig", "Trainer", "TrainResult", "resolve_device", "autocast", "set_seed"]
 
 logger = logging.getLogger("ctxkit")
+
+
+def _say(message: str, *args) -> None:
+    """``logger.info`` on a line of its own while tqdm bars are drawn: the bars on the
+    terminal are cleared first and redrawn after, as ``tqdm.write`` does (otherwise the
+    line is glued to the end of the bar)."""
+    import sys
+
+    with tqdm.external_write_mode(file=sys.stderr):
+        logger.info(message, *args)
 
 
 @dataclass
@@ -157,6 +168,9 @@ class TrainResult:
     losses: List[float] = field(default_factory=list)
     wall_time: float = 0.0
     steps: int = 0
+    # Why training ended early, when it did: "max_steps" or "max_minutes" (a requested stop,
+    # with a resumable checkpoint and a usable best/), None after the last epoch.
+    stopped: Optional[str] = None
 
 
 def resolve_device(device: str) -> torch.device:
@@ -244,13 +258,13 @@ class Trainer:
         flops_per_token: Optional[Callable[[float], float]] = None,
     ):
         if not len(train_features):
-            raise ValueError("no training examples")
+            raise UserError("no training examples")
         if config.parallel not in ("ddp", "fsdp"):
-            raise ValueError(f"parallel must be 'ddp' or 'fsdp', got {config.parallel!r}")
+            raise UserError(f"parallel must be 'ddp' or 'fsdp', got {config.parallel!r}")
         if config.grad_reduce_dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"grad_reduce_dtype must be 'float32' or 'bfloat16', got {config.grad_reduce_dtype!r}")
+            raise UserError(f"grad_reduce_dtype must be 'float32' or 'bfloat16', got {config.grad_reduce_dtype!r}")
         if config.batch_size % config.grad_accum:
-            raise ValueError(f"batch_size {config.batch_size} is not divisible by grad_accum {config.grad_accum}")
+            raise UserError(f"batch_size {config.batch_size} is not divisible by grad_accum {config.grad_accum}")
         self.config = config
         self.device = resolve_device(config.device)
         self.model = model.to(self.device)
@@ -268,13 +282,13 @@ class Trainer:
         self.rank, self.world = setup(self.device.type)
         self.sharded = config.parallel == "fsdp" and self.world > 1
         if self.sharded and evaluate is not None:
-            raise ValueError("fsdp is supported for runs without per-epoch evaluation, e.g. pretrain; use --parallel ddp for fine-tuning")
+            raise UserError("fsdp is supported for runs without per-epoch evaluation, e.g. pretrain; use --parallel ddp for fine-tuning")
         if self.device.type == "cuda" and self.world > 1:
             self.device = torch.device("cuda", torch.cuda.current_device())
             self.model = self.model.to(self.device)
         self.micro_batch = config.batch_size // config.grad_accum
         if self.micro_batch % self.world:
-            raise ValueError(f"batch_size {config.batch_size} / grad_accum {config.grad_accum} is not divisible by {self.world} ranks")
+            raise UserError(f"batch_size {config.batch_size} / grad_accum {config.grad_accum} is not divisible by {self.world} ranks")
         self.steps_per_epoch = math.ceil(len(self.features) / config.batch_size)
         total = math.ceil(self.steps_per_epoch * config.epochs)
         self.total_steps = min(total, config.max_steps) if config.max_steps else total
@@ -282,7 +296,7 @@ class Trainer:
         # stopped-then-resumed run follows the same learning-rate curve.
         self.graphed = None
         if config.optimizer not in ("adamw", "lamb"):
-            raise ValueError(f"optimizer must be 'adamw' or 'lamb', got {config.optimizer!r}")
+            raise UserError(f"optimizer must be 'adamw' or 'lamb', got {config.optimizer!r}")
         # Not capturable: LAMB's per-tensor norms (plain Python here) and FSDP's collectives
         # (issued from Python hooks).
         # Models that sync with the host in forward (e.g. packed RNN sequences, whose lengths
@@ -374,7 +388,7 @@ class Trainer:
             if (old / "trainer_state.json").is_file():
                 folder = old  # crashed between the two renames: the old one is whole
             else:
-                raise FileNotFoundError(f"{self.out_dir}: no checkpoint to resume from")
+                raise MissingFileError(f"{self.out_dir}: no checkpoint to resume from")
         state = json.loads((folder / "trainer_state.json").read_text())
         weights = read_weights(folder)
         extra = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
@@ -419,7 +433,8 @@ class Trainer:
         running: Dict[str, torch.Tensor] = {}
         running_n, seen, tokens, interval_start = 0, 0, 0, time.time()
         bar = tqdm(total=self.total_steps, initial=step, desc="train", disable=not cfg.progress, unit="step", dynamic_ncols=True)
-        stopped = False
+        stopped: Optional[str] = None
+        epoch = state["epoch"]
         for epoch in range(state["epoch"], n_epochs):
             batches = length_grouped_batches(self.lengths, self.micro_batch, cfg.seed, epoch, group_factor=50 if cfg.group_factor is None else cfg.group_factor)
             if self.world > 1 and self.graphed is None:  # every rank sees the same global batches and takes its share
@@ -460,16 +475,16 @@ class Trainer:
                 # log steps, which sync anyway (a broadcast per step would stall the GPU queue).
                 due = cfg.max_minutes is not None and (self.world == 1 or step % cfg.log_every == 0)
                 if due and agree(time.time() - start > 60 * cfg.max_minutes and step < self.total_steps, self.device):
-                    logger.info("time budget of %.1f min reached at step %d", cfg.max_minutes, step)
+                    _say("time budget of %g min reached at step %d", cfg.max_minutes, step)
                     self._checkpoint(state, epoch, b + cfg.grad_accum, step, losses)
-                    stopped = True
+                    stopped = "max_minutes"
                     break
                 if step >= self.total_steps:
                     if cfg.max_steps and step == cfg.max_steps and b + cfg.grad_accum < usable:
                         # Interrupted by max_steps mid-epoch: checkpoint the exact position
                         # and skip the epoch-end evaluation. (Fractional epochs fall through.)
                         self._checkpoint(state, epoch, b + cfg.grad_accum, step, losses)
-                        stopped = True
+                        stopped = "max_steps"
                     break
                 if cfg.save_every and step % cfg.save_every == 0:
                     self._checkpoint(state, epoch, b + cfg.grad_accum, step, losses)
@@ -479,10 +494,16 @@ class Trainer:
             if step >= self.total_steps:
                 break
         bar.close()
+        if stopped:
+            # A stop the user asked for is a success: besides the resumable checkpoint, leave a
+            # usable best/ (evaluated now). The checkpoint was written first, so resuming
+            # continues exactly as if there had been no stop.
+            self._evaluate_at_stop(state, epoch, step, start, stopped)
         if self.world > 1:
             torch.distributed.barrier()  # rank 0's best/ and checkpoint/ are complete for everyone
         wall = time.time() - start
-        result = TrainResult(state["best"], state["best_epoch"], state["history"], [float(v) for v in losses], wall, step)
+        result = TrainResult(state["best"], state["best_epoch"], state["history"], [float(v) for v in losses], wall, step,
+                             stopped or None)
         self._log({"event": "end", "steps": step, "best": state["best"], "best_epoch": state["best_epoch"], "wall_time": round(wall, 2)})
         return result
 
@@ -557,6 +578,36 @@ class Trainer:
             if self.rank == 0:
                 self._save_checkpoint(state, weights, optimizer_state)
 
+    def _evaluate_at_stop(self, state: dict, epoch: int, step: int, start: float, reason: str) -> None:
+        """After a requested stop mid-epoch: evaluate (when the run evaluates) and keep best/.
+
+        The model becomes ``best/`` when no epoch has finished yet or when it scores better
+        than the best epoch so far. Only the returned state changes, not the checkpoint.
+        """
+        if self.save_best is None:
+            return
+        if self.sharded:  # a collective: every rank sends its shards
+            full = self.full_state_dict()
+            if full is not None:
+                self._twin.load_state_dict(full)
+        if self.rank != 0:
+            return
+        model = self._twin if self.sharded else self.model
+        if not self.config.eval_each_epoch or self.evaluate is None:
+            self.save_best(model, self.out_dir / "best")
+            return
+        metrics = self.evaluate(self.model)
+        self.model.train()
+        record = {"event": "eval", "epoch": epoch, "step": step, "stop": reason, "elapsed": round(time.time() - start, 2), **metrics}
+        self._log(record)
+        state["history"].append(record)
+        _say("stopped (%s) at step %d: %s", reason, step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
+        value = metrics.get(self.main_metric) if self.main_metric else None
+        has_best = (self.out_dir / "best").is_dir() and state["best_epoch"] is not None
+        if not has_best or (value is not None and (state["best"] is None or (value > state["best"] if self.greater_is_better else value < state["best"]))):
+            state["best"], state["best_epoch"] = value, epoch
+            self.save_best(self.model, self.out_dir / "best")
+
     def _end_epoch(self, state: dict, epoch: int, step: int, losses: list, start: float) -> None:
         last = step >= self.total_steps or epoch + 1 >= math.ceil(self.config.epochs)
         best_model = self.model
@@ -580,7 +631,7 @@ class Trainer:
             record = {"event": "eval", "epoch": epoch, "step": step, "elapsed": round(time.time() - start, 2), **metrics}
             self._log(record)
             state["history"].append(record)
-            logger.info("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
+            _say("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
             value = metrics.get(self.main_metric) if self.main_metric else None
             better = value is not None and (
                 state["best"] is None or (value > state["best"] if self.greater_is_better else value < state["best"])
