@@ -261,13 +261,7 @@ def check_table(res, path, num_lines):
 def test_read_table_on_any_bytes(suffix, on_error, data):
     base = {".csv": b'text,label\n"a, b",pos\nc,neg\n', ".tsv": b"text\tlabel\na b\tpos\nc\tneg\n",
             ".jsonl": b'{"text": "a", "label": "pos"}\n{"text": "b", "text_pair": "c", "label": 1}\n'}[suffix]
-    raw = data.draw(arbitrary_or_mutated(base))
-    with files(("t" + suffix, raw)) as (path,):
-        res, err = outcome(read_table, path, on_error=on_error)
-    if err is not None:
-        check_error(err, path, lines_in(raw))
-    else:
-        check_table(res, path, lines_in(raw))
+    _table_parses_or_names_the_line("t" + suffix, data.draw(arbitrary_or_mutated(base)), on_error)
 
 
 @PROPS
@@ -277,7 +271,11 @@ def test_read_table_jsonl_with_odd_json_values(on_error, labels, data):
     records = [{"text": "a", "text_pair": "b", "label": y} for y in labels]
     raw = b"".join(data.draw(st.one_of(json_with_raw_value(r), st.just(json.dumps(r).encode()))) + b"\n"
                    for r in records)
-    with files(("t.jsonl", raw)) as (path,):
+    _table_parses_or_names_the_line("t.jsonl", raw, on_error)
+
+
+def _table_parses_or_names_the_line(name: str, raw: bytes, on_error: str) -> None:
+    with files((name, raw)) as (path,):
         res, err = outcome(read_table, path, on_error=on_error)
     if err is not None:
         check_error(err, path, lines_in(raw))

@@ -37,7 +37,8 @@ from schemathesis.checks import (  # noqa: E402
 )
 from schemathesis.python import asgi as schemathesis_asgi  # noqa: E402
 
-from ctxkit.inference.serve import _NOT_BLANK, create_app  # noqa: E402
+from ctxkit.inference.serve import create_app  # noqa: E402
+from ctxkit.inference.serve_schema import NOT_BLANK  # noqa: E402
 from ctxkit.tasks import get_task  # noqa: E402
 from ctxkit.zoo import get_model  # noqa: E402
 
@@ -155,7 +156,7 @@ def test_schema_declares_bodies_limits_and_errors(served):
     assert f'"maxLength": {MAX_TEXT_CHARS}' in bodies and f'"maxItems": {MAX_ITEMS}' in bodies and '"minItems": 1' in bodies
     assert '"additionalProperties": true' not in bodies and '"additionalProperties": false' in bodies
     # "Not blank" in the schema is exactly what the server's str.strip() leaves non-empty.
-    not_blank = re.compile(_NOT_BLANK)
+    not_blank = re.compile(NOT_BLANK)
     assert all((not_blank.search(chr(c)) is None) == chr(c).isspace() for c in range(0x3001))
     assert not any(chr(c).isspace() for c in range(0x3001, 0x110000))
 

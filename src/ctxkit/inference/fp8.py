@@ -64,8 +64,14 @@ class Fp8Linear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         scale = _row_scales(rows)
         q = (rows.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-        # qweight.t() is column-major, the layout _scaled_mm wants for its second operand.
-        y = torch._scaled_mm(q, self.qweight.t(), scale_a=scale, scale_b=self.weight_scale, out_dtype=self.out_dtype)
+        if x.is_cuda:
+            # qweight.t() is column-major, the layout _scaled_mm wants for its second operand.
+            y = torch._scaled_mm(q, self.qweight.t(), scale_a=scale, scale_b=self.weight_scale, out_dtype=self.out_dtype)
+        else:
+            # CPU: the same arithmetic spelled out (e4m3 products are exact in fp32; the sums
+            # accumulate unscaled, then both scales apply), since torch's CPU _scaled_mm takes
+            # row-wise scales only from 2.13 on.
+            y = ((q.float() @ self.qweight.float().t()) * scale * self.weight_scale).to(self.out_dtype)
         if self.bias is not None:
             y = y + self.bias  # outside the GEMM: fused into the next elementwise op under torch.compile
         return y.view(*x.shape[:-1], self.out_features)

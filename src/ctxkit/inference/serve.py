@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 from ..core.errors import MissingDependencyError, UserError
+from . import serve_schema as schema
 
 __all__ = ["MicroBatcher", "add_serve_command", "create_app", "serve"]
 
@@ -198,122 +199,6 @@ def _validation_error(errors, content_type: str):
             msg = f"the request body must be a JSON object, not {_json_type(e.get('input'))}"
         parts.append(f"{where}: {msg}")
     return 422, "invalid request: " + "; ".join(parts)
-
-
-# ---- OpenAPI schema ------------------------------------------------------------------
-# The request bodies are validated by the pydantic models in create_app (strict types,
-# no extra fields) and then by hand in its ``run`` (limits, blank texts), which gives the
-# messages and status codes of docs/serving.md. The schemas below describe exactly what
-# both accept, limits included, so that a client (or a fuzzer) generating from
-# /openapi.json sends bodies the server takes, and every body they reject is one the
-# schema rejects too. ``null`` for an optional field means "not given", as the server reads it.
-
-_NULL = {"type": "null", "description": "the same as leaving the field out"}
-# "Not blank": a character outside Python's whitespace (str.isspace, which str.strip and
-# the server use), spelled out because regex engines disagree on \s (ECMA's lacks
-# \x1c-\x1f and \x85, and adds \ufeff). tests/test_serve_fuzz.py checks the set.
-_NOT_BLANK = r"[^\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
-
-
-def _text_schema(max_text_chars: int, what: str) -> dict:
-    return {"type": "string", "minLength": 1, "maxLength": max_text_chars, "pattern": _NOT_BLANK,
-            "description": f"{what}: not blank, at most {max_text_chars} characters (--max-text-chars; longer: 413)"}
-
-
-def _list_schema(items: dict, max_items: int, what: str) -> dict:
-    return {"type": "array", "items": items, "minItems": 1, "maxItems": max_items,
-            "description": f"{what}: 1 to {max_items} items (--max-items; more: 413)"}
-
-
-def _nullable(schema: dict) -> dict:
-    return {"anyOf": [schema, {"type": "null"}], "description": schema.get("description", "")}
-
-
-def _text_request_schema(endpoint: str, max_items: int, max_text_chars: int) -> dict:
-    """``{"text": ...}`` or ``{"texts": [...]}`` (with ``pair``/``pairs`` for /classify)."""
-    text = _text_schema(max_text_chars, "the text")
-    texts = _list_schema(_text_schema(max_text_chars, "a text"), max_items, "the texts")
-    one = {"text": text, "texts": _NULL}
-    many = {"texts": texts, "text": _NULL}
-    if endpoint == "classify":
-        pair = _text_schema(max_text_chars, "the second text of a sentence pair")
-        pairs = _list_schema(_text_schema(max_text_chars, "a second text"), max_items,
-                             "second texts of sentence pairs, as many as 'texts' (otherwise: 422)")
-        one.update(pair=_nullable(pair), pairs=_NULL)
-        many.update(pairs=_nullable(pairs), pair=_NULL)
-    else:
-        one.update(pair=_NULL, pairs=_NULL)
-        many.update(pair=_NULL, pairs=_NULL)
-    body = {"type": "object", "additionalProperties": False}
-    return {"title": f"{endpoint.capitalize()}Request",
-            "description": "one text, or a list of texts" + (" (with sentence pairs)" if endpoint == "classify" else ""),
-            "oneOf": [{**body, "title": "one text", "required": ["text"], "properties": one},
-                      {**body, "title": "a list of texts", "required": ["texts"], "properties": many}]}
-
-
-def _qa_request_schema(max_items: int, max_text_chars: int) -> dict:
-    question, context = _text_schema(max_text_chars, "the question"), _text_schema(max_text_chars, "the passage to answer from")
-    item = {"type": "object", "additionalProperties": False, "required": ["question", "context"],
-            "properties": {"question": question, "context": context}}
-    body = {"type": "object", "additionalProperties": False}
-    return {"title": "QARequest", "description": "one question and its context, or a list of them",
-            "oneOf": [{**body, "title": "one question", "required": ["question", "context"],
-                       "properties": {"question": question, "context": context, "items": _NULL}},
-                      {**body, "title": "a list of questions", "required": ["items"],
-                       "properties": {"items": _list_schema(item, max_items, "the questions"), "question": _NULL, "context": _NULL}}]}
-
-
-def _answer_schema(kind: str, labels: Optional[List[str]], regression: bool) -> dict:
-    """The 200 answer of the task endpoint: ``{"prediction": P}`` or ``{"predictions": [P, ...]}``."""
-    if kind == "classify" and regression:
-        one = {"type": "object", "required": ["score"], "additionalProperties": False,
-               "properties": {"score": {"type": ["number", "null"], "description": "null: not a finite number"}}}
-    elif kind == "classify":
-        one = {"type": "object", "required": ["label", "probs"], "additionalProperties": False,
-               "properties": {"label": {"type": "string", **({"enum": list(labels)} if labels else {})},
-                              "probs": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0, "maximum": 1},
-                                        **({"required": list(labels), "propertyNames": {"enum": list(labels)}} if labels else {})}}}
-    elif kind == "ner":
-        entity = {"type": "object", "required": ["type", "start", "end", "text"], "additionalProperties": False,
-                  "properties": {"type": {"type": "string"}, "start": {"type": "integer", "minimum": 0},
-                                 "end": {"type": "integer", "minimum": 0}, "text": {"type": "string"}}}
-        one = {"type": "object", "required": ["text", "entities"], "additionalProperties": False,
-               "properties": {"text": {"type": "string"}, "entities": {"type": "array", "items": entity}}}
-    else:
-        span = {"type": ["integer", "null"], "minimum": 0, "description": "null: no valid span"}
-        one = {"type": "object", "required": ["question", "answer", "score", "start", "end"], "additionalProperties": False,
-               "properties": {"question": {"type": "string"}, "answer": {"type": "string"},
-                              "score": {"type": ["number", "null"], "description": "null: no valid span"},
-                              "start": span, "end": span}}
-    return _one_or_many(one, "prediction")
-
-
-def _one_or_many(one: dict, key: str, extra: Optional[dict] = None) -> dict:
-    extra = extra or {}
-    required = sorted(extra)
-    return {"oneOf": [{"type": "object", "required": [key, *required], "additionalProperties": False,
-                       "properties": {key: one, **extra}},
-                      {"type": "object", "required": [key + "s", *required], "additionalProperties": False,
-                       "properties": {key + "s": {"type": "array", "items": one}, **extra}}]}
-
-
-_EMBED_SCHEMA = _one_or_many({"type": "array", "items": {"type": "number"}, "minItems": 1}, "embedding",
-                             {"dim": {"type": "integer", "minimum": 1, "description": "the length of each vector"}})
-
-_HEALTH_SCHEMA = {"type": "object", "required": ["status", "task", "kind", "endpoints", "limits", "stats"],
-                  "properties": {"status": {"const": "ok"}, "task": {"type": "string"},
-                                 "kind": {"enum": ["classify", "ner", "qa"]},
-                                 "labels": {"type": ["array", "null"], "items": {"type": "string"}},
-                                 "endpoints": {"type": "array", "items": {"type": "string"}},
-                                 "batching": {"type": "object"}, "limits": {"type": "object"},
-                                 "uptime_s": {"type": "number"}, "stats": {"type": "object"}}}
-
-# What each error status means; the body is always ``{"error": "<message>"}`` (ErrorBody).
-_ERRORS = {400: "malformed JSON: not JSON, not UTF-8, nested too deeply, or a number of over 4300 digits",
-           413: "too many items (--max-items), a text too long (--max-text-chars), or a body too large (--max-body-bytes)",
-           415: "the body is not sent as 'Content-Type: application/json'",
-           422: "valid JSON but not a valid request: wrong type, missing, conflicting or unknown field, blank text, empty list",
-           503: "the server is shutting down"}
 
 
 def _undecodable(cause: Optional[BaseException]) -> str:
@@ -510,20 +395,20 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
 
     # One validating model, published with each endpoint's own schema (only /classify takes pairs).
     class ClassifyRequest(TextRequest):
-        model_config = schema_of(_text_request_schema("classify", max_items, max_text_chars))
+        model_config = schema_of(schema.text_request_schema("classify", max_items, max_text_chars))
 
     class NerRequest(TextRequest):
-        model_config = schema_of(_text_request_schema("ner", max_items, max_text_chars))
+        model_config = schema_of(schema.text_request_schema("ner", max_items, max_text_chars))
 
     class EmbedRequest(TextRequest):
-        model_config = schema_of(_text_request_schema("embed", max_items, max_text_chars))
+        model_config = schema_of(schema.text_request_schema("embed", max_items, max_text_chars))
 
     class QAItem(_Body):
         question: str
         context: str
 
     class QARequest(_Body):
-        model_config = schema_of(_qa_request_schema(max_items, max_text_chars))
+        model_config = schema_of(schema.qa_request_schema(max_items, max_text_chars))
 
         question: Optional[str] = None
         context: Optional[str] = None
@@ -586,11 +471,11 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
 
     def responses(ok: dict, what: str, errors=(400, 413, 415, 422, 503)) -> dict:
         out = {200: {"description": what, "content": {"application/json": {"schema": ok}}}}
-        out.update({code: {"model": ErrorBody, "description": _ERRORS[code]} for code in errors})
+        out.update({code: {"model": ErrorBody, "description": schema.ERRORS[code]} for code in errors})
         return out
 
     @app.get("/health", operation_id="health", summary="The run, its limits and counters",
-             responses=responses(_HEALTH_SCHEMA, "the run, the limits and per-endpoint counters", ()))
+             responses=responses(schema.HEALTH_SCHEMA, "the run, the limits and per-endpoint counters", ()))
     async def health():
         return {"status": "ok", "task": task.name, "kind": kind, "labels": getattr(task, "labels", None),
                 "model": info.get("model"), "run_dir": run_dir, "device": dev, "backend": backend_name, "endpoints": endpoints,
@@ -600,14 +485,14 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
 
     # An exported run has no /embed: its schema leaves it out (requests get the 404 below).
     @app.post("/embed", operation_id="embed", summary="Vectors from the run's encoder", include_in_schema=can_embed,
-              responses=responses(_EMBED_SCHEMA, "one vector per text"))
+              responses=responses(schema.EMBED_SCHEMA, "one vector per text"))
     async def embed_route(body: EmbedRequest, request: Request):
         if not can_embed:
             raise HTTPException(404, "this run is an exported model (ctxkit quantize) without an encoder to embed with; "
                                      "serve the original run for /embed")
         return await run(request, "embed", *text_lines(body, "embed"), key="embedding")
 
-    answer = _answer_schema(kind, getattr(task, "labels", None), bool(getattr(task, "is_regression", False)))
+    answer = schema.answer_schema(kind, getattr(task, "labels", None), bool(getattr(task, "is_regression", False)))
     if kind == "qa":
         @app.post("/qa", operation_id="qa", summary="Answer questions from their contexts",
                   responses=responses(answer, "one answer per question"))
