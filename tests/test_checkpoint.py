@@ -75,9 +75,15 @@ def test_bin_checkpoint_loads_with_weights_only_and_refuses_code(saved, tmp_path
 
     with open(path / "pytorch_model.bin", "wb") as f:
         pickle.dump({"x": Evil()}, f)
-    with pytest.raises(CheckpointError, match="pytorch_model.bin: could not read weights"):
+    with pytest.raises(CheckpointError, match="pytorch_model.bin: refused for safety: the file holds pickled objects") as err:
         read_weights(path)
     assert not (tmp_path / "pwned").exists()
+    # A refusal is not called corruption, and torch's advice to retry unsafely is not relayed.
+    assert "corrupt" not in str(err.value) and "weights_only set to False" not in str(err.value)
+    assert "safetensors" in str(err.value)
+    (path / "pytorch_model.bin").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(CheckpointError, match="pytorch_model.bin: could not read weights, the file is corrupted or truncated"):
+        read_weights(path)
 
 
 def test_missing_weights_and_malformed_config(tmp_path):

@@ -4,8 +4,9 @@
   ``torch.load(weights_only=True)``, so an untrusted file cannot run code.
 * Loading is strict: every missing, unexpected or misshaped key is listed in one
   :class:`CheckpointMismatchError`.
-* Writes go to a temporary file in the same folder and are renamed into place, so a
-  crash mid-save leaves the previous file intact.
+* Writes go to a temporary file in the same folder, are flushed to disk and renamed into
+  place, so a crash mid-save leaves the previous file intact (:mod:`ctxkit.core.durable`,
+  which also replaces whole folders such as ``best/`` as a unit).
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
 
+from .core.durable import atomic_write
 from .core.errors import UserError
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "read_config",
     "read_weights",
     "load_state_dict_strict",
+    "read_pickled_state",
     "atomic_write",
     "save_weights",
     "write_json",
@@ -151,18 +153,46 @@ def read_weights(directory: os.PathLike) -> Dict[str, Tensor]:
 
 
 def _read_weight_file(path: Path) -> Dict[str, Tensor]:
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
 
+        try:
             return load_file(str(path))
-        # weights_only refuses pickled code objects: a hostile .bin cannot execute.
-        state = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as err:  # safetensors and pickle raise many types for bad bytes
-        raise CheckpointError(f"{path}: could not read weights, the file is corrupted or truncated ({type(err).__name__}: {err})") from None
+        except Exception as err:  # safetensors raises several types for bad bytes
+            raise CheckpointError(f"{path}: could not read weights, the file is corrupted or truncated "
+                                  f"({type(err).__name__}: {str(err)[:200]})") from None
+    state = read_pickled_state(path, what="weights")
     if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
         raise CheckpointError(f"{path}: expected a dict of tensors, got {type(state).__name__}")
     return state
+
+
+def read_pickled_state(path: os.PathLike, what: str = "state") -> object:
+    """``torch.load(path, weights_only=True)``: tensors, numbers, strings and containers only.
+
+    A file that would need anything else (a class, a function: code) is refused, and the
+    message says so: it never suggests loading it without ``weights_only``.
+
+    Raises:
+        CheckpointError: the file is refused for safety, or is corrupted or truncated.
+    """
+    import pickle
+
+    path = Path(path)
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "weights only" in str(err).lower() or "weights_only" in str(err):
+            raise CheckpointError(
+                f"{path}: refused for safety: the file holds pickled objects other than tensors (code a pickle can "
+                f"run), and ctxkit reads {what} only as plain tensors (torch.load with weights_only=True). Use a "
+                "safetensors file (model.safetensors), or convert this one with a tool you trust") from None
+        raise CheckpointError(f"{path}: could not read {what}, the file is corrupted or truncated (UnpicklingError)") from None
+    except (FileNotFoundError, IsADirectoryError):
+        raise CheckpointError(f"{path}: no such file") from None
+    except Exception as err:  # zip / EOF / runtime errors of a damaged file
+        raise CheckpointError(f"{path}: could not read {what}, the file is corrupted or truncated "
+                              f"({type(err).__name__}: {str(err)[:200]})") from None
 
 
 def load_state_dict_strict(module: nn.Module, state: Mapping[str, Tensor], source: str = "state dict", assign: bool = False) -> None:
@@ -181,26 +211,6 @@ def load_state_dict_strict(module: nn.Module, state: Mapping[str, Tensor], sourc
     if missing or unexpected or misshaped:
         raise CheckpointMismatchError(source, missing, unexpected, misshaped)
     module.load_state_dict(dict(state), strict=True, assign=assign)
-
-
-def atomic_write(path: os.PathLike, write) -> Path:
-    """Write a file via ``write(tmp_path)`` then rename it over ``path``.
-
-    ``os.replace`` is atomic on POSIX and Windows, so readers see the old file or the
-    new one, never half of one.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 def save_weights(state: Mapping[str, Tensor], path: os.PathLike) -> Path:

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..checkpoint import CheckpointError, atomic_write, load_state_dict_strict
+from ..checkpoint import CheckpointError, atomic_write, load_state_dict_strict, read_pickled_state
 from ..models.elmo import ELMO_PRESETS, ElmoConfig, ElmoLanguageModel
 from ..models.elmo_chars import BOS_TOKEN, EOS_TOKEN, word_to_char_ids
 from ..models.elmo_io import config_to_options, save_elmo_lm, write_bilm_tf
@@ -253,7 +253,7 @@ def train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Path
     if resume:
         if not ckpt_path.is_file():
             raise MissingFileError(f"{out}: no checkpoint.pt to resume from")
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        ckpt = read_pickled_state(ckpt_path, what="a training checkpoint")
         changed = [k for k in _RESUME_FIXED if ckpt["train_config"].get(k) != getattr(cfg, k)]
         if ckpt["model_config"] != config_to_options(arch):
             changed.append("model_config")

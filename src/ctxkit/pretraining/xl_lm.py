@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..checkpoint import CheckpointError, atomic_write, load_state_dict_strict
+from ..checkpoint import CheckpointError, atomic_write, load_state_dict_strict, read_pickled_state
 from ..layers import causal_mask
 from ..layers.transformer import TransformerEncoder
 from ..models.transformer_xl import (TRANSFO_XL_PRESETS, AdaptiveEmbedding, TransformerXLConfig, TransformerXLLMHeadModel,
@@ -288,7 +288,7 @@ def train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
     if resume:
         if not ckpt_path.is_file():
             raise MissingFileError(f"{out}: no checkpoint.pt to resume from")
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        ckpt = read_pickled_state(ckpt_path, what="a training checkpoint")
         changed = [k for k in _RESUME_FIXED if ckpt["train_config"].get(k) != getattr(cfg, k)]
         if changed:
             raise CheckpointError(f"{ckpt_path}: cannot resume with changed settings: {', '.join(changed)}")

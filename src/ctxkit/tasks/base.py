@@ -32,6 +32,7 @@ from ..checkpoint import (
 )
 from ..models.encoders import load_encoder, save_encoder
 from ..training import TrainConfig, Trainer, resolve_device
+from ..core.durable import recover_folder, verify_manifest
 from ..core.errors import UserError
 
 __all__ = ["Task", "finetune", "evaluate_run", "load_run", "load_task", "save_run_model"]
@@ -156,6 +157,13 @@ def load_run(run_dir: os.PathLike, device: str = "auto"):
     run_dir = Path(run_dir)
     task, info = load_task(run_dir)
     best = run_dir / "best"
+    if not best.is_dir():  # a crash between the two renames of a save: the previous best/ stands aside
+        try:
+            recover_folder(best)
+        except OSError:
+            pass
+    if best.is_dir():
+        verify_manifest(best)  # best/ is swapped in whole; a copy that differs from its manifest is refused
     tokenizer = WordPieceTokenizer.from_dir(best) if best.is_dir() else None
     if (best / "backend.json").is_file():  # an exported run (ctxkit quantize): ONNX Runtime instead of PyTorch
         from ..inference.ort_model import OrtTaskModel

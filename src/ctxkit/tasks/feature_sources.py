@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..checkpoint import WEIGHT_FILES, load_state_dict_strict
+from ..checkpoint import WEIGHT_FILES, load_state_dict_strict, read_pickled_state
 from ..models.elmo import ElmoBiLM, elmo_embed
 from ..models.static import WordVectors
 from ..core.errors import MissingFileError, UserError
@@ -154,7 +154,7 @@ def load_bilm(path: os.PathLike) -> Tuple[ElmoBiLM, dict]:
         p = p / "checkpoint.pt"
     if not p.is_file():
         raise MissingFileError(f"{p}: no such biLM folder or checkpoint file")
-    blob = torch.load(p, map_location="cpu", weights_only=True)
+    blob = read_pickled_state(p, what="a biLM checkpoint")
     if not isinstance(blob, dict) or "model" not in blob or "model_config" not in blob:
         raise UserError(f"{p}: not a train_bilm checkpoint (no 'model' and 'model_config')")
     bilm = ElmoBiLM(config_from_options(blob["model_config"], str(p)))

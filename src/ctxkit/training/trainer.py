@@ -18,7 +18,6 @@ import math
 import os
 import random
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,7 +28,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..checkpoint import read_weights, save_weights
+from ..checkpoint import read_pickled_state, read_weights, save_weights
+from ..core.durable import atomic_write, recover_folder, remove_debris, verify_manifest, write_folder
 from ..data.batching import length_grouped_batches
 from .data import CollatedBatches
 from .distributed import (agree, all_reduce_mean, broadcast_parameters, cpu_copy, full_model_state, full_optimizer_state, load_full_state,
@@ -349,24 +349,20 @@ class Trainer:
         return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
 
     def _save_checkpoint(self, state: dict, weights: Dict[str, torch.Tensor], optimizer_state: dict) -> None:
-        final = self.out_dir / "checkpoint"
-        tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.", dir=self.out_dir))
-        try:
-            save_weights(weights, tmp / "model.safetensors")
+        def write(folder: Path) -> None:
+            save_weights(weights, folder / "model.safetensors")
             extra = {"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(), "rng": _rng_state()}
             if hasattr(self.collate_fn, "state_dict"):
                 extra["collator"] = self.collate_fn.state_dict()
-            torch.save(extra, tmp / "optimizer.pt")
-            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
-            # Swap folders so a crash leaves either the old or the new checkpoint whole.
-            old = self.out_dir / ".checkpoint.old"
-            shutil.rmtree(old, ignore_errors=True)
-            if final.exists():
-                os.replace(final, old)
-            os.replace(tmp, final)
-            self._retire(old)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            atomic_write(folder / "optimizer.pt", lambda tmp: torch.save(extra, tmp))
+            atomic_write(folder / "trainer_state.json", lambda tmp: Path(tmp).write_text(json.dumps(state, indent=2)))
+
+        # Swapped in whole: at every instant one complete checkpoint exists (core/durable.py).
+        write_folder(self.out_dir / "checkpoint", write, retire=self._retire)
+
+    def _save_best(self, model: nn.Module) -> None:
+        """``best/`` replaced as a unit, so its encoder and head always come from one epoch."""
+        write_folder(self.out_dir / "best", lambda folder: self.save_best(model, folder))
 
     def _retire(self, old: Path) -> None:
         """Keep the previous checkpoint as ``checkpoint-step{N}`` when ``keep_last`` > 1,
@@ -381,17 +377,24 @@ class Trainer:
                 shutil.rmtree(stale, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
 
+    def _tidy_run_folder(self) -> None:
+        """At (re)start: a complete checkpoint and best/ back in place after a crash, then
+        the debris of crashed writes removed."""
+        if self.rank != 0 or not self.out_dir.is_dir():
+            return
+        for name in ("checkpoint", "best"):
+            recover_folder(self.out_dir / name)
+        for path in remove_debris(self.out_dir):
+            logger.info("removed %s, left by an interrupted save", path)
+
     def _load_checkpoint(self) -> dict:
-        folder = self.out_dir / "checkpoint"
-        if not (folder / "trainer_state.json").is_file():
-            old = self.out_dir / ".checkpoint.old"
-            if (old / "trainer_state.json").is_file():
-                folder = old  # crashed between the two renames: the old one is whole
-            else:
-                raise MissingFileError(f"{self.out_dir}: no checkpoint to resume from")
+        folder = recover_folder(self.out_dir / "checkpoint")
+        if folder is None or not (folder / "trainer_state.json").is_file():
+            raise MissingFileError(f"{self.out_dir}: no checkpoint to resume from")
+        verify_manifest(folder)
         state = json.loads((folder / "trainer_state.json").read_text())
         weights = read_weights(folder)
-        extra = torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True)
+        extra = read_pickled_state(folder / "optimizer.pt")
         if self.sharded:  # every rank read the whole checkpoint and keeps its shard
             load_full_state(self.model, self.optimizer, weights, extra["optimizer"])
         else:
@@ -418,6 +421,7 @@ class Trainer:
         """Train; with ``resume`` continue from ``out_dir/checkpoint`` exactly."""
         cfg = self.config
         state = {"epoch": 0, "batch_in_epoch": 0, "step": 0, "best": None, "best_epoch": None, "history": [], "losses": []}
+        self._tidy_run_folder()
         if resume:
             state = self._load_checkpoint()
         else:
@@ -594,7 +598,7 @@ class Trainer:
             return
         model = self._twin if self.sharded else self.model
         if not self.config.eval_each_epoch or self.evaluate is None:
-            self.save_best(model, self.out_dir / "best")
+            self._save_best(model)
             return
         metrics = self.evaluate(self.model)
         self.model.train()
@@ -606,7 +610,7 @@ class Trainer:
         has_best = (self.out_dir / "best").is_dir() and state["best_epoch"] is not None
         if not has_best or (value is not None and (state["best"] is None or (value > state["best"] if self.greater_is_better else value < state["best"]))):
             state["best"], state["best_epoch"] = value, epoch
-            self.save_best(self.model, self.out_dir / "best")
+            self._save_best(self.model)
 
     def _end_epoch(self, state: dict, epoch: int, step: int, losses: list, start: float) -> None:
         last = step >= self.total_steps or epoch + 1 >= math.ceil(self.config.epochs)
@@ -623,7 +627,7 @@ class Trainer:
             return
         if not self.config.eval_each_epoch:
             if last and self.save_best is not None:
-                self.save_best(best_model, self.out_dir / "best")
+                self._save_best(best_model)
                 state["best_epoch"] = epoch
         elif self.evaluate is not None:
             metrics = self.evaluate(self.model)
@@ -639,9 +643,9 @@ class Trainer:
             if better:
                 state["best"], state["best_epoch"] = value, epoch
                 if self.save_best is not None:
-                    self.save_best(self.model, self.out_dir / "best")
+                    self._save_best(self.model)
         elif self.save_best is not None:
-            self.save_best(best_model, self.out_dir / "best")
+            self._save_best(best_model)
         self._checkpoint(state, epoch + 1, 0, step, losses)
         from ..plots import plot_training_curve  # matplotlib only when a curve is drawn
 
