@@ -62,6 +62,10 @@ def test_quantized_run_is_small_and_loads_everywhere(sst2_run, tmp_path, capsys)
     assert main(["quantize", str(sst2_run), "--out", str(out)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["ratio"] <= 0.3 and result["int8_mb"] > 1, result
+    # The int8 best/ carries its own manifest (the source run's one described other files).
+    from ctxkit.core.durable import verify_manifest
+    assert verify_manifest(out / "best") is True
+    assert "model.int8.onnx" in json.loads((out / "best" / "MANIFEST.json").read_text())["files"]
     assert main(["evaluate", str(out), "--device", "cpu"]) == 0
     int8_acc = json.loads(capsys.readouterr().out)["dev"]["accuracy"]
     assert main(["evaluate", str(sst2_run), "--device", "cpu"]) == 0

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from .ort_model import OrtTaskModel, _session
+from ..core.durable import MANIFEST, atomic_write, write_folder
 from ..core.errors import UserError
 
 __all__ = ["export_onnx", "verify_onnx", "quantize_onnx", "OrtTaskModel", "quantize_run", "ONNX_INPUTS", "folder_size_mb"]
@@ -161,19 +162,26 @@ def quantize_run(run_dir: os.PathLike, out_dir: os.PathLike, verify: bool = True
 
     run_dir, out = Path(run_dir), Path(out_dir)
     _, model, _, _ = load_run(run_dir, device="cpu")
-    best_out = out / "best"
-    best_out.mkdir(parents=True, exist_ok=True)
-    fp32 = export_onnx(model, best_out / "model.fp32.onnx")
-    diff = verify_onnx(model, fp32) if verify else None
-    int8 = quantize_onnx(fp32, best_out / "model.int8.onnx")
-    fp32.unlink()
     src_best = run_dir / "best"
-    for item in src_best.iterdir():
-        if item.is_file() and item.suffix in (".json", ".txt"):
-            shutil.copy2(item, best_out / item.name)
-    shutil.copy2(run_dir / "task.json", out / "task.json")
-    (best_out / BACKEND_FILE).write_text(json.dumps({"backend": "onnxruntime", "file": int8.name, "precision": "int8",
-                                                     "source_run": str(run_dir)}, indent=2) + "\n", encoding="utf-8")
+    diff = None
+
+    def write(best_out: Path) -> None:
+        nonlocal diff
+        fp32 = export_onnx(model, best_out / "model.fp32.onnx")
+        diff = verify_onnx(model, fp32) if verify else None
+        quantize_onnx(fp32, best_out / "model.int8.onnx")
+        fp32.unlink()
+        for item in src_best.iterdir():
+            # The source's MANIFEST.json describes its weights, not this folder: write_folder writes a new one.
+            if item.is_file() and item.suffix in (".json", ".txt") and item.name != MANIFEST:
+                shutil.copy2(item, best_out / item.name)
+        (best_out / BACKEND_FILE).write_text(json.dumps({"backend": "onnxruntime", "file": "model.int8.onnx",
+                                                         "precision": "int8", "source_run": str(run_dir)}, indent=2)
+                                             + "\n", encoding="utf-8")
+
+    out.mkdir(parents=True, exist_ok=True)
+    int8 = write_folder(out / "best", write) / "model.int8.onnx"  # swapped in whole, like a training run's best/
+    atomic_write(out / "task.json", lambda tmp: shutil.copyfile(run_dir / "task.json", tmp))
     weights = [p for p in src_best.iterdir() if p.suffix in (".safetensors", ".bin")]
     fp32_mb, int8_mb = folder_size_mb(weights), folder_size_mb([int8])
     return {"fp32_mb": round(fp32_mb, 2), "int8_mb": round(int8_mb, 2), "ratio": round(int8_mb / fp32_mb, 3),
