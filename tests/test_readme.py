@@ -12,7 +12,7 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_second():
     commands = re.findall(r"```bash\n(.*?)\n```", setup, flags=re.S)
     assert len(commands) == 2 and all("\n" not in c for c in commands)
     demo, tests = commands
-    assert demo.endswith("ctxkit demo") and "[pretrained]" in demo
+    assert demo.endswith("ctxkit demo") and "ctxkit download all_minilm_l6_v2" in demo and "[all]" in demo
     assert "pytest" in tests and "[test]" in tests
     ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith(("#", "set ", "cd "))]
     assert ci == [tests]

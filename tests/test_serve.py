@@ -32,7 +32,9 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from ctxkit.checkpoint import write_json  # noqa: E402
 from ctxkit.embedding import embed  # noqa: E402
-from ctxkit.inference.serve import MicroBatcher, ShuttingDown, add_serve_command, create_app  # noqa: E402
+from ctxkit.core.errors import UserError  # noqa: E402
+from ctxkit.inference.serve import MicroBatcher, QueueFull, ShuttingDown, add_serve_command, create_app  # noqa: E402
+from ctxkit.inference.serve_limits import TokenCheck, available_cores, choose_threads  # noqa: E402
 from ctxkit.tasks import get_task, load_run, save_run_model  # noqa: E402
 from ctxkit.zoo import get_model  # noqa: E402
 from tolerance import assert_paths_agree  # noqa: E402
@@ -393,6 +395,11 @@ def test_sigterm_finishes_in_flight_requests_then_exits_cleanly(cls_run, cls_loa
     names = [e["event"] for e in events]
     assert names[:2] == ["startup", "listening"] and names[-1] == "shutdown" and "stopping" in names, names
     assert events[1]["port"] == port
+    # The thread count the model thread really runs with, and why (CI sets OMP_NUM_THREADS in some runs).
+    omp = os.environ.get("OMP_NUM_THREADS")
+    want = (int(omp), "OMP_NUM_THREADS") if omp else (max(1, available_cores() - 1), "auto")
+    assert (events[0]["threads"]["torch"], events[0]["threads"]["source"]) == want, events[0]
+    assert events[0]["max_queue"] == 4 * 64  # 4 x --max-batch
     assert next(e for e in events if e["event"] == "stopping")["signal"] == "SIGTERM"
     batch = [e for e in events if e["event"] == "batch"]
     assert len(batch) == 1 and batch[0]["batch_size"] == 20  # one forward pass, after the signal
@@ -407,14 +414,65 @@ def test_serve_command_options():
     add_serve_command(parser.add_subparsers(dest="verb"))
     args = parser.parse_args(["serve", "RUN", "--port", "9001", "--max-batch", "8", "--max-wait-ms", "2.5"])
     assert (args.run_dir, args.port, args.host, args.max_batch, args.max_wait_ms, args.max_items) == ("RUN", 9001, "127.0.0.1", 8, 2.5, 64)
+    assert (args.threads, args.max_queue) == (None, None)  # None: chosen at startup
     assert args.func.__name__ == "_cmd_serve"
+    args = parser.parse_args(["serve", "RUN", "--threads", "3", "--max-queue", "10"])
+    assert (args.threads, args.max_queue) == (3, 10)
 
 
-def test_an_int8_run_serves_classify_and_explains_missing_embed(cls_run, tmp_path):
+@pytest.mark.parametrize("option, value", [("--threads", "0"), ("--threads", "-2"), ("--threads", "two"), ("--threads", "1.5"),
+                                           ("--max-queue", "0")])
+def test_serve_command_refuses_a_thread_or_queue_count_below_one(option, value, capsys):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="ctxkit")
+    add_serve_command(parser.add_subparsers(dest="verb"))
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["serve", "RUN", option, value])
+    assert exit_info.value.code == 2
+    assert f"argument {option}: must be an integer >= 1, got '{value}'" in capsys.readouterr().err
+
+
+def test_thread_count_default_follows_the_cores_and_omp_num_threads():
+    assert choose_threads(cores=2, environ={}) == (1, "auto")  # one core left to the event loop and clients
+    assert choose_threads(cores=1, environ={}) == (1, "auto")
+    assert choose_threads(cores=16, environ={}) == (15, "auto")
+    assert choose_threads(cores=2, environ={"OMP_NUM_THREADS": "4"}) == (4, "OMP_NUM_THREADS")  # the user's, even above the cores
+    assert choose_threads(cores=2, environ={"OMP_NUM_THREADS": "3,1"}) == (3, "OMP_NUM_THREADS")  # per nesting level: the first
+    assert choose_threads(2, cores=8, environ={"OMP_NUM_THREADS": "4"}) == (2, "--threads")  # the option wins
+    for bad in ("0", "many", "-1"):
+        with pytest.raises(UserError, match=f"OMP_NUM_THREADS must be an integer >= 1, got '{bad}'"):
+            choose_threads(environ={"OMP_NUM_THREADS": bad})
+    with pytest.raises(UserError, match="--threads must be an integer >= 1, got 0"):
+        choose_threads(0)
+    assert 1 <= available_cores() <= (os.cpu_count() or 1)
+
+
+def test_health_reports_the_model_threads_and_the_caller_keeps_its_own(cls_loaded, caplog):
+    from fastapi.testclient import TestClient
+
+    with pytest.raises(UserError, match="--threads must be an integer >= 1"):
+        create_app(cls_loaded, threads=0)
+    with pytest.raises(UserError, match="--max-queue must be an integer >= 1"):
+        create_app(cls_loaded, threads=1, max_queue=0)
+    caplog.set_level(logging.INFO, logger="ctxkit.serve")
+    before = torch.get_num_threads()
+    wanted = 3 if before != 3 else 2  # differs from the caller's, to show whose count is whose
+    with TestClient(create_app(cls_loaded, threads=wanted, max_batch=8)) as client:
+        health = client.get("/health").json()
+    assert health["threads"] == {"torch": wanted, "source": "--threads", "cores": available_cores()}
+    assert health["batching"]["max_queue"] == 32  # 4 x max_batch
+    assert torch.get_num_threads() == before
+    startup = [json.loads(r.getMessage()) for r in caplog.records if r.name == "ctxkit.serve" and '"startup"' in r.getMessage()]
+    assert startup[-1]["threads"] == health["threads"] and startup[-1]["max_queue"] == 32
+
+
+def test_an_int8_run_serves_classify_and_explains_missing_embed(cls_run, tmp_path, monkeypatch):
     """`ctxkit quantize` output (ONNX Runtime, no torch weights) behind the same API."""
     pytest.importorskip("onnxruntime")
     from fastapi.testclient import TestClient
 
+    from ctxkit.inference import ort_model
     from ctxkit.inference.export import quantize_run
     from ctxkit.inference.serve import create_app
     from ctxkit.tasks import load_run
@@ -423,7 +481,13 @@ def test_an_int8_run_serves_classify_and_explains_missing_embed(cls_run, tmp_pat
     task, model, tokenizer, _ = load_run(tmp_path / "int8", device="cpu")
     texts = ["a wonderful , moving film", "the worst mess of the year", "it is fine"]
     offline = task.predict_lines(model, tokenizer, texts, 8, "cpu")
-    with TestClient(create_app(tmp_path / "int8")) as client:
+    # The server's ONNX Runtime session gets the serving thread count, not the caller's.
+    session, sizes = ort_model._session, []
+    monkeypatch.setattr(ort_model, "_session", lambda path, threads=None: sizes.append(threads or torch.get_num_threads())
+                        or session(path, threads))
+    wanted = 3 if torch.get_num_threads() != 3 else 2
+    with TestClient(create_app(tmp_path / "int8", threads=wanted)) as client:
+        assert sizes == [wanted] and client.get("/health").json()["threads"]["torch"] == wanted
         body = client.post("/classify", json={"texts": texts}).json()
         assert [r["label"] for r in body["predictions"]] == [r["label"] for r in offline]
         r = client.post("/embed", json={"text": "hello"})
@@ -448,3 +512,151 @@ def test_onnxruntime_backend_serves_the_same_labels_and_keeps_embed(cls_run):
     assert [a["label"] for a in answers["pytorch"]] == [a["label"] for a in answers["onnxruntime"]] == [a["label"] for a in answers["auto"]]
     with pytest.raises(ValueError, match="gpu backend needs a CUDA device"):
         create_app(cls_run, device="cpu", backend="gpu")
+
+
+def test_full_queue_answers_429_with_retry_after_and_counts_it(minilm_dir, cls_loaded):
+    """Deterministic: the batch function blocks until released, so what is queued is known."""
+    task = get_task("table", labels=["negative", "positive"], regression=False)
+    entered, release, seen = threading.Event(), threading.Event(), []
+
+    def blocked_predict(model, tokenizer, lines, batch_size, device):
+        seen.append(list(lines))
+        entered.set()
+        assert release.wait(30)
+        return [{"label": "positive", "probs": {"negative": 0.0, "positive": 1.0}} for _ in lines]
+
+    task.predict_lines = blocked_predict  # this task object only
+    app = create_app((task, *cls_loaded[1:]), max_batch=1, max_wait_ms=0, max_queue=2)
+
+    async def scenario(base):
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            first = asyncio.ensure_future(client.post("/classify", json={"text": "in the forward pass"}))
+            assert await asyncio.to_thread(entered.wait, 30)  # running, so no longer queued
+            waiting = [asyncio.ensure_future(client.post("/classify", json={"text": f"queued {i}"})) for i in range(2)]
+            deadline = time.time() + 30
+            while (await client.get("/health")).json()["stats"]["classify"]["queued"] < 2:
+                assert time.time() < deadline, "the two requests did not queue"
+                await asyncio.sleep(0.01)
+            full = [await client.post("/classify", json=body) for body in ({"text": "one too many"}, {"texts": ["a", "b"]})]
+            health = (await client.get("/health")).json()
+            release.set()
+            answered = [await first] + list(await asyncio.gather(*waiting))
+            # Drained: a request larger than --max-queue is taken when nothing waits.
+            large = await client.post("/classify", json={"texts": ["x", "y", "z"]})
+            return full, health, answered, large
+
+    with _running(app) as base:
+        full, health, answered, large = asyncio.run(asyncio.wait_for(scenario(base), 60))
+    for r in full:
+        assert r.status_code == 429, r.text
+        assert r.json() == {"error": "the /classify queue is full (2 texts waiting, limit 2: --max-queue); retry in 1 s"}
+        assert r.headers["retry-after"] == "1"  # no batch has finished yet: the estimate's floor
+    assert [r.status_code for r in answered] == [200] * 3 and large.status_code == 200
+    stats = health["stats"]["classify"]
+    assert (stats["rejected"], stats["queued"], health["batching"]["max_queue"]) == (2, 2, 2)
+    # Refused requests never reached the model.
+    assert sorted(line for call in seen for line in call) == ["in the forward pass", "queued 0", "queued 1", "x", "y", "z"]
+
+
+def test_micro_batcher_retry_after_follows_the_batch_time():
+    entered, gate = threading.Event(), threading.Event()
+
+    def fn(items):
+        if items == ["slow"]:
+            time.sleep(0.5)  # sets the batch-time estimate
+        elif items == ["block"]:
+            entered.set()
+            assert gate.wait(30)
+        return items
+
+    async def scenario():
+        with ThreadPoolExecutor(1) as executor:
+            b = MicroBatcher("t", fn, executor, max_batch=2, max_wait_ms=0, max_queue=4)
+            b.start()
+            await b.submit(["slow"])
+            blocked = asyncio.ensure_future(b.submit(["block"]))
+            assert await asyncio.to_thread(entered.wait, 30)
+            queued = [asyncio.ensure_future(b.submit([i])) for i in range(4)]
+            await asyncio.sleep(0)  # they queue; the worker is still waiting for "block"
+            waiting = b.stats["queued"]
+            with pytest.raises(QueueFull) as refused:
+                await b.submit([9])
+            gate.set()
+            answers = await asyncio.gather(blocked, *queued)
+            await b.close()
+        return waiting, refused.value, answers, b.stats
+
+    waiting, refused, answers, stats = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert waiting == 4 and answers == [["block"], [0], [1], [2], [3]]
+    # 4 waiting = 2 batches after the one running, each ~0.5 s: 1.5 s, rounded up.
+    assert (refused.endpoint, refused.queued, refused.limit, refused.retry_after) == ("t", 4, 4, 2)
+    assert stats["rejected"] == 1 and stats["items"] == 6 and stats["queued"] == 0
+
+
+def _in_memory_app(task, cls_loaded, **options):
+    """An app for ``task`` on the classification run's encoder (a seeded head, no training)."""
+    torch.manual_seed(0)
+    model = task.build_model(cls_loaded[1].encoder).eval()
+    return create_app((task, model, cls_loaded[2], {"task": task.name, "options": task.options()}), **options)
+
+
+TOKENLESS = {"zero-width spaces": "\u200b\u200b", "a control character": "\u0001", "a lone combining mark": "\u0301",
+             "NUL and a word joiner": "\u0000\u2060", "private use": "\ue000"}
+
+
+def test_texts_without_tokens_get_422_naming_the_item_and_never_reach_the_model(cls_loaded):
+    from fastapi.testclient import TestClient
+
+    tokenizer = cls_loaded[2]
+    for text in TOKENLESS.values():  # the premise: the run's tokenizer gives them no token
+        assert tokenizer.encode(text, add_special_tokens=False).input_ids == []
+    cases = [("/classify", {"text": t}, "text") for t in TOKENLESS.values()] + [
+        ("/classify", {"texts": ["a fine film", "\u0001"]}, "texts[1]"),
+        ("/classify", {"texts": ["a", "b", "\u0301\u0302"]}, "texts[2]"),
+        ("/classify", {"text": "a fine film", "pair": "\u200b"}, "pair"),
+        ("/classify", {"texts": ["a", "b"], "pairs": ["c", "\u200d\u0000"]}, "pairs[1]"),
+        ("/embed", {"text": "\u200b\u200b"}, "text"),
+        ("/embed", {"texts": ["fine", "\ufeff"]}, "texts[1]"),
+    ]
+    with TestClient(create_app(cls_loaded, max_wait_ms=0)) as client:
+        for path, body, field in cases:
+            r = client.post(path, json=body)
+            assert r.status_code == 422 and r.json()["error"].startswith(f"invalid request: {field} has no tokens: "), (body, r.text)
+        # Whitespace keeps its own message; a dropped character next to a kept one is fine.
+        assert "text is empty or only whitespace" in client.post("/classify", json={"text": " \u3000"}).json()["error"]
+        kept = [client.post("/classify", json={"text": t}) for t in ("ok\u200b", "e\u0301", "\u4e2d", "\U0001f970", "[MASK]")]
+        assert [r.status_code for r in kept] == [200] * 5, [r.text for r in kept]
+        stats = client.get("/health").json()["stats"]
+    assert stats["classify"]["requests"] == 5 and stats["embed"]["requests"] == 0
+
+
+def test_ner_and_qa_refuse_texts_without_tokens_by_field(cls_loaded):
+    from fastapi.testclient import TestClient
+
+    ner = _in_memory_app(get_task("conll2003", labels=CONLL_TAGS), cls_loaded, max_wait_ms=0)
+    qa = _in_memory_app(get_task("squad"), cls_loaded, max_wait_ms=0)
+    with TestClient(ner) as client:
+        r = client.post("/ner", json={"texts": ["Angela Merkel visited Paris .", "\u200b\u0001"]})
+        assert r.status_code == 422 and r.json()["error"].startswith("invalid request: texts[1] has no tokens"), r.text
+    item = {"question": "Who won?", "context": "The Broncos won."}
+    with TestClient(qa) as client:
+        for body, field in (({"question": "\u0301", "context": "The Broncos won."}, "question"),
+                            ({"items": [item, {"question": "Who?", "context": "\u200b"}]}, "items[1].context"),
+                            ({"items": [{"question": "\u2060", "context": "x"}]}, "items[0].question")):
+            r = client.post("/qa", json=body)
+            assert r.status_code == 422 and r.json()["error"].startswith(f"invalid request: {field} has no tokens"), r.text
+        assert client.get("/health").json()["stats"]["qa"]["requests"] == 0
+
+
+def test_token_check_agrees_with_the_tokenizer_on_mixed_strings(cls_loaded):
+    """A text has a token exactly when one of its characters has one on its own."""
+    import random
+
+    tokenizer = cls_loaded[2]
+    check = TokenCheck(tokenizer)
+    rng = random.Random(0)
+    dropped = [*TOKENLESS.values(), "\u0300", "\u034f", "\u180e", "\u200c", "\U000e0001", "\U0010fffd", "\t", " ", "\ufffd"]
+    kept = ["a", "Z", "9", ".", "\u00e9", "\u0130", "\u4e2d", "\uac00", "\U0001f970", "\u0378", "[", "\u02b9"]
+    for _ in range(3000):
+        text = "".join(rng.choice(dropped if rng.random() < 0.8 else kept) for _ in range(rng.randint(1, 6)))
+        assert check.has_tokens(text) == bool(tokenizer.encode(text, add_special_tokens=False).input_ids), repr(text)

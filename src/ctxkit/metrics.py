@@ -41,14 +41,8 @@ from typing import (
 )
 
 import numpy as np
-from scipy import stats
-from seqeval.metrics.sequence_labeling import (
-    get_entities,
-    precision_recall_fscore_support,
-)
-from sklearn.metrics import f1_score as _sk_f1_score
-from sklearn.metrics import matthews_corrcoef
 
+from .core.deps import require
 from .core.errors import UnknownNameError, UserError
 
 __all__ = [
@@ -123,7 +117,7 @@ def f1_binary(preds: Any, labels: Any, positive: Any = 1) -> Dict[str, float]:
         ``{"f1": percent}``; 0.0 when there is no true positive (no division warning).
     """
     p, y = _pair(preds, labels)
-    f1 = _sk_f1_score(y, p, pos_label=positive, average="binary", zero_division=0)
+    f1 = require("sklearn.metrics", "the F1 score").f1_score(y, p, pos_label=positive, average="binary", zero_division=0)
     return {"f1": 100.0 * float(f1)}
 
 
@@ -139,7 +133,7 @@ def matthews_corr(preds: Any, labels: Any) -> Dict[str, float]:
         scikit-learn.
     """
     p, y = _pair(preds, labels)
-    return {"mcc": 100.0 * float(matthews_corrcoef(y, p))}
+    return {"mcc": 100.0 * float(require("sklearn.metrics", "the Matthews correlation").matthews_corrcoef(y, p))}
 
 
 def pearson_spearman(preds: Any, labels: Any) -> Dict[str, float]:
@@ -166,6 +160,7 @@ def pearson_spearman(preds: Any, labels: Any) -> Dict[str, float]:
     if np.ptp(p) == 0 or np.ptp(y) == 0:
         pearson = spearman = 0.0
     else:
+        stats = require("scipy.stats", "Pearson/Spearman correlation")
         pearson = float(stats.pearsonr(p, y)[0])
         spearman = float(stats.spearmanr(p, y)[0])
     pearson, spearman = 100.0 * pearson, 100.0 * spearman
@@ -242,6 +237,8 @@ def ner_f1(true_tag_seqs: Sequence[Sequence[str]], pred_tag_seqs: Sequence[Seque
     y_true, y_pred = [list(s) for s in true_tag_seqs], [list(s) for s in pred_tag_seqs]
     if len(y_true) != len(y_pred) or any(len(t) != len(p) for t, p in zip(y_true, y_pred)):
         raise UserError("true_tag_seqs and pred_tag_seqs must have the same sentences and lengths")
+    seqeval = require("seqeval.metrics.sequence_labeling", "the CoNLL entity F1")
+    get_entities, precision_recall_fscore_support = seqeval.get_entities, seqeval.precision_recall_fscore_support
     precision, recall, f1, _ = precision_recall_fscore_support(y_true, y_pred, average="micro", zero_division=0)
     # seqeval orders per-type results by sorted type name; rebuild the same list to label them.
     types = sorted({e[0] for e in get_entities(y_true)} | {e[0] for e in get_entities(y_pred)})

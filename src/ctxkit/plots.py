@@ -12,13 +12,13 @@ import os
 from pathlib import Path
 from typing import Sequence, Union
 
-import matplotlib
+from .core.deps import require
+from .core.errors import UserError
 
+matplotlib = require("matplotlib", "drawing figures (ctxkit demo, curve.png, heatmaps)")
 matplotlib.use("Agg")  # headless: never try to open a window
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-
-from .core.errors import UserError
 
 PathLike = Union[str, "os.PathLike[str]"]
 

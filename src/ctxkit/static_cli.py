@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 from ctxkit.models.static_io import FORMATS
+from ctxkit.training.callbacks import add_log_to_argument, make_callbacks
 
 __all__ = ["add_static_parsers", "read_sst2"]
 
@@ -72,6 +73,8 @@ def _cmd_word2vec_train(args: argparse.Namespace) -> int:
     from ctxkit.models.static import train_word2vec
     from ctxkit.models.static_io import guess_format
 
+    # The vectors are one file, so the writers' files go into a folder beside it.
+    callbacks = make_callbacks(args.log_to, args.log_dir or Path(args.out).with_suffix(".logs"))
     _require_files(args.corpus)
     fmt = args.format or guess_format(args.out, for_writing=True)
     vectors = train_word2vec(
@@ -79,7 +82,7 @@ def _cmd_word2vec_train(args: argparse.Namespace) -> int:
         min_count=args.min_count, epochs=args.epochs, subsample=args.subsample, subwords=args.subwords,
         minn=args.minn, maxn=args.maxn, buckets=args.buckets, lr=args.lr, batch_size=args.batch_size,
         lowercase=args.lowercase, seed=args.seed, device=args.device, progress=not args.no_progress,
-        num_threads=args.threads or None)
+        num_threads=args.threads or None, callbacks=callbacks)
     path = vectors.save(args.out, format=fmt, decimals=args.decimals, progress=not args.no_progress)
     meta = vectors.meta
     print(f"{len(vectors):,} words x {vectors.dim} dims; {meta['train_tokens']:,} tokens x {meta['epochs']} epochs "
@@ -176,6 +179,9 @@ def add_static_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", choices=FORMATS, default=None, help="override the format chosen by --out's suffix")
     p.add_argument("--decimals", type=int, default=None, help="text formats: fixed decimals (default: exact %%.9g)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_log_to_argument(p)
+    p.add_argument("--log-dir", default=None, metavar="DIR",
+                   help="folder for the --log-to writers' files (default: OUT without its suffix plus .logs, e.g. vectors.logs/)")
     p.set_defaults(func=_cmd_word2vec_train)
 
     p = sub.add_parser("neighbors", help="nearest neighbours of words by cosine similarity",

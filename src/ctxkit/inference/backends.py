@@ -26,7 +26,9 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from ..core.deps import missing, require_all
 from ..core.errors import UserError
+from .export import DEPLOY_NEEDS
 
 __all__ = ["BACKENDS", "with_backend", "choose_backend", "median_ms", "PrecisionModel", "AUTO_CHOICE_DIR"]
 
@@ -130,6 +132,7 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
     if device.type != "cpu":
         raise UserError(f"the {backend} backend is for CPU inference; this model is on {device} (use --device cpu)")
     if backend == "onnxruntime":
+        require_all(DEPLOY_NEEDS, "the onnxruntime backend")
         if precision != "fp32":
             raise UserError(f"the onnxruntime backend runs an fp32 export, not {precision}: use --backend pytorch or compiled for bf16")
         # The session holds the graph in memory, so the export is not kept on disk.
@@ -245,6 +248,10 @@ def choose_backend(model: nn.Module, precision: Optional[str] = None, run_dir: O
         kept = store.load(model, precision)
         if kept is not None:
             return kept
+    if missing(DEPLOY_NEEDS):  # nothing to time against: PyTorch it is, and the user learns why
+        pytorch, description = with_backend(model, "pytorch", precision)
+        return pytorch, (f"auto: {description}; ONNX Runtime was not timed against it, as it is not installed "
+                         "(pip install 'ctxkit[deploy]')")
     with tempfile.TemporaryDirectory(prefix="ctxkit-onnx-") as folder:
         # The session holds the graph in memory; the file is only kept (in run_dir) when ONNX Runtime wins.
         export = Path(folder) / "model.onnx"

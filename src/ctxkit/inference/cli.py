@@ -148,8 +148,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 def cmd_export(args: argparse.Namespace) -> int:
     """Handler of ``ctxkit export``: ONNX file(s) of a fine-tuned run, checked against PyTorch."""
     from ..tasks import load_run
-    from .export import export_onnx, folder_size_mb, quantize_onnx, verify_onnx
+    from ..core.deps import require_all
+    from .export import DEPLOY_NEEDS, export_onnx, folder_size_mb, quantize_onnx, verify_onnx
 
+    require_all(DEPLOY_NEEDS, "ctxkit export")  # before the run loads
     _, model, _, info = load_run(args.run_dir, device="cpu")
     if "backend" in info:
         raise UserError(f"{args.run_dir} is already an exported run ({info['backend']['file']}); export the original run")

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from .ort_model import OrtTaskModel, _session
+from ..core.deps import require_all
 from ..core.durable import MANIFEST, atomic_write, write_folder
 from ..core.errors import UserError
 
@@ -36,6 +37,9 @@ __all__ = ["export_onnx", "verify_onnx", "quantize_onnx", "OrtTaskModel", "quant
 
 ONNX_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 BACKEND_FILE = "backend.json"  # in best/: which ONNX file replaces the PyTorch weights
+
+#: what export, verification and quantisation import (the `deploy` extra)
+DEPLOY_NEEDS = ("onnx", "onnxruntime")
 
 
 class _Logits(nn.Module):
@@ -94,12 +98,10 @@ def export_onnx(model: nn.Module, path: os.PathLike, opset: int = 17) -> Path:
     tmp = path.with_name(path.name + ".tmp")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's deprecation chatter is not the user's concern
-        try:  # the TorchScript exporter works from torch 2.4 on; the dynamo one is the fallback
-            torch.onnx.export(wrapped, args, str(tmp), input_names=list(ONNX_INPUTS), output_names=outputs,
-                              dynamic_axes=axes, opset_version=opset, dynamo=False)
-        except Exception:
-            torch.onnx.export(wrapped, args, str(tmp), input_names=list(ONNX_INPUTS), output_names=outputs,
-                              dynamic_axes=axes, opset_version=opset, dynamo=True)
+        # The TorchScript exporter (torch >= 2.4) needs only `onnx`; the dynamo one would also
+        # need onnxscript, so it is not used.
+        torch.onnx.export(wrapped, args, str(tmp), input_names=list(ONNX_INPUTS), output_names=outputs,
+                          dynamic_axes=axes, opset_version=opset, dynamo=False)
     os.replace(tmp, path)  # a failed export never leaves a half-written file under the real name
     for extra in path.parent.glob(tmp.name + "*"):
         extra.unlink()
@@ -133,6 +135,7 @@ def verify_onnx(model: nn.Module, path: os.PathLike, atol: float = 1e-4, batch: 
 def quantize_onnx(src: os.PathLike, dst: os.PathLike) -> Path:
     """Dynamic int8 quantisation of an exported model's MatMul/Gemm weights and embedding tables
     (Gather: the word embeddings are a quarter of a small model's bytes)."""
+    require_all(DEPLOY_NEEDS, "int8 quantisation")
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     dst = Path(dst)
@@ -160,6 +163,7 @@ def quantize_run(run_dir: os.PathLike, out_dir: os.PathLike, verify: bool = True
     """
     from ..tasks import load_run
 
+    require_all(DEPLOY_NEEDS, "ctxkit quantize")  # before the run loads
     run_dir, out = Path(run_dir), Path(out_dir)
     _, model, _, _ = load_run(run_dir, device="cpu")
     src_best = run_dir / "best"

@@ -16,11 +16,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..core.deps import require
+
 __all__ = ["OrtTaskModel"]
 
 
 def _session(path: os.PathLike, threads: Optional[int] = None):
-    import onnxruntime as ort
+    ort = require("onnxruntime", "running an exported model")
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or torch.get_num_threads()

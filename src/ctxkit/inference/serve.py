@@ -23,10 +23,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from ..core.errors import MissingDependencyError, UserError
+from ..core.deps import require_all
+from ..core.errors import UserError
 from . import serve_schema as schema
+from .serve_limits import (QueueFull, RequestGuard, TokenCheck, at_least_one, available_cores, choose_threads,
+                           set_model_thread, torch_threads)
 
-__all__ = ["MicroBatcher", "add_serve_command", "create_app", "serve"]
+SERVE_NEEDS = ("fastapi", "uvicorn", "pydantic", "starlette")  # the `serve` extra, imported directly
+
+__all__ = ["MicroBatcher", "QueueFull", "add_serve_command", "create_app", "serve"]
 
 log = logging.getLogger("ctxkit.serve")
 
@@ -54,21 +59,26 @@ class MicroBatcher:
     Args:
         name: endpoint name, for logs and stats.
         fn: ``fn(items) -> outputs``, one output per item, in order.
-        executor: where ``fn`` runs (one thread: torch already uses every core).
+        executor: where ``fn`` runs (one thread: torch parallelises each call itself).
         max_batch: most items per call of ``fn``.
         max_wait_ms: how long the oldest queued request may wait for company.
+        max_queue: most items waiting (not counting the batch being computed); a request
+            that would go over is refused with :class:`QueueFull`, unless the queue is
+            empty (a request larger than the limit is never refused for ever). None: no limit.
     """
 
-    def __init__(self, name: str, fn: Callable[[list], list], executor, max_batch: int = 32, max_wait_ms: float = 5.0):
-        if max_batch < 1 or max_wait_ms < 0:
-            raise UserError(f"max_batch must be >= 1 and max_wait_ms >= 0, got {max_batch}, {max_wait_ms}")
+    def __init__(self, name: str, fn: Callable[[list], list], executor, max_batch: int = 32, max_wait_ms: float = 5.0,
+                 max_queue: Optional[int] = None):
+        if max_batch < 1 or max_wait_ms < 0 or (max_queue is not None and max_queue < 1):
+            raise UserError(f"max_batch and max_queue must be >= 1 and max_wait_ms >= 0, got {max_batch}, {max_queue}, {max_wait_ms}")
         self.name, self.fn, self.executor = name, fn, executor
-        self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000.0
+        self.max_batch, self.max_wait, self.max_queue = max_batch, max_wait_ms / 1000.0, max_queue
         self._pending: collections.deque = collections.deque()
         self._wakeup = asyncio.Event()
         self._task: Optional[asyncio.Task] = None
         self._closing = False
-        self.stats = {"requests": 0, "items": 0, "batches": 0, "largest_batch": 0, "queued": 0}
+        self._batch_s = 0.0  # moving average of a batch's compute time, for Retry-After
+        self.stats = {"requests": 0, "items": 0, "batches": 0, "largest_batch": 0, "queued": 0, "rejected": 0}
 
     def start(self) -> None:
         """Start the worker on the running event loop."""
@@ -86,10 +96,17 @@ class MicroBatcher:
 
         Raises:
             ShuttingDown: the batcher is closing or was never started.
+            QueueFull: ``max_queue`` items are waiting already.
             Exception: whatever ``fn`` raised on this request's items.
         """
         if self._closing or self._task is None:
             raise ShuttingDown("the server is shutting down")
+        queued = self.stats["queued"]
+        if self.max_queue is not None and queued and queued + len(items) > self.max_queue:
+            self.stats["rejected"] += 1
+            # The queue drains one batch per forward pass, plus the pass in progress.
+            retry_after = max(1, math.ceil((queued / self.max_batch + 1) * self._batch_s))
+            raise QueueFull(self.name, queued, self.max_queue, retry_after)
         job = _Job(items, asyncio.get_running_loop().create_future(), time.perf_counter())
         self._pending.append(job)
         self.stats["queued"] += len(items)
@@ -149,8 +166,10 @@ class MicroBatcher:
         for key, value in (("requests", len(batch)), ("items", size), ("batches", 1)):
             self.stats[key] += value
         self.stats["largest_batch"] = max(self.stats["largest_batch"], size)
+        compute_s = time.perf_counter() - started
+        self._batch_s = compute_s if self.stats["batches"] == 1 else 0.8 * self._batch_s + 0.2 * compute_s
         log_event("batch", endpoint=self.name, requests=len(batch), batch_size=size,
-                  compute_ms=round((time.perf_counter() - started) * 1000, 2), queue_ms=round((started - batch[0].arrived) * 1000, 2))
+                  compute_ms=round(compute_s * 1000, 2), queue_ms=round((started - batch[0].arrived) * 1000, 2))
 
 
 def _task_kind(task) -> str:
@@ -210,54 +229,10 @@ def _undecodable(cause: Optional[BaseException]) -> str:
     return "malformed JSON: the body could not be decoded; send UTF-8 JSON"
 
 
-class _Guard:
-    """ASGI middleware: body-size limit and one JSON log line per request."""
-
-    def __init__(self, app, max_body_bytes: int):
-        self.app, self.max_body_bytes = app, max_body_bytes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        started, status = time.perf_counter(), [0]
-
-        async def send_logged(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        # Read the whole body first (it is bounded): an over-long one is drained, not
-        # refused mid-upload, so the client can read the 413 instead of a reset.
-        body, size, more = [], 0, True
-        while more and size <= 16 * self.max_body_bytes:
-            message = await receive()
-            if message["type"] != "http.request":
-                return
-            size += len(message.get("body", b""))
-            more = message.get("more_body", False)
-            if size <= self.max_body_bytes:
-                body.append(message.get("body", b""))
-        replay = [{"type": "http.request", "body": b"".join(body), "more_body": False}]
-
-        async def receive_replayed():
-            return replay.pop() if replay else await receive()
-
-        try:
-            if size > self.max_body_bytes:
-                from starlette.responses import JSONResponse
-
-                error = f"request body over {self.max_body_bytes} bytes (--max-body-bytes)"
-                await JSONResponse({"error": error}, status_code=413)(scope, receive, send_logged)
-            else:
-                await self.app(scope, receive_replayed, send_logged)
-        finally:
-            log_event("request", method=scope["method"], path=scope["path"], status=status[0],
-                      items=scope.get("ctxkit_items", 0), latency_ms=round((time.perf_counter() - started) * 1000, 2))
-
-
 def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: float = 5.0, max_text_chars: int = 10_000,
                max_items: int = 64, max_body_bytes: Optional[int] = None, pooling: str = "mean",
-               backend: str = "pytorch", precision: Optional[str] = None):
+               backend: str = "pytorch", precision: Optional[str] = None, threads: Optional[int] = None,
+               max_queue: Optional[int] = None):
     """Build the FastAPI app for a fine-tuned run.
 
     Args:
@@ -273,37 +248,51 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         backend, precision: the task endpoint's runtime (:func:`ctxkit.inference.backends.with_backend`;
             precision None = that backend's default); ``/embed`` always uses the PyTorch
             encoder (with ``gpu``, the task endpoint gets its own bf16 copy of the model).
+        threads: torch (and ONNX Runtime) intra-op threads of the model thread; None:
+            ``OMP_NUM_THREADS`` if set, else one per available core but one
+            (:func:`ctxkit.inference.serve_limits.choose_threads`). The caller's own
+            thread count is left as it was.
+        max_queue: most texts waiting per endpoint; more get 429 (default: 4 batches' worth).
 
     Returns:
         The ASGI app; its lifespan starts and drains the batchers.
+
+    Raises:
+        UserError: a bad option (threads or max_queue < 1, unknown pooling ...).
     """
-    try:
-        from fastapi import FastAPI, HTTPException, Request
-        from fastapi.exceptions import RequestValidationError
-        from fastapi.responses import JSONResponse
-        from pydantic import BaseModel, ConfigDict, Field, model_validator
-        from starlette.exceptions import HTTPException as StarletteHTTPException
-    except ImportError as err:
-        raise MissingDependencyError(f"ctxkit serve needs FastAPI and uvicorn: pip install fastapi uvicorn ({err})") from None
+    require_all(SERVE_NEEDS, "ctxkit serve")
+    from fastapi import FastAPI, HTTPException, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from pydantic import BaseModel, ConfigDict, Field, model_validator
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     from ..embedding import POOLING_CHOICES, embed
     from ..tasks import load_run
 
     if pooling not in POOLING_CHOICES:
         raise UserError(f"pooling must be one of {', '.join(POOLING_CHOICES)}, got {pooling!r}")
-    if isinstance(run, (str, Path)):
-        run_dir, (task, model, tokenizer, info) = str(run), load_run(run, device)
-    else:
-        run_dir, (task, model, tokenizer, info) = None, run
-    kind = _task_kind(task)
+    threads, threads_source = choose_threads(threads)
+    max_queue = 4 * max_batch if max_queue is None else max_queue
+    if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
+        raise UserError(f"--max-queue must be an integer >= 1, got {max_queue!r}")
     from .backends import _is_bert, with_backend
 
-    base = model
-    first = next(iter(base.parameters()), None)
-    # The GPU encoder casts its model to bf16 in place: give it a copy, so /embed keeps
-    # the fp32 encoder (and its answers equal offline `ctxkit embed`).
-    on_gpu = first is not None and first.is_cuda and (backend == "gpu" or (backend == "auto" and _is_bert(base)))
-    model, backend_name = with_backend(copy.deepcopy(base) if on_gpu else base, backend, precision, run_dir=run_dir)
+    # ONNX Runtime sessions (an int8 run, --backend onnxruntime) take torch's thread
+    # count when they are created: create them at the serving count.
+    with torch_threads(threads):
+        if isinstance(run, (str, Path)):
+            run_dir, (task, model, tokenizer, info) = str(run), load_run(run, device)
+        else:
+            run_dir, (task, model, tokenizer, info) = None, run
+        kind = _task_kind(task)
+        base = model
+        first = next(iter(base.parameters()), None)
+        # The GPU encoder casts its model to bf16 in place: give it a copy, so /embed keeps
+        # the fp32 encoder (and its answers equal offline `ctxkit embed`).
+        on_gpu = first is not None and first.is_cuda and (backend == "gpu" or (backend == "auto" and _is_bert(base)))
+        model, backend_name = with_backend(copy.deepcopy(base) if on_gpu else base, backend, precision, run_dir=run_dir)
+    token_check = TokenCheck(tokenizer)
     params = list(base.parameters())
     dev = str(params[0].device) if params else "cpu"  # an int8 run (ONNX Runtime) has no torch parameters
     can_embed = hasattr(base, "encoder")  # exported runs hold only the task graph, no encoder to pool
@@ -320,18 +309,24 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     executor: List[ThreadPoolExecutor] = []
     batchers: Dict[str, MicroBatcher] = {}
     started = time.time()
+    threads_info = {"torch": threads, "source": threads_source, "cores": available_cores()}
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         # Fresh workers on every start: the same app may be started again after a stop
         # (a second `with TestClient(app)`, a test runner restarting it), and a stopped
-        # executor takes no work.
-        executor[:] = [ThreadPoolExecutor(1, thread_name_prefix="ctxkit-serve")]
+        # executor takes no work. torch's thread count belongs to each OS thread, so the
+        # model thread sets its own.
+        executor[:] = [ThreadPoolExecutor(1, thread_name_prefix="ctxkit-serve", initializer=set_model_thread, initargs=(threads,))]
+        import torch
+
+        # What the model thread really runs with (reported, not assumed).
+        threads_info["torch"] = await asyncio.get_running_loop().run_in_executor(executor[0], torch.get_num_threads)
         for name, fn in ((kind, predict), ("embed", embed_texts))[: 2 if can_embed else 1]:
-            batchers[name] = MicroBatcher(name, fn, executor[0], max_batch, max_wait_ms)
+            batchers[name] = MicroBatcher(name, fn, executor[0], max_batch, max_wait_ms, max_queue)
             batchers[name].start()
         log_event("startup", task=task.name, run_dir=run_dir, device=dev, backend=backend_name, endpoints=endpoints,
-                  max_batch=max_batch, max_wait_ms=max_wait_ms)
+                  max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, threads=threads_info)
         yield
         for b in batchers.values():  # in-flight and queued requests still get answers
             await b.close()
@@ -440,11 +435,19 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
                     except UnicodeEncodeError:
                         raise HTTPException(422, f"invalid request: {field.format(i=i)} has an unpaired surrogate "
                                                  "(\\ud800-\\udfff), not a character") from None
+                # Checked here, not in the batch: the model would answer [CLS] [SEP] with a
+                # prediction that means nothing.
+                if not token_check.has_tokens(value):
+                    raise HTTPException(422, f"invalid request: {field.format(i=i)} has no tokens: the tokenizer drops "
+                                             "every character of it (control, format and zero-width characters, "
+                                             "combining marks without a base)")
         request.scope["ctxkit_items"] = len(lines)
         try:
             outputs = await batchers[name].submit(lines)
         except ShuttingDown as err:
             raise HTTPException(503, str(err)) from None
+        except QueueFull as err:
+            raise HTTPException(429, str(err), headers={"Retry-After": str(err.retry_after)}) from None
         except ValueError as err:  # an input the task itself rejects
             raise HTTPException(422, f"invalid request: {err}") from None
         extra = {"dim": len(outputs[0])} if name == "embed" else {}
@@ -469,9 +472,10 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
             lines = [f"{t}\t{p.replace(chr(9), ' ')}" for t, p in zip(lines, pairs)]
         return many, fields, lines
 
-    def responses(ok: dict, what: str, errors=(400, 413, 415, 422, 503)) -> dict:
+    def responses(ok: dict, what: str, errors=(400, 413, 415, 422, 429, 503)) -> dict:
         out = {200: {"description": what, "content": {"application/json": {"schema": ok}}}}
-        out.update({code: {"model": ErrorBody, "description": schema.ERRORS[code]} for code in errors})
+        out.update({code: {"model": ErrorBody, "description": schema.ERRORS[code], **schema.ERROR_HEADERS.get(code, {})}
+                    for code in errors})
         return out
 
     @app.get("/health", operation_id="health", summary="The run, its limits and counters",
@@ -479,7 +483,7 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     async def health():
         return {"status": "ok", "task": task.name, "kind": kind, "labels": getattr(task, "labels", None),
                 "model": info.get("model"), "run_dir": run_dir, "device": dev, "backend": backend_name, "endpoints": endpoints,
-                "batching": {"max_batch": max_batch, "max_wait_ms": max_wait_ms},
+                "batching": {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "max_queue": max_queue}, "threads": threads_info,
                 "limits": {"max_items": max_items, "max_text_chars": max_text_chars, "max_body_bytes": max_body_bytes},
                 "uptime_s": round(time.time() - started, 1), "stats": {n: dict(b.stats) for n, b in batchers.items()}}
 
@@ -510,7 +514,7 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         async def text_route(body: KindRequest, request: Request):
             return await run(request, kind, *text_lines(body, kind))
 
-    return _Guard(app, max_body_bytes)
+    return RequestGuard(app, max_body_bytes, log_event)
 
 
 def _server_class():
@@ -585,6 +589,11 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ... (default: auto)")
     p.add_argument("--max-batch", type=int, default=32, help="most texts per forward pass (default: 32)")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with (default: 5)")
+    p.add_argument("--max-queue", type=at_least_one, default=None,
+                   help="most texts waiting per endpoint; more get 429 with Retry-After (default: 4 x --max-batch)")
+    p.add_argument("--threads", type=at_least_one, default=None,
+                   help="torch/ONNX Runtime threads of the model (default: $OMP_NUM_THREADS if set, else the available "
+                        "cores minus one, left to the HTTP server; logged at startup and shown in /health)")
     p.add_argument("--max-items", type=int, default=64, help="most texts per request (default: 64)")
     p.add_argument("--max-text-chars", type=int, default=10_000, help="longest text/question/context (default: 10000)")
     p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body (default: fits max-items texts)")

@@ -1,16 +1,21 @@
 """The OpenAPI schema of ``ctxkit serve``: request, answer and error bodies.
 
 The request bodies are validated by the pydantic models in :func:`ctxkit.inference.serve.create_app`
-(strict types, no extra fields) and then by hand (limits, blank texts), which gives the
-messages and status codes of docs/serving.md. The schemas here describe exactly what both
-accept, limits included, so that a client (or a fuzzer) generating from /openapi.json sends
-bodies the server takes, and every body they reject is one the schema rejects too. ``null``
-for an optional field means "not given", as the server reads it.
+(strict types, no extra fields) and then by hand (limits, blank texts, texts without a
+token), which gives the messages and status codes of docs/serving.md. The schemas here
+describe what both accept, limits included, so that a client (or a fuzzer) generating from
+/openapi.json sends bodies the server takes, and every body they reject is one the schema
+rejects too. Two rules are stated in descriptions only: 'pairs' as long as 'texts', and a
+text must keep a token through the run's tokenizer. Which characters a tokenizer drops
+follows its own Unicode tables (BERT's uncased one: 139,270 code points, private use,
+combining marks, control and format characters), a set that no pattern states usefully.
+``null`` for an optional field means "not given", as the server reads it.
 """
 
 from typing import List, Optional
 
-__all__ = ["NOT_BLANK", "ERRORS", "EMBED_SCHEMA", "HEALTH_SCHEMA", "text_request_schema", "qa_request_schema", "answer_schema"]
+__all__ = ["NOT_BLANK", "ERRORS", "ERROR_HEADERS", "EMBED_SCHEMA", "HEALTH_SCHEMA", "text_request_schema", "qa_request_schema",
+           "answer_schema"]
 
 _NULL = {"type": "null", "description": "the same as leaving the field out"}
 # "Not blank": a character outside Python's whitespace (str.isspace, which str.strip and
@@ -21,7 +26,9 @@ NOT_BLANK = r"[^\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205
 
 def _text_schema(max_text_chars: int, what: str) -> dict:
     return {"type": "string", "minLength": 1, "maxLength": max_text_chars, "pattern": NOT_BLANK,
-            "description": f"{what}: not blank, at most {max_text_chars} characters (--max-text-chars; longer: 413)"}
+            "description": f"{what}: not blank, at most {max_text_chars} characters (--max-text-chars; longer: 413), "
+                           "with at least one character the tokenizer keeps (a text of only control, format or "
+                           "zero-width characters or combining marks: 422)"}
 
 
 def _list_schema(items: dict, max_items: int, what: str) -> dict:
@@ -110,11 +117,20 @@ HEALTH_SCHEMA = {"type": "object", "required": ["status", "task", "kind", "endpo
                                  "labels": {"type": ["array", "null"], "items": {"type": "string"}},
                                  "endpoints": {"type": "array", "items": {"type": "string"}},
                                  "batching": {"type": "object"}, "limits": {"type": "object"},
+                                 "threads": {"type": "object", "required": ["torch", "source", "cores"],
+                                             "properties": {"torch": {"type": "integer", "minimum": 1},
+                                                            "source": {"enum": ["--threads", "OMP_NUM_THREADS", "auto"]},
+                                                            "cores": {"type": "integer", "minimum": 1}}},
                                  "uptime_s": {"type": "number"}, "stats": {"type": "object"}}}
 
 # What each error status means; the body is always ``{"error": "<message>"}`` (ErrorBody).
 ERRORS = {400: "malformed JSON: not JSON, not UTF-8, nested too deeply, or a number of over 4300 digits",
            413: "too many items (--max-items), a text too long (--max-text-chars), or a body too large (--max-body-bytes)",
            415: "the body is not sent as 'Content-Type: application/json'",
-           422: "valid JSON but not a valid request: wrong type, missing, conflicting or unknown field, blank text, empty list",
+           422: "valid JSON but not a valid request: wrong type, missing, conflicting or unknown field, blank text, "
+                "a text the tokenizer reduces to no tokens, empty list",
+           429: "the endpoint's queue is full (--max-queue): retry after the Retry-After header's seconds",
            503: "the server is shutting down"}
+# Headers an error answer carries (OpenAPI response objects' "headers").
+ERROR_HEADERS = {429: {"headers": {"Retry-After": {"description": "seconds the queue needs to drain (estimated from recent batches)",
+                                                   "schema": {"type": "integer", "minimum": 1}}}}}

@@ -36,7 +36,8 @@ from torch import Tensor
 
 from ..checkpoint import CheckpointError, CheckpointMismatchError, atomic_write, load_state_dict_strict, read_weights, save_weights
 from .elmo import ElmoBiLM, ElmoConfig, ElmoLanguageModel
-from ..core.errors import MissingDependencyError, UserError
+from ..core.deps import require
+from ..core.errors import UserError
 
 __all__ = [
     "config_to_options",
@@ -227,11 +228,7 @@ def bilm_state_from_arrays(arrays: Dict[str, np.ndarray], config: ElmoConfig) ->
 
 
 def _h5py():
-    try:
-        import h5py
-    except ImportError:
-        raise MissingDependencyError("reading or writing ELMo hdf5 weights needs h5py (pip install 'h5py>=3.8')") from None
-    return h5py
+    return require("h5py", "reading or writing ELMo hdf5 weights")
 
 
 def _read_hdf5(path: Path) -> Dict[str, np.ndarray]:

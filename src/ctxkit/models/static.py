@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -31,6 +31,9 @@ from tqdm.auto import tqdm
 from ctxkit.models.static_io import read_corpus, read_vectors, write_vectors
 
 from ..core.errors import UnknownNameError, UserError
+
+if TYPE_CHECKING:
+    from ..training.callbacks import Callback
 
 __all__ = [
     "NegativeSamplingModel", "UnigramSampler",
@@ -464,7 +467,8 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
                    minn: int = 3, maxn: int = 6, buckets: int = 2_000_000, lr: Optional[float] = None,
                    batch_size: int = 1024, optimizer: str = "sgd", lowercase: bool = False,
                    max_vocab: Optional[int] = None, seed: int = 0, device: Union[str, torch.device] = "cpu",
-                   progress: bool = True, chunk_tokens: int = 1 << 18, num_threads: Optional[int] = 1) -> WordVectors:
+                   progress: bool = True, chunk_tokens: int = 1 << 18, num_threads: Optional[int] = 1,
+                   callbacks: Optional[Sequence["Callback"]] = None) -> WordVectors:
     """Trains word2vec CBOW / skip-gram with negative sampling, or fastText-style sub-word vectors.
 
     Per epoch, frequent words are subsampled (:func:`keep_probabilities`), each kept token
@@ -493,6 +497,10 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
         num_threads: Torch CPU threads while training (restored afterwards); None leaves the
             setting alone. The per-batch kernels are small: extra threads gain little, and on
             a busy machine waiting for them made epochs 10x slower.
+        callbacks: Receive a record after each chunk (:mod:`ctxkit.training.callbacks`): the
+            step is the corpus tokens read so far (all epochs), ``loss`` the epoch's mean loss
+            so far (so an epoch's last record has its ``epoch_losses`` entry), ``lr``,
+            ``words_per_s``. Closed when training returns or fails.
 
     Returns:
         :class:`WordVectors` of the input vectors (with sub-words: each word's mean of its own
@@ -536,11 +544,17 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
     def to_dev(a):
         return None if a is None else torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
+    from ..training.callbacks import CallbackList  # not at module level: training imports models
+
+    settings = dict(model=model, dim=dim, window=window, negative=negative, min_count=min_count, epochs=epochs,
+                    subsample=subsample, subwords=subwords, minn=minn, maxn=maxn, buckets=buckets if subwords else None,
+                    lr=lr, batch_size=batch_size, optimizer=optimizer, lowercase=lowercase, seed=seed)
     examples, step_lr, epoch_losses = 0, lr, []
     start = time.perf_counter()
     bar = tqdm(total=epochs * total, unit="word", unit_scale=True, desc=model + ("+subwords" if subwords else ""),
                disable=not progress, mininterval=1.0)
-    with _torch_threads(num_threads), bar:
+    with _torch_threads(num_threads), bar, CallbackList(callbacks or ()) as run_log:
+        run_log.on_train_begin({"config": settings, "vocab_size": vocab_size, "train_tokens": total})
         for epoch in range(epochs):
             loss_sum, loss_n = 0.0, 0
             for lo, hi in zip(bounds[:-1], bounds[1:]):
@@ -571,18 +585,19 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
                         loss_sum, loss_n = loss_sum + float(loss.detach()), loss_n + len(sel)
                     bar.update(base + (hi - lo) * (b + 1) // n_batches - bar.n)
                 examples += len(targets)
+                words_per_s = (base + hi - lo) / max(time.perf_counter() - start, 1e-9)  # bar.n stays 0 when it is off
                 bar.set_postfix(loss=f"{loss_sum / max(1, loss_n):.3f}", lr=f"{step_lr:.2e}", refresh=False,
-                                **{"words/s": f"{bar.n / max(time.perf_counter() - start, 1e-9):,.0f}"})
+                                **{"words/s": f"{words_per_s:,.0f}"})
+                run_log.on_log(int(base + hi - lo), {"epoch": epoch, "loss": loss_sum / max(1, loss_n), "lr": step_lr,
+                                                     "words_per_s": round(words_per_s, 1)})
             epoch_losses.append(round(loss_sum / max(1, loss_n), 4))
+        run_log.on_train_end({"epoch_losses": epoch_losses, "seconds": round(time.perf_counter() - start, 2)})
     seconds = time.perf_counter() - start
     w_in = net.inputs.weight.detach()
     vectors, ngram_vectors = w_in, None
     if subwords:
         vectors = F.embedding_bag(to_dev(sub_rows), w_in, to_dev(sub_ptr[:-1]), mode="mean")
         ngram_vectors = w_in[vocab_size:]
-    meta = dict(model=model, dim=dim, window=window, negative=negative, min_count=min_count, epochs=epochs,
-                subsample=subsample, subwords=subwords, minn=minn, maxn=maxn, buckets=buckets if subwords else None,
-                lr=lr, batch_size=batch_size, optimizer=optimizer, lowercase=lowercase, seed=seed,
-                train_tokens=total, examples=examples, epoch_losses=epoch_losses, final_loss=epoch_losses[-1],
+    meta = dict(**settings, train_tokens=total, examples=examples, epoch_losses=epoch_losses, final_loss=epoch_losses[-1],
                 seconds=round(seconds, 2), words_per_sec=round(epochs * total / max(seconds, 1e-9), 1))
     return WordVectors(words, vectors, counts=counts, ngram_vectors=ngram_vectors, minn=minn, maxn=maxn, meta=meta)

@@ -50,6 +50,7 @@ from ..models.elmo_io import config_to_options, save_elmo_lm, write_bilm_tf
 from ..data.errors import require_rereadable
 from ..tokenizers import read_lines
 from ..training import autocast, resolve_device
+from ..training.callbacks import Callback, CallbackList, JsonlWriter, add_log_to_argument, make_callbacks
 from ..core.errors import MissingFileError, UnknownNameError, UserError
 
 __all__ = ["UNK_TOKEN", "BiLMTrainConfig", "build_vocab", "corpus_stream", "char_table", "batchify", "evaluate_bilm", "train_bilm", "main"]
@@ -225,7 +226,8 @@ _RESUME_FIXED = ("batch_size", "unroll", "softmax", "num_samples", "optimizer", 
 
 def train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.PathLike], out_dir: os.PathLike,
                model_config: Union[str, ElmoConfig] = "elmo_2x1024_128_2048cnn_1xhighway",
-               config: Optional[BiLMTrainConfig] = None, resume: bool = False) -> dict:
+               config: Optional[BiLMTrainConfig] = None, resume: bool = False,
+               callbacks: Optional[Sequence[Callback]] = None) -> dict:
     """Train forward and backward LMs; see the module docstring for the recipe.
 
     Args:
@@ -237,12 +239,22 @@ def train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Path
         model_config: a preset name from :data:`~ctxkit.models.elmo.ELMO_PRESETS` or a config.
         config: hyper-parameters.
         resume: continue from ``out_dir/checkpoint.pt``.
+        callbacks: also receive the ``log.jsonl`` records (:mod:`ctxkit.training.callbacks`);
+            closed when training returns or fails.
 
     Returns:
         summary dict: ``valid`` (last evaluation), ``history``, ``steps``, ``epoch``,
         ``losses`` (every step's training loss since the start), ``tokens_per_s`` (stream
         tokens per second of this call's wall time, evaluations included), ...
     """
+    # log.jsonl is the first writer, so a record reaches the file before any other writer.
+    with CallbackList([JsonlWriter(Path(out_dir) / "log.jsonl", style="plain"), *(callbacks or ())]) as run_log:
+        return _train_bilm(train_files, valid_files, out_dir, model_config, config, resume, run_log)
+
+
+def _train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.PathLike], out_dir: os.PathLike,
+                model_config: Union[str, ElmoConfig], config: Optional[BiLMTrainConfig], resume: bool,
+                run_log: CallbackList) -> dict:
     cfg = config or BiLMTrainConfig()
     arch = _resolve_model_config(model_config)
     out = Path(out_dir)
@@ -297,10 +309,8 @@ def train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Path
     logger.info("ELMo biLM: %d parameters, vocabulary %d, %d training tokens, %d chunks per epoch", params, len(vocab),
                 len(train_stream), chunks_per_epoch)
 
-    def log(record: dict) -> None:
-        with open(out / "log.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-
+    run_log.on_train_begin({"config": {**dataclasses.asdict(cfg), "model": config_to_options(arch)}, "parameters": params,
+                            **({"resumed_at_step": run["step"]} if ckpt is not None else {})})
     pending: List[Tensor] = []
 
     def flush_losses() -> None:
@@ -321,7 +331,7 @@ def train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Path
         result = evaluate_bilm(lm, valid_stream, table, cfg.eval_batch_size, cfg.eval_unroll, cfg.precision)
         record = {"step": run["step"], "epoch": run["epoch"], **result}
         run["history"].append(record)
-        log({"eval": record})
+        run_log.on_eval(run["step"], record)
         logger.info("step %d: valid perplexity forward %.2f, backward %.2f, average %.2f", run["step"],
                     result["forward_perplexity"], result["backward_perplexity"], result["perplexity"])
         return record
@@ -367,8 +377,8 @@ def train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Path
                 elapsed = time.monotonic() - start
                 tok_s = tokens_this_call / max(elapsed, 1e-9)
                 bar.set_postfix(loss=f"{run['losses'][-1]:.3f}", tok_s=f"{tok_s:,.0f}")
-                log({"step": run["step"], "epoch": run["epoch"], "loss": run["losses"][-1], "tokens_per_s": round(tok_s, 1),
-                     "lr": sched.get_last_lr()[0]})
+                run_log.on_log(run["step"], {"step": run["step"], "epoch": run["epoch"], "loss": run["losses"][-1],
+                                             "tokens_per_s": round(tok_s, 1), "lr": sched.get_last_lr()[0]})
             if run["step"] % cfg.save_every == 0:
                 save_checkpoint()
                 last_saved = run["step"]
@@ -398,6 +408,7 @@ def train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Path
                "device": str(device), "train_config": dataclasses.asdict(cfg)}
     text = json.dumps({k: v for k, v in summary.items() if k != "losses"}, indent=2) + "\n"
     atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    run_log.on_train_end({k: v for k, v in summary.items() if k not in ("losses", "history")})
     return summary
 
 
@@ -427,7 +438,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--test", nargs="*", default=[], help="test files: exact-softmax perplexity of the final model "
                                                           "(forward, backward, average) added to results.json")
     p.add_argument("--no-progress", action="store_true")
+    add_log_to_argument(p)
     args = p.parse_args(argv)
+    callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")  # a missing extra fails before the corpus is read
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     arch = ELMO_PRESETS[args.preset]
     overrides = {k: getattr(args, k) for k in ("cell_size", "projection_dim", "n_highway", "num_layers", "dropout")
@@ -437,7 +450,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     arch = arch.replace(**overrides)
     fields = {f.name for f in dataclasses.fields(BiLMTrainConfig)}
     cfg = BiLMTrainConfig(**{k: v for k, v in vars(args).items() if k in fields}, progress=not args.no_progress)
-    summary = train_bilm(args.train, args.valid, args.out, arch, cfg, resume=args.resume)
+    summary = train_bilm(args.train, args.valid, args.out, arch, cfg, resume=args.resume, callbacks=callbacks)
     if args.test:
         from ..models.elmo_io import load_elmo_lm
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .corpus import FORMATS
 from ..core.errors import UserError
+from ..training.callbacks import add_log_to_argument, make_callbacks
 
 __all__ = ["add_commands"]
 
@@ -126,6 +127,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     from .train import pretrain
 
     logging.getLogger("ctxkit").setLevel(logging.INFO)
+    callbacks = make_callbacks(args.log_to, args.out)  # a missing extra fails before the shards are read
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_ratio=args.warmup_ratio,
                          weight_decay=args.weight_decay, max_steps=args.max_steps, save_every=args.save_every, seed=args.seed,
                          device=args.device, precision=args.precision, log_every=args.log_every, peak_tflops=args.peak_tflops,
@@ -135,7 +137,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
                          schedule_power=args.schedule_power, bf16_residual=args.bf16_residual, grad_reduce_dtype=args.grad_reduce_dtype,
                          overlap_grad_reduce=args.overlap_grad_reduce, parallel=args.parallel)
     masking = MaskingConfig(whole_word=args.whole_word, max_predictions=args.max_predictions)
-    summary = pretrain(args.data, args.preset, args.out, config, args.tokenizer and _tokenizer_dir(args.tokenizer), masking, args.resume)
+    summary = pretrain(args.data, args.preset, args.out, config, args.tokenizer and _tokenizer_dir(args.tokenizer), masking, args.resume,
+                       callbacks=callbacks)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -184,6 +187,7 @@ def add_pretrain_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
     p.add_argument("--no-progress", action="store_true")
+    add_log_to_argument(p)
     p.set_defaults(func=cmd_pretrain)
 
 
@@ -195,11 +199,12 @@ def cmd_lm_train(args: argparse.Namespace) -> int:
     from .lm import train_lm
 
     logging.getLogger("ctxkit").setLevel(logging.INFO)
+    callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_ratio=args.warmup_ratio,
                          weight_decay=args.weight_decay, max_steps=args.max_steps, seed=args.seed, device=args.device,
                          log_every=args.log_every, progress=not args.no_progress, compile=args.compile, max_minutes=args.max_minutes)
     summary = train_lm(args.train, args.valid, args.preset, args.out, config, tokenizer_dir=args.tokenizer,
-                       vocab_size=args.vocab_size, block_size=args.block_size, eval_stride=args.stride)
+                       vocab_size=args.vocab_size, block_size=args.block_size, eval_stride=args.stride, callbacks=callbacks)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -252,6 +257,7 @@ def add_lm_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--device", default="auto")
     p.add_argument("--no-progress", action="store_true")
+    add_log_to_argument(p)
     p.set_defaults(func=cmd_lm_train)
 
     p = sub.add_parser("perplexity", help="sliding-window perplexity of a GPT-2 folder on text files",

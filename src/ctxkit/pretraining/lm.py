@@ -27,6 +27,7 @@ from ..models.gpt2 import GPT2LMHeadModel, save_gpt2
 from ..models.presets import GPT2_PRESETS
 from ..tokenizers import ByteLevelBPETokenizer, read_lines
 from ..training import TrainConfig, Trainer, resolve_device, set_seed
+from ..training.callbacks import Callback
 from ..core.errors import UnknownNameError, UserError
 
 __all__ = ["corpus_ids", "LMBlocks", "CausalLMModel", "perplexity", "train_lm"]
@@ -171,7 +172,7 @@ def _train_tokenizer(files: Sequence[os.PathLike], vocab_size: int, show_progres
 
 def train_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.PathLike], preset: str, out_dir: os.PathLike,
              config: TrainConfig, tokenizer_dir: Optional[os.PathLike] = None, vocab_size: int = 8000, block_size: int = 128,
-             eval_stride: Optional[int] = None) -> dict:
+             eval_stride: Optional[int] = None, callbacks: Optional[Sequence[Callback]] = None) -> dict:
     """Train a GPT-2 preset from scratch on text files and report validation perplexity.
 
     Args:
@@ -184,6 +185,7 @@ def train_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.PathLi
             trained on ``train_files`` and saved with the model.
         block_size: training sequence length (and the model's context length).
         eval_stride: perplexity window step (default: ``block_size // 2``).
+        callbacks: also receive the training log (:mod:`ctxkit.training.callbacks`).
 
     Returns:
         ``{"valid": {"perplexity", "nll", "tokens"}, "best_epoch", "steps", ...}``.
@@ -212,7 +214,7 @@ def train_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.PathLi
         tokenizer.save(folder)
 
     trainer = Trainer(model, LMBlocks(train_ids, block_size), config, out, evaluate=evaluate, main_metric="perplexity",
-                      greater_is_better=False, save_best=save_best)
+                      greater_is_better=False, save_best=save_best, callbacks=callbacks)
     result = trainer.train()
     history, best = result.history, result.best_metric
     if not history:  # per-epoch evaluation was off: score and keep the final model

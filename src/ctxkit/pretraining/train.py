@@ -13,7 +13,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from ..models.bert import BertForPreTraining, save_bert
 from ..models.presets import BertConfig, get_preset
 from ..training import TrainConfig, Trainer, set_seed
+from ..training.callbacks import Callback
 from .masking import IGNORE_INDEX, MaskingConfig, MLMCollator
 from .shards import PretrainDataset, vocab_sha256
 from ..core.errors import UserError
@@ -81,7 +82,8 @@ def training_flops_per_token(config: BertConfig, seq_len: float, masked_fraction
 
 
 def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: TrainConfig, tokenizer_dir: Optional[os.PathLike] = None,
-             masking: MaskingConfig = MaskingConfig(max_predictions=20), resume: bool = False) -> dict:
+             masking: MaskingConfig = MaskingConfig(max_predictions=20), resume: bool = False,
+             callbacks: Optional[Sequence[Callback]] = None) -> dict:
     """Pretrain a BERT preset from scratch on pretraining shards.
 
     Args:
@@ -95,6 +97,7 @@ def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: Tra
             in their ``meta.json``); saved next to the final model so it can be fine-tuned.
         masking: dynamic masking settings.
         resume: continue from ``out_dir/checkpoint`` exactly.
+        callbacks: also receive the training log (:mod:`ctxkit.training.callbacks`).
 
     Returns:
         A summary dict (steps, final losses and accuracies, wall time).
@@ -112,7 +115,7 @@ def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: Tra
     model = PretrainingModel(arch)
     collator = MLMCollator(tokenizer, masking, seed=config.seed, multiple_of=max(config.pad_multiple, 1))
     trainer = Trainer(model, data, config, out_dir, collate_fn=collator,
-                      flops_per_token=lambda seq: training_flops_per_token(arch, seq, masking.mask_prob))
+                      flops_per_token=lambda seq: training_flops_per_token(arch, seq, masking.mask_prob), callbacks=callbacks)
     result = trainer.train(resume=resume)
     final = Path(out_dir) / "final"
     if trainer.sharded:

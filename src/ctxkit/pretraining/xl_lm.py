@@ -49,6 +49,7 @@ from ..models.transformer_xl import (TRANSFO_XL_PRESETS, AdaptiveEmbedding, Tran
 from ..data.errors import require_rereadable
 from ..tokenizers import read_lines
 from ..training import autocast, resolve_device
+from ..training.callbacks import Callback, CallbackList, JsonlWriter, add_log_to_argument, make_callbacks
 from .bilm import _rng_state, _set_rng_state
 from ..core.errors import MissingFileError, UserError
 
@@ -271,14 +272,24 @@ def load_xl_lm(directory: os.PathLike) -> Tuple[TransformerXLLMHeadModel, List[s
 
 
 def train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.PathLike], out_dir: os.PathLike,
-                config: TransformerXLConfig, train_cfg: Optional[XLTrainConfig] = None, resume: bool = False) -> dict:
+                config: TransformerXLConfig, train_cfg: Optional[XLTrainConfig] = None, resume: bool = False,
+                callbacks: Optional[Sequence[Callback]] = None) -> dict:
     """Train an XL (or vanilla) word-level LM; see the module docstring for the recipe.
 
     ``out_dir`` gets ``vocab.txt``, ``checkpoint.pt``, ``log.jsonl``, ``final/``, ``results.json``;
     ``config``'s ``vocab_size``/``tgt_len``/``mem_len`` are set from the data and ``train_cfg``
-    (cutoffs that do not fit the vocabulary are dropped). Returns the summary: ``steps``,
-    ``losses`` (every step's, since the start), ``train_tokens_per_s`` (this call), ``valid``, ...
+    (cutoffs that do not fit the vocabulary are dropped). ``callbacks`` also receive the
+    ``log.jsonl`` records (:mod:`ctxkit.training.callbacks`) and are closed when training
+    returns or fails. Returns the summary: ``steps``, ``losses`` (every step's, since the
+    start), ``train_tokens_per_s`` (this call), ``valid``, ...
     """
+    # log.jsonl is the first writer, so a record reaches the file before any other writer.
+    with CallbackList([JsonlWriter(Path(out_dir) / "log.jsonl", style="plain"), *(callbacks or ())]) as run_log:
+        return _train_xl_lm(train_files, valid_files, out_dir, config, train_cfg, resume, run_log)
+
+
+def _train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.PathLike], out_dir: os.PathLike,
+                 config: TransformerXLConfig, train_cfg: Optional[XLTrainConfig], resume: bool, run_log: CallbackList) -> dict:
     cfg = train_cfg or XLTrainConfig()
     if not cfg.max_steps and not cfg.max_time_s:
         raise UserError("give max_steps or max_time_s (the schedule's length)")
@@ -319,11 +330,9 @@ def train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
     params = sum(p.numel() for p in model.parameters())
     logger.info("%s LM: %d parameters, vocabulary %d, %d training tokens, %d segments per epoch", cfg.model, params,
                 len(vocab), len(train_stream), segments)
+    run_log.on_train_begin({"config": {**dataclasses.asdict(cfg), "architecture": dataclasses.asdict(arch)}, "parameters": params,
+                            **({"resumed_at_step": run["step"]} if ckpt is not None else {})})
     pending: List[Tensor] = []
-
-    def log(record: dict) -> None:
-        with open(out / "log.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
 
     def flush() -> None:
         if pending:
@@ -342,7 +351,7 @@ def train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
         result = evaluate_xl_lm(model, valid_stream, cfg.tgt_len, batch_size=cfg.eval_batch_size, device=cfg.device,
                                 precision=cfg.precision)
         run["history"].append({"step": run["step"], "epoch": run["epoch"], **result})
-        log({"eval": run["history"][-1]})
+        run_log.on_eval(run["step"], run["history"][-1])
         logger.info("step %d: valid perplexity %.2f", run["step"], result["perplexity"])
         return run["history"][-1]
 
@@ -378,8 +387,8 @@ def train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
             flush()
             tok_s = tokens_now / max(time.monotonic() - t0 - eval_time, 1e-9)
             bar.set_postfix(loss=f"{run['losses'][-1]:.3f}", tok_s=f"{tok_s:,.0f}")
-            log({"step": run["step"], "epoch": run["epoch"], "loss": run["losses"][-1], "lr": lr,
-                 "tokens_per_s": round(tok_s, 1)})
+            run_log.on_log(run["step"], {"step": run["step"], "epoch": run["epoch"], "loss": run["losses"][-1], "lr": lr,
+                                         "tokens_per_s": round(tok_s, 1)})
         if cfg.eval_every and run["step"] % cfg.eval_every == 0:
             e0 = time.monotonic()
             evaluate()
@@ -401,6 +410,7 @@ def train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
                "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                "train_config": dataclasses.asdict(cfg)}
     _write_text(out / "results.json", json.dumps({k: v for k, v in summary.items() if k != "losses"}, indent=2) + "\n")
+    run_log.on_train_end({k: v for k, v in summary.items() if k not in ("losses", "history")})
     return summary
 
 
@@ -434,7 +444,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--precision", default=d.precision, choices=["auto", "bf16", "fp32"])
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--no-progress", action="store_true")
+    add_log_to_argument(p)
     args = p.parse_args(argv)
+    callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")  # a missing extra fails before the corpus is read
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     overrides = {k: getattr(args, k) for k in arch_fields if getattr(args, k) is not None}
     if args.cutoffs is not None:
@@ -442,7 +454,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     arch = TRANSFO_XL_PRESETS[args.preset].replace(**overrides)
     fields = {f.name for f in dataclasses.fields(XLTrainConfig)}
     cfg = XLTrainConfig(**{k: v for k, v in vars(args).items() if k in fields}, progress=not args.no_progress)
-    summary = train_xl_lm(args.train, args.valid, args.out, arch, cfg, resume=args.resume)
+    summary = train_xl_lm(args.train, args.valid, args.out, arch, cfg, resume=args.resume, callbacks=callbacks)
     summary["preset"] = args.preset
     if args.test:
         model, vocab = load_xl_lm(Path(args.out) / "final")

@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from ..models.presets import XLNET_PRESETS, XLNetConfig
 from ..models.xlnet import XLNetLMHeadModel, sample_permutation_masks, save_xlnet
 from ..training import TrainConfig, Trainer, set_seed
+from ..training.callbacks import Callback, add_log_to_argument, make_callbacks
 from ..core.errors import UserError
 
 __all__ = ["IGNORE_INDEX", "XLNetCollator", "XLNetPretrainingModel", "permutation_lm_loss", "to_xlnet_layout",
@@ -172,7 +173,7 @@ class XLNetPretrainingModel(nn.Module):
 
 def pretrain_xlnet(data: Union[os.PathLike, str, Sequence], arch: XLNetConfig, out_dir: os.PathLike, config: TrainConfig,
                    K: float = 6, resume: bool = False, special_ids: Optional[Mapping[str, int]] = None,
-                   tokenizer_dir: Optional[os.PathLike] = None) -> dict:
+                   tokenizer_dir: Optional[os.PathLike] = None, callbacks: Optional[Sequence[Callback]] = None) -> dict:
     """Pretrain an XLNet from scratch with permutation LM.
 
     Args:
@@ -187,6 +188,7 @@ def pretrain_xlnet(data: Union[os.PathLike, str, Sequence], arch: XLNetConfig, o
         special_ids: ``pad_id``, ``cls_id``, ``sep_id`` (default: from the shards' meta).
         tokenizer_dir: tokenizer saved next to the final model (default: the shards'
             tokenizer, when its folder still exists).
+        callbacks: also receive the training log (:mod:`ctxkit.training.callbacks`).
 
     Returns:
         A summary dict (steps, final loss and accuracy, wall time, ``final`` folder).
@@ -207,7 +209,7 @@ def pretrain_xlnet(data: Union[os.PathLike, str, Sequence], arch: XLNetConfig, o
     model = XLNetPretrainingModel(arch)
     collator = XLNetCollator(ids["pad_id"], ids["cls_id"], ids["sep_id"], K=K, seed=config.seed,
                              multiple_of=max(config.pad_multiple, 1))
-    trainer = Trainer(model, features, config, out_dir, collate_fn=collator)
+    trainer = Trainer(model, features, config, out_dir, collate_fn=collator, callbacks=callbacks)
     result = trainer.train(resume=resume)
     final = Path(out_dir) / "final"
     save_xlnet(model.xlnet, final)
@@ -253,7 +255,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
+    add_log_to_argument(p)
     args = p.parse_args(argv)
+    callbacks = make_callbacks(args.log_to, args.out)  # a missing extra fails before the data is read
     overrides = {k: v for k, v in (("d_model", args.d_model), ("n_layers", args.n_layers), ("n_heads", args.n_heads),
                                    ("d_inner", args.d_inner), ("dropout", args.dropout)) if v is not None}
     arch = XLNET_PRESETS[args.preset].replace(**overrides)
@@ -261,7 +265,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          lr=args.lr, warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, save_every=args.save_every,
                          log_every=args.log_every, seed=args.seed, device=args.device, precision=args.precision,
                          progress=not args.no_progress, eval_each_epoch=False)
-    summary = pretrain_xlnet(args.data, arch, args.out, config, K=args.K, resume=args.resume)
+    summary = pretrain_xlnet(args.data, arch, args.out, config, K=args.K, resume=args.resume, callbacks=callbacks)
     print(json.dumps(summary, indent=2))
     return 0
 

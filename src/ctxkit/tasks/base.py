@@ -32,6 +32,8 @@ from ..checkpoint import (
 )
 from ..models.encoders import load_encoder, save_encoder
 from ..training import TrainConfig, Trainer, resolve_device
+from ..training.callbacks import Callback
+from ..core.deps import require_all
 from ..core.durable import recover_folder, verify_manifest
 from ..core.errors import UserError
 
@@ -102,6 +104,10 @@ class Task:
     def predict_lines(self, model: nn.Module, tokenizer, lines: Sequence[str], batch_size: int = 64, device: str = "auto") -> List[dict]:
         """Predictions for raw input lines (``ctxkit predict``), one JSON-able dict each."""
         raise NotImplementedError
+
+    def requires(self) -> Tuple[str, ...]:
+        """Import names of the optional packages this task's metrics need (:mod:`ctxkit.core.deps`)."""
+        return ()
 
     def input_format(self) -> str:
         """What one input line of ``ctxkit predict`` holds for this task (for help and errors)."""
@@ -235,6 +241,7 @@ def finetune(
     limit_train: Optional[int] = None,
     limit_eval: Optional[int] = None,
     eval_data: Optional[os.PathLike] = None,
+    callbacks: Optional[Sequence[Callback]] = None,
 ) -> dict:
     """Fine-tune ``model_name`` on ``task`` and evaluate the best epoch on every eval split.
 
@@ -256,6 +263,8 @@ def finetune(
         eval_data: evaluation data when it lives elsewhere (defaults to ``data``); for
             SQuAD-style tasks, a separate file whose every question is evaluated (and then
             every question of ``data`` trains).
+        callbacks: also receive the training log (:mod:`ctxkit.training.callbacks`), e.g.
+            a TensorBoard writer.
 
     Returns:
         ``{"results": {split: metrics}, "train_time": s, "best_epoch": int, ...}``.
@@ -269,6 +278,7 @@ def finetune(
     if config.group_factor is None:
         config = replace(config, group_factor=task.group_factor)
     t0 = time.time()
+    require_all(task.requires(), f"scoring {task.name}")  # a missing package must not cost the run
     train_examples, evals = _read_splits(task, data, eval_path, limit_train, limit_eval)
     encoder, tokenizer = get_model(model_name)
     if tokenizer is None:
@@ -292,7 +302,7 @@ def finetune(
 
     trainer = Trainer(
         model, features, config, out, evaluate, task.main_metric,
-        save_best=lambda m, folder: save_run_model(m, tokenizer, folder),
+        save_best=lambda m, folder: save_run_model(m, tokenizer, folder), callbacks=callbacks,
     )
     result = trainer.train(resume=resume)
     t1 = time.time()
@@ -341,6 +351,7 @@ def evaluate_run(run_dir: os.PathLike, data: Optional[os.PathLike] = None, split
             missed entities instead of refusing them (see :class:`~ctxkit.tasks.ner.ConllNerTask`).
     """
     task, info = load_task(run_dir)  # data problems surface before the weights load
+    require_all(task.requires(), f"scoring {task.name}")
     if unknown_tags is not None:
         if not hasattr(task, "unknown_tags"):
             raise UserError(f"unknown_tags is for NER runs; {run_dir} is a {task.name} run")

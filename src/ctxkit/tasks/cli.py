@@ -9,6 +9,7 @@ import sys
 from dataclasses import fields
 
 from ..core.errors import UserError
+from ..training.callbacks import add_log_to_argument, make_callbacks
 
 __all__ = ["add_commands", "add_translation_commands"]
 
@@ -42,9 +43,11 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
 
     logging.getLogger("ctxkit").setLevel(logging.INFO)
     task = get_task(args.task, **_task_options(args))
+    # Built before any data is read: a missing --log-to extra costs no training time.
+    callbacks = make_callbacks(args.log_to, args.out, eval_name=task.eval_splits[0])
     config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None})
     summary = finetune(task, args.model, args.data, args.out, config, resume=args.resume,
-                       limit_train=args.limit_train, limit_eval=args.limit_eval, eval_data=args.eval_data)
+                       limit_train=args.limit_train, limit_eval=args.limit_eval, eval_data=args.eval_data, callbacks=callbacks)
     print(json.dumps(summary, indent=2))
     if "stopped" in summary:  # a stop that was asked for is a success
         print(f"ctxkit: stopped by --{summary['stopped']['reason'].replace('_', '-')} at step {summary['stopped']['step']}; "
@@ -143,6 +146,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-unknown-tags", dest="allow_unknown_tags", action="store_true",
                    help="conll2003: score evaluation tags outside the label set as missed entities instead of refusing them")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="hide progress bars")
+    add_log_to_argument(p)
     p.set_defaults(func=_cmd_finetune)
 
     p = sub.add_parser("evaluate", help="score a fine-tuned run on its evaluation splits",
@@ -182,13 +186,14 @@ def _cmd_translate_train(args: argparse.Namespace) -> int:
     from .translation import train_translation
 
     logging.getLogger("ctxkit").setLevel(logging.INFO)
+    callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_ratio=args.warmup_ratio,
                          weight_decay=args.weight_decay, max_steps=args.max_steps, seed=args.seed, device=args.device,
                          schedule=args.schedule, progress=not args.no_progress, log_every=args.log_every, max_minutes=args.max_minutes)
     overrides = {"dropout": args.dropout} if args.dropout is not None else {}
     summary = train_translation((args.train_src, args.train_tgt), (args.valid_src, args.valid_tgt), args.out, config,
                                 preset=args.preset, vocab_size=args.vocab_size, max_length=args.max_length,
-                                label_smoothing=args.label_smoothing, eval_beams=args.eval_beams, **overrides)
+                                label_smoothing=args.label_smoothing, eval_beams=args.eval_beams, callbacks=callbacks, **overrides)
     print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))
     return 0
 
@@ -248,6 +253,7 @@ def add_translation_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--device", default="auto")
     p.add_argument("--no-progress", action="store_true")
+    add_log_to_argument(p)
     p.set_defaults(func=_cmd_translate_train)
 
     p = sub.add_parser("translate", help="translate one sentence per line with a translate-train run",

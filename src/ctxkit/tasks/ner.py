@@ -46,6 +46,9 @@ class ConllNerTask(Task):
 
     name = "conll2003"
     main_metric = "f1"
+
+    def requires(self) -> Tuple[str, ...]:
+        return ("seqeval",)
     eval_splits = ("dev", "test")
     # The loss is a mean over a batch's tokens; batches of only short sentences (headlines,
     # scores) then weigh each token heavily. Length grouping cost ~0.6 dev F1 here

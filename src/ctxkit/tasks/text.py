@@ -28,6 +28,15 @@ class _TextTask(Task):
 
     labels: Optional[List[str]] = None
     metrics: Tuple[str, ...] = ("accuracy",)
+
+    def requires(self) -> Tuple[str, ...]:
+        from ..metrics import GLUE_MAIN_METRIC
+
+        names = set()
+        for m in self.metrics:
+            names.update(GLUE_MAIN_METRIC.get(m, (m,)))
+        return tuple(sorted({"f1": "sklearn", "mcc": "sklearn", "pearson": "scipy", "spearman": "scipy"}[n]
+                            for n in names if n in ("f1", "mcc", "pearson", "spearman")))
     max_length: int = 128
 
     @property

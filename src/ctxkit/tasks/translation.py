@@ -20,6 +20,8 @@ from ..models.presets import RNN_SEQ2SEQ_PRESETS, SEQ2SEQ_PRESETS
 from ..models.seq2seq import RNNSeq2Seq, TransformerSeq2Seq, load_seq2seq, save_seq2seq
 from ..tokenizers import ByteLevelBPETokenizer, read_lines
 from ..training import TrainConfig, Trainer, resolve_device, set_seed
+from ..training.callbacks import Callback
+from ..core.deps import require, require_all
 from ..core.errors import UnknownNameError, UserError
 
 __all__ = ["read_parallel", "train_translation", "translate", "alignment", "load_translator", "bleu", "SPECIALS"]
@@ -50,8 +52,7 @@ def read_parallel(src_path: os.PathLike, tgt_path: os.PathLike) -> List[Tuple[st
 
 def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
     """Corpus BLEU with sacreBLEU's default (13a) tokenisation, as reported for Multi30k."""
-    import sacrebleu
-
+    sacrebleu = require("sacrebleu", "BLEU")
     return sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score
 
 
@@ -144,7 +145,8 @@ def load_translator(run_or_model_dir: os.PathLike) -> Tuple[torch.nn.Module, Byt
 
 def train_translation(train: Tuple[os.PathLike, os.PathLike], valid: Tuple[os.PathLike, os.PathLike], out_dir: os.PathLike,
                       config: TrainConfig, preset: str = "transformer_3_256_8", vocab_size: int = 8000, max_length: int = 128,
-                      label_smoothing: float = 0.1, eval_beams: int = 1, **overrides) -> dict:
+                      label_smoothing: float = 0.1, eval_beams: int = 1, callbacks: Optional[Sequence[Callback]] = None,
+                      **overrides) -> dict:
     """Train on parallel files and keep the epoch with the best validation BLEU.
 
     Args:
@@ -159,6 +161,7 @@ def train_translation(train: Tuple[os.PathLike, os.PathLike], valid: Tuple[os.Pa
         max_length: longest source/target in tokens (longer pairs are truncated, with a warning).
         label_smoothing: passed to the loss.
         eval_beams: beams for the per-epoch validation BLEU.
+        callbacks: also receive the training log (:mod:`ctxkit.training.callbacks`).
 
     Returns:
         ``{"valid_bleu", "best_epoch", "steps", ...}``.
@@ -168,6 +171,7 @@ def train_translation(train: Tuple[os.PathLike, os.PathLike], valid: Tuple[os.Pa
         raise UnknownNameError(f"unknown translation preset {preset!r}; known: {', '.join(presets)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    require_all(["sacrebleu"], "validation BLEU")  # before the data and the model
     train_pairs, valid_pairs = read_parallel(*train), read_parallel(*valid)
     text = [s for pair in train_pairs for s in pair]
     tok = ByteLevelBPETokenizer.train(iter(text), vocab_size=vocab_size, show_progress=config.progress, special_tokens=SPECIALS)
@@ -196,7 +200,7 @@ def train_translation(train: Tuple[os.PathLike, os.PathLike], valid: Tuple[os.Pa
         tok.save(folder)
 
     trainer = Trainer(wrapped, _features(train_pairs, tok, max_length), config, out, evaluate=evaluate, main_metric="bleu",
-                      save_best=save_best)
+                      save_best=save_best, callbacks=callbacks)
     result = trainer.train()
     summary = {"preset": preset, "train_pairs": len(train_pairs), "valid_pairs": len(valid_pairs), "vocab_size": tok.vocab_size,
                "valid_bleu": result.best_metric, "best_epoch": result.best_epoch, "steps": result.steps,

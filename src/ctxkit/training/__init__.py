@@ -1,5 +1,6 @@
 """Fine-tuning: trainer, optimiser and schedules."""
 
+from .callbacks import Callback, CallbackList, make_callbacks
 from .optim import build_adamw, linear_warmup_decay, polynomial_warmup_decay
 from .predict import predict
 from .trainer import (
@@ -12,6 +13,9 @@ from .trainer import (
 )
 
 __all__ = [
+    "Callback",
+    "CallbackList",
+    "make_callbacks",
     "TrainConfig",
     "Trainer",
     "TrainResult",

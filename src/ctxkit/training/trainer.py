@@ -29,8 +29,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..checkpoint import read_pickled_state, read_weights, save_weights
+from ..core.deps import missing
 from ..core.durable import atomic_write, recover_folder, remove_debris, verify_manifest, write_folder
 from ..data.batching import length_grouped_batches
+from .callbacks import Callback, CallbackList, JsonlWriter
 from .data import CollatedBatches
 from .distributed import (agree, all_reduce_mean, broadcast_parameters, cpu_copy, full_model_state, full_optimizer_state, load_full_state,
                           setup, shard_model)
@@ -235,6 +237,8 @@ class Trainer:
             collator's RNG), that state is checkpointed for exact resume.
         flops_per_token: training FLOPs per token, given the mean sequence length; with
             ``config.peak_tflops`` the log reports model FLOPs utilisation (MFU).
+        callbacks: also receive every ``log.jsonl`` record (:mod:`ctxkit.training.callbacks`,
+            e.g. a TensorBoard writer); on rank 0 only, closed when ``train`` returns or fails.
 
     Raises:
         ValueError: for inconsistent settings, e.g. FSDP on several ranks with ``evaluate``
@@ -256,6 +260,7 @@ class Trainer:
         save_best: Optional[Callable[[nn.Module, Path], None]] = None,
         collate_fn: Optional[Callable[[list], Dict[str, torch.Tensor]]] = None,
         flops_per_token: Optional[Callable[[float], float]] = None,
+        callbacks: Optional[Sequence[Callback]] = None,
     ):
         if not len(train_features):
             raise UserError("no training examples")
@@ -280,6 +285,8 @@ class Trainer:
         self.greater_is_better = greater_is_better
         self.save_best = save_best
         self.rank, self.world = setup(self.device.type)
+        # log.jsonl is the first writer, so a record reaches the file before any other writer.
+        self.callbacks = CallbackList([JsonlWriter(self.out_dir / "log.jsonl"), *(callbacks or ())] if self.rank == 0 else [])
         self.sharded = config.parallel == "fsdp" and self.world > 1
         if self.sharded and evaluate is not None:
             raise UserError("fsdp is supported for runs without per-epoch evaluation, e.g. pretrain; use --parallel ddp for fine-tuning")
@@ -410,25 +417,30 @@ class Trainer:
     # -- logging ----------------------------------------------------------------------
 
     def _log(self, record: dict) -> None:
-        if self.rank != 0:
-            return
-        with open(self.out_dir / "log.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        if self.rank == 0:
+            self.callbacks.emit(record)
 
     # -- the loop -----------------------------------------------------------------------
 
     def train(self, resume: bool = False) -> TrainResult:
-        """Train; with ``resume`` continue from ``out_dir/checkpoint`` exactly."""
+        """Train; with ``resume`` continue from ``out_dir/checkpoint`` exactly. The callbacks
+        are closed when this returns, also when training fails."""
+        with self.callbacks:
+            return self._train(resume)
+
+    def _train(self, resume: bool) -> TrainResult:
         cfg = self.config
         state = {"epoch": 0, "batch_in_epoch": 0, "step": 0, "best": None, "best_epoch": None, "history": [], "losses": []}
         self._tidy_run_folder()
+        run_info = {"config": asdict(cfg), "examples": len(self.features), "total_steps": self.total_steps}
         if resume:
             state = self._load_checkpoint()
+            run_info["resumed_at_step"] = state["step"]  # the log goes on: no start record in log.jsonl
         else:
             set_seed(cfg.seed)
             if self.rank == 0:
                 (self.out_dir / "log.jsonl").unlink(missing_ok=True)
-            self._log({"event": "start", "config": asdict(cfg), "examples": len(self.features), "total_steps": self.total_steps})
+        self._log({"event": "start", **run_info})
         self.model.train()
         start = time.time()
         losses: List[float] = state["losses"]
@@ -647,6 +659,11 @@ class Trainer:
         elif self.save_best is not None:
             self._save_best(best_model)
         self._checkpoint(state, epoch + 1, 0, step, losses)
+        if missing(["matplotlib"]):  # the curve is a convenience: log.jsonl holds the same numbers
+            if not getattr(self, "_said_no_curve", False):
+                _say("curve.png not drawn: matplotlib is not installed (pip install 'ctxkit[plots]')")
+                self._said_no_curve = True
+            return
         from ..plots import plot_training_curve  # matplotlib only when a curve is drawn
 
         plot_training_curve([(i + 1, float(v)) for i, v in enumerate(losses)], state["history"], self.main_metric,

