@@ -36,10 +36,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from ctxkit.checkpoint import CheckpointError  # noqa: E402
+from ctxkit.core.checkpoint import CheckpointError  # noqa: E402
 from ctxkit.data.conll import label_list, read_conll  # noqa: E402
 from ctxkit.models.static import WordVectors  # noqa: E402
-from ctxkit.static_cli import read_sst2  # noqa: E402
+from ctxkit.data.glue import read_sst2  # noqa: E402
 from ctxkit.tasks.feature_models import (  # noqa: E402
     ElmoFeatures,
     StaticFeatures,

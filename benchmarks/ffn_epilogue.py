@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ctxkit.layers.ffn import linear_gelu_tanh  # noqa: E402
+from ctxkit.fast import linear_gelu_tanh  # noqa: E402
 
 
 def kernel_table(fn, calls: int, rows: int = 10) -> str:

@@ -8,7 +8,7 @@ qa-eval). The HF side follows the official example scripts' logic: ``Trainer`` w
 ``DataCollatorWithPadding`` / ``DataCollatorForTokenClassification``, first-sub-word NER
 labels, and run_qa.py's windowing (``truncation="only_second"``, ``stride`` = overlap,
 ``padding="max_length"``) and n-best post-processing. Both sides are scored by the same
-metric code (ctxkit.metrics, which follows the official scripts). Wall time runs from
+metric code (ctxkit.tasks.metrics, which follows the official scripts). Wall time runs from
 loading the model to having the dev score (tokenisation, training, evaluation).
 
 Prints a table and writes speed and quality records to
@@ -33,7 +33,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from ctxkit.metrics import accuracy, ner_f1, squad_v1  # noqa: E402
+from ctxkit.tasks.metrics import accuracy, ner_f1, squad_v1  # noqa: E402
 
 HYPER = {  # shared by both sides
     "sst-2": dict(epochs=1, batch_size=32, lr=1e-4, max_length=128),

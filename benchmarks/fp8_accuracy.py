@@ -1,6 +1,6 @@
 """What fp8 (e4m3) matrix products and the tanh-GELU epilogue cost a fine-tuned
 classifier: SST-2 dev accuracy of the same run in fp32, bf16, bf16 with the FFN's GELU in
-tanh form (``ctxkit.layers.ffn.enable_gelu_epilogue``, what ``GPUEncoder(gelu_epilogue=True)``
+tanh form (``ctxkit.fast.enable_gelu_epilogue``, what ``GPUEncoder(gelu_epilogue=True)``
 computes) and fp8 (``ctxkit.inference.fp8``: Transformer-layer projections and FFN in
 float8 with per-row activation and per-channel weight scales).
 
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from ctxkit.inference.fp8 import convert_to_fp8  # noqa: E402
-from ctxkit.layers.ffn import enable_gelu_epilogue  # noqa: E402
+from ctxkit.fast import enable_gelu_epilogue  # noqa: E402
 from ctxkit.tasks import load_run  # noqa: E402
 
 

@@ -34,8 +34,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from ctxkit.inference import GenerationConfig, generate  # noqa: E402
-from ctxkit.inference.static_decode import static_generate  # noqa: E402
+from ctxkit.decoding import GenerationConfig, generate  # noqa: E402
+from ctxkit.decoding.static_decode import static_generate  # noqa: E402
 from ctxkit.models.gpt2 import GPT2LMHeadModel, save_gpt2  # noqa: E402
 from ctxkit.models.presets import GPT2_PRESETS  # noqa: E402
 

@@ -59,7 +59,7 @@ best-threshold F1 on the same split.
 
 The lectures' feature-extraction demo: the frozen encoder gives one vector per sentence and
 scikit-learn's `LogisticRegression` is trained on the full SST-2 train split (67,349
-sentences), reported on SST-2 dev (`ctxkit.features.linear_probe`).
+sentences), reported on SST-2 dev (`ctxkit.features.probe.linear_probe`).
 """
 
 PERF_INTRO = """# Performance
@@ -340,7 +340,7 @@ def performance_page() -> str:
                        f"{_fmt(r['same_tokens_share'])} | {r['device']} | {r['date']} |")
         out.append("\nctxkit's fastest variant per row is named in `ctxkit_variant` of each record (all variants are in "
                    "`ctxkit_variants`). GPU: the one-token step runs over a static KV cache with fixed shapes and is "
-                   "replayed as one CUDA graph per token (`ctxkit.inference.static_decode`, used by `generate` on CUDA); "
+                   "replayed as one CUDA graph per token (`ctxkit.decoding.static_decode`, used by `generate` on CUDA); "
                    "compiling that step fuses the elementwise work between GEMMs; the prompt pass is captured too (once "
                    "per prompt length), each layer writes its new key and value with one kernel (one buffer per layer), "
                    "and greedy argmax over the 50k logits runs in two stages (batch 1: plain loop 188, CUDA graph 1,448, "
@@ -354,7 +354,7 @@ def performance_page() -> str:
                    "fp32 the graph path equals the plain loop token for token (`tests/test_cuda_graphs.py`).\n")
         out.append("CPU (fp32, 2 threads): decoding one token reads every weight once (~500 MB), and PyTorch's MKL "
                    "matrix-vector product reads at ~13 GB/s on this AMD CPU, where NumPy's OpenBLAS reaches ~28 GB/s. "
-                   "`generate` routes one- and two-row products to NumPy (`ctxkit.inference.cpu_gemv`: 45 tokens/s, no "
+                   "`generate` routes one- and two-row products to NumPy (`ctxkit.decoding.cpu_gemv`: 45 tokens/s, no "
                    "compilation); `generate(..., compile=True)` / `ctxkit generate --compile` compiles the static-cache step "
                    "with frozen weights and Inductor's C++ GEMM templates (59 tokens/s = 2.15x HF, target 2x met; about 20 s "
                    "to compile once per shape).")

@@ -39,6 +39,7 @@ from ctxkit.pretraining.train import PretrainingModel, training_flops_per_token 
 from ctxkit.training import build_adamw  # noqa: E402
 from ctxkit.training.graphs import GraphedTrainStep  # noqa: E402
 from ctxkit.training.reducer import OverlappedGradReducer  # noqa: E402
+from ctxkit.fast import fuse_qkv  # noqa: E402
 from ctxkit.training.speed import FlatGradAllReduce, compile_blocks, compile_model, set_stream_dtype  # noqa: E402
 
 
@@ -122,6 +123,7 @@ def build_ctxkit(cfg, variant: str, grad_sync=None):
         cfg = cfg.replace(dropout=0.0, attention_dropout=0.0)
     torch.manual_seed(0)
     model = PretrainingModel(cfg).cuda().train()
+    fuse_qkv(model)  # q/k/v in one GEMM, as the Trainer runs it (ctxkit.training.speed.apply_speed_options)
     if "bf16res" in opts:
         set_stream_dtype(model, torch.bfloat16)
     torch._inductor.config.coordinate_descent_tuning = "coordesc" in opts

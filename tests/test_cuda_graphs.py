@@ -70,8 +70,8 @@ def test_overlapped_reducer_and_compiled_layers_inside_graphs(tmp_path, compiled
 
 @pytest.mark.parametrize("compile_step", [False, True])
 def test_graph_captured_decoding_equals_the_plain_loop(compile_step):
-    from ctxkit.inference import GenerationConfig, generate, left_pad
-    from ctxkit.inference.static_decode import static_generate
+    from ctxkit.decoding import GenerationConfig, generate, left_pad
+    from ctxkit.decoding.static_decode import static_generate
     from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)

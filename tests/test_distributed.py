@@ -120,7 +120,7 @@ def test_fsdp_two_processes_equal_one_process(fsdp_toy):
 
 
 def test_fsdp_checkpoint_and_best_hold_the_gathered_state(fsdp_toy):
-    from ctxkit.checkpoint import read_weights
+    from ctxkit.core.checkpoint import read_weights
 
     one, two = fsdp_toy
     # Same files, same layout as one process (integer optimiser ids): interchangeable.
@@ -185,7 +185,7 @@ def _synthetic_shards(root: Path) -> Path:
 
 
 def test_fsdp_pretrain_writes_the_gathered_model(tmp_path):
-    from ctxkit.checkpoint import read_weights
+    from ctxkit.core.checkpoint import read_weights
     from ctxkit.models import BertForPreTraining, load_bert
 
     _launch(FSDP_SCRIPT, ["pretrain", tmp_path, _synthetic_shards(tmp_path)], 2)

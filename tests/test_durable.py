@@ -134,7 +134,7 @@ def _trainer_run(out: Path, resume: bool = False):
 
     from ctxkit.training import TrainConfig, Trainer
 
-    from ctxkit.checkpoint import save_weights
+    from ctxkit.core.checkpoint import save_weights
 
     feats = _toy_features(32)
     cfg = TrainConfig(epochs=2, batch_size=8, lr=1e-3, device="cpu", progress=False, log_every=1, seed=5)
@@ -199,7 +199,7 @@ def test_a_tampered_or_hostile_optimizer_state_is_refused_in_one_line(tmp_path, 
     import pickle
     import shutil
 
-    from ctxkit.checkpoint import CheckpointError
+    from ctxkit.core.checkpoint import CheckpointError
 
     _, _, reference = uninterrupted
     run = tmp_path / "run"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ctxkit.checkpoint import CheckpointError, CheckpointMismatchError
+from ctxkit.core.checkpoint import CheckpointError, CheckpointMismatchError
 from ctxkit.models.elmo import (
     ELMO_PRESETS,
     ElmoBiLM,
@@ -385,7 +385,7 @@ def test_embed_with_elmo_gives_word_aligned_vectors_like_bert(tmp_path):
     """``embed(model="elmo:DIR")`` and ``ctxkit embed --model elmo:DIR``: BERT's words and
     spans, ELMo's vectors (equal to elmo_embed's), layer choices, mean pooling."""
     from ctxkit.cli import main
-    from ctxkit.embedding import embed
+    from ctxkit.features.embed import embed
     from ctxkit.models.elmo import ELMO_PRESETS, ElmoLanguageModel, elmo_embed
     from ctxkit.models.elmo_io import save_elmo_lm
 

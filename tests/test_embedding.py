@@ -1,4 +1,4 @@
-"""Tests for ctxkit.embedding.embed on the packaged MiniLM checkpoint."""
+"""Tests for ctxkit.features.embed.embed on the packaged MiniLM checkpoint."""
 
 import logging
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from ctxkit.embedding import (
+from ctxkit.features.embed import (
     LAYER_CHOICES,
     PooledEmbeddings,
-    WordVectors,
+    ContextualWordVectors,
     assign_windows,
     embed,
     feature_dim,
@@ -169,7 +169,7 @@ def test_empty_text(mt):
     model, tok = mt
     out = embed(["", "  \t "], model=mt)
     for wv in out:
-        assert isinstance(wv, WordVectors)
+        assert isinstance(wv, ContextualWordVectors)
         assert wv.words == [] and wv.spans == [] and wv.vectors.shape == (0, 384)
     # Pooled: the vector of the input "[CLS] [SEP]".
     with torch.no_grad():

@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 import torch
 
+from ctxkit.fast import FusedQKVAttention, SegmentedEncoder, fuse_qkv
 from ctxkit.layers import MultiHeadAttention, TransformerEncoder
 from ctxkit.models import BertForPreTraining, get_preset
 from ctxkit.pretraining.masking import IGNORE_INDEX, MaskingConfig, MaskingIds, MLMCollator
@@ -26,6 +27,7 @@ def _grads(model):
 def test_fused_projections_equal_separate_ones():
     torch.manual_seed(0)
     attn = MultiHeadAttention(32, 4).eval()
+    assert fuse_qkv(attn) == 1 and isinstance(attn, FusedQKVAttention)  # ctxkit.fast: one GEMM per shared input
     x, mem = torch.randn(2, 7, 32), torch.randn(2, 5, 32)
 
     def reference(q_in, k_in, v_in):
@@ -292,6 +294,7 @@ def test_worker_processes_prepare_the_same_batches(wiki_shards, tmp_path):
 def test_fused_weights_are_reused_in_inference_and_refreshed_after_updates():
     torch.manual_seed(0)
     attn = MultiHeadAttention(16, 2).eval()
+    fuse_qkv(attn)
     x = torch.randn(1, 3, 16)
     with torch.inference_mode():
         first = attn(x)[0]
@@ -304,6 +307,7 @@ def test_fused_weights_are_reused_in_inference_and_refreshed_after_updates():
     with torch.inference_mode():
         changed = attn(x)[0]
     fresh = MultiHeadAttention(16, 2).eval()
+    fuse_qkv(fresh)
     fresh.load_state_dict(attn.state_dict())
     reference = fresh(x)[0].detach()  # with autograd on: concatenated afresh
     assert not changed.equal(first)
@@ -320,7 +324,7 @@ def test_segmented_compile_equals_eager_and_hands_upper_gradients_over_first():
     compiled.load_state_dict(eager.state_dict())
     compile_model(compiled, segments=2)
     encoder = compiled.bert.encoder
-    assert encoder.compile_breaks == {1}  # layers 0-1 | 2-3
+    assert isinstance(encoder, SegmentedEncoder) and encoder.compile_breaks == {1}  # layers 0-1 | 2-3
     ids = torch.randint(5, 300, (3, 12))
     positions = torch.tensor([[1, 4, 7], [2, 3, 10], [5, 6, 11]])
     labels = ids.gather(1, positions)

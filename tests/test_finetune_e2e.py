@@ -85,7 +85,7 @@ def test_conll_slice_beats_chance_and_predicts_entities(shared_data, tmp_path, m
 
 def test_frozen_features_logistic_regression_on_sst2_slice(shared_data):
     from ctxkit.data import read_glue
-    from ctxkit.features import linear_probe
+    from ctxkit.features.probe import linear_probe
 
     train = read_glue("SST-2", shared_data / "glue" / "SST-2", "train")[:800]
     dev = read_glue("SST-2", shared_data / "glue" / "SST-2", "dev")[:300]

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from ctxkit.heads.classification import EncoderWithHead, SequenceClassificationHead
+from ctxkit.fast import FusedQKVAttention
 from ctxkit.inference.fp8 import FP8_MAX, Fp8Linear, convert_to_fp8
 from ctxkit.models import BertModel, get_preset
 from tolerance import assert_close_to_reference, assert_paths_agree, magnitude
@@ -54,6 +55,7 @@ def test_converted_classifier_keeps_its_answers():
     assert all(type(m) is not torch.nn.Linear for layer in model.encoder.encoder.layers for m in layer.modules())
     assert type(model.head.classifier) is torch.nn.Linear  # the head stays bf16
     attn = model.encoder.encoder.layers[0].self_attn
+    assert isinstance(attn, FusedQKVAttention)  # swapped in by convert_to_fp8 (ctxkit.fast)
     assert attn.fused_qkv.out_features == 3 * 128  # self-attention: one fp8 GEMM for q, k, v
     x = torch.randn(2, 5, 128, dtype=torch.bfloat16)
     with torch.no_grad():  # the fused GEMM equals the three separate ones (same quantised input)

@@ -4,7 +4,7 @@ greedy, reproducible sampling, top-k/top-p never emit a filtered token, stops an
 import pytest
 import torch
 
-from ctxkit.inference import GenerationConfig, apply_repetition_penalty, filter_logits, generate, left_pad
+from ctxkit.decoding import GenerationConfig, apply_repetition_penalty, filter_logits, generate, left_pad
 from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel
 from tolerance import assert_same_function, float64
 
@@ -221,7 +221,7 @@ def test_static_sampling_is_reproducible_and_filters_hold(model):
 
 
 def test_numpy_gemv_decoding_equals_torch_and_restores_threads(model):
-    from ctxkit.inference.cpu_gemv import NumpyGemv
+    from ctxkit.decoding.cpu_gemv import NumpyGemv
 
     x, w, b = torch.randn(2, 1, 64), torch.randn(96, 64), torch.randn(96)
     with torch.no_grad(), NumpyGemv():
@@ -262,7 +262,7 @@ def test_static_decoders_are_shared_across_prompt_lengths(model):
 
 
 def test_chunked_argmax_equals_argmax_including_ties():
-    from ctxkit.inference.static_decode import chunked_argmax
+    from ctxkit.decoding.static_decode import chunked_argmax
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(5, 50257, generator=g)

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from ctxkit.checkpoint import CheckpointError, CheckpointMismatchError
+from ctxkit.core.checkpoint import CheckpointError, CheckpointMismatchError
 from ctxkit.models.gpt2 import GPT2_PRESETS, GPT2Config, GPT2LMHeadModel, load_gpt2, save_gpt2
 from tolerance import assert_close_to_reference, assert_same_function, float64
 

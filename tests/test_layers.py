@@ -217,13 +217,14 @@ def test_ffn_gelu_epilogue_is_tanh_gelu_in_inference_and_plain_in_training():
     within tanh-vs-erf distance of BERT's erf FFN, and never runs where gradients flow."""
     import torch.nn.functional as F
 
+    from ctxkit.fast import enable_gelu_epilogue
     from ctxkit.layers.ffn import PositionwiseFFN
 
     torch.manual_seed(0)
     ffn = PositionwiseFFN(16, 64, "gelu")
     x = torch.randn(3, 7, 16)
     erf = ffn(x)
-    ffn.gelu_epilogue = True
+    assert enable_gelu_epilogue(ffn) == 1
     with torch.no_grad():
         fused = ffn(x)
         tanh = ffn.fc2(F.gelu(ffn.fc1(x), approximate="tanh"))
@@ -238,6 +239,7 @@ def test_compiled_inference_reuses_the_right_fused_projection_per_set():
     """Concatenated projections are cached per set: a [CLS]-only last layer asks for k/v
     while the other layers ask for q/k/v, and a compiled graph (static, then dynamic
     shapes over packed rows) must get each its own concatenation."""
+    from ctxkit.fast import fuse_qkv, prepare_inference
     from ctxkit.heads.classification import EncoderWithHead, SequenceClassificationHead
     from ctxkit.layers.attention import PackedSequences
     from ctxkit.models.bert import BertModel
@@ -246,14 +248,13 @@ def test_compiled_inference_reuses_the_right_fused_projection_per_set():
     torch.manual_seed(0)
     config = get_preset("bert_2_128_2").config.replace(vocab_size=300, dropout=0.0, attention_dropout=0.0)
     model = EncoderWithHead(BertModel(config), SequenceClassificationHead(128, 2, 0.0), cls_only=True).eval()
+    fuse_qkv(model)
     ids = torch.randint(5, 300, (3, 12), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0
     with torch.inference_mode():
         expect, expect_padded = model(ids)["logits"], model(ids, None, mask)["logits"]
-        for module in model.modules():
-            if isinstance(module, MultiHeadAttention):
-                module.prepare_inference()
+        prepare_inference(model)
         assert len(model.encoder.encoder.layers[-1].self_attn._fused_cache) == 2  # q/k/v and k/v
         torch._dynamo.reset()
         assert torch.allclose(torch.compile(model)(ids)["logits"], expect, atol=1e-5)

@@ -12,7 +12,7 @@ from types import SimpleNamespace as NS
 import numpy as np
 import pytest
 
-from ctxkit import metrics as M
+from ctxkit.tasks import metrics as M
 
 # --------------------------------------------------------------------- classification
 

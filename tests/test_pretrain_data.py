@@ -20,7 +20,7 @@ from ctxkit.pretraining import (
     split_sentences,
     train_vocab,
 )
-from ctxkit.pretraining.cli import add_commands
+from ctxkit.cli.pretraining import add_commands
 from ctxkit.tokenizers import WordPieceTokenizer
 
 

@@ -892,7 +892,7 @@ def test_readers_take_a_fifo(tmp_path, case):
 
 
 def test_cli_input_takes_a_fifo_and_process_substitution(tmp_path):
-    from ctxkit.cli import _read_texts
+    from ctxkit.cli.models import _read_texts
 
     with fifo(tmp_path, "in.txt", b"hello world\n\nlast\n") as path:
         assert _read_texts(path) == ["hello world", "", "last"]

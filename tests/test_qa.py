@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from ctxkit.checkpoint import CheckpointError
+from ctxkit.core.checkpoint import CheckpointError
 from ctxkit.data.qa import make_features, postprocess, window_starts
 from ctxkit.heads.span import SpanHead, SpanQAModel, span_head_from_hf, span_loss
 from ctxkit.models import load_bert

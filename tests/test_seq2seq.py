@@ -4,7 +4,7 @@ cached decoding equals uncached, and the inverse-square-root schedule."""
 import pytest
 import torch
 
-from ctxkit.inference import GenerationConfig, generate
+from ctxkit.decoding import GenerationConfig, generate
 from ctxkit.models.presets import Seq2SeqConfig
 from ctxkit.models.seq2seq import TransformerSeq2Seq
 from tolerance import assert_paths_agree

@@ -30,10 +30,11 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 uvicorn = pytest.importorskip("uvicorn")
 
-from ctxkit.checkpoint import write_json  # noqa: E402
-from ctxkit.embedding import embed  # noqa: E402
+from ctxkit.core.checkpoint import write_json  # noqa: E402
+from ctxkit.features.embed import embed  # noqa: E402
 from ctxkit.core.errors import UserError  # noqa: E402
-from ctxkit.inference.serve import MicroBatcher, QueueFull, ShuttingDown, add_serve_command, create_app  # noqa: E402
+from ctxkit.cli.deploy import add_serve_command  # noqa: E402
+from ctxkit.inference.serve import MicroBatcher, QueueFull, ShuttingDown, create_app  # noqa: E402
 from ctxkit.inference.serve_limits import TokenCheck, available_cores, choose_threads  # noqa: E402
 from ctxkit.tasks import get_task, load_run, save_run_model  # noqa: E402
 from ctxkit.zoo import get_model  # noqa: E402
@@ -472,7 +473,7 @@ def test_an_int8_run_serves_classify_and_explains_missing_embed(cls_run, tmp_pat
     pytest.importorskip("onnxruntime")
     from fastapi.testclient import TestClient
 
-    from ctxkit.inference import ort_model
+    from ctxkit.tasks import ort_model
     from ctxkit.inference.export import quantize_run
     from ctxkit.inference.serve import create_app
     from ctxkit.tasks import load_run

@@ -25,7 +25,8 @@ from ctxkit.models.static import (
     train_word2vec,
 )
 from ctxkit.models.static_io import guess_format, read_vectors, write_vectors
-from ctxkit.static_cli import add_static_parsers, read_sst2
+from ctxkit.cli.static import add_static_parsers
+from ctxkit.data.glue import read_sst2
 from tolerance import assert_close_to_reference, assert_paths_agree
 
 # ---------------------------------------------------------------------------- helpers

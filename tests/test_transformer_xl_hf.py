@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ctxkit.checkpoint import CheckpointError
+from ctxkit.core.checkpoint import CheckpointError
 from ctxkit.models.transformer_xl_io import load_transformer_xl
 from ctxkit.zoo import get_model
 from tolerance import assert_close_to_reference, assert_same_function

@@ -7,9 +7,10 @@ import random
 import pytest
 import torch
 
-import ctxkit.checkpoint as ck
+import ctxkit.core.checkpoint as ck
 
 from ctxkit.models.transformer_xl import TransformerXLConfig
+from ctxkit.cli import main as cli_main
 from ctxkit.pretraining import xl_lm
 from ctxkit.pretraining.xl_lm import (XLTrainConfig, build_model, build_xl_vocab, evaluate_xl_lm, load_xl_lm, make_rows,
                                       train_xl_lm, xl_stream)
@@ -152,7 +153,7 @@ def test_cli_end_to_end(tmp_path, capsys):
     valid = _repeat_corpus(tmp_path / "valid.txt", 4, seed=1)
     test = _repeat_corpus(tmp_path / "test.txt", 4, seed=2)
     out = tmp_path / "cli"
-    rc = xl_lm.main(["--train", str(train), "--valid", str(valid), "--test", str(test), "--out", str(out), "--model", "xl",
+    rc = cli_main(["train-transformer-xl", "--train", str(train), "--valid", str(valid), "--test", str(test), "--out", str(out), "--model", "xl",
                      "--d-model", "32", "--n-heads", "2", "--d-inner", "64", "--n-layers", "2", "--tgt-len", "8",
                      "--mem-len", "8", "--batch-size", "4", "--max-steps", "4", "--eval-mem-lens", "0", "16", "32",
                      "--device", "cpu", "--no-progress"])

@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ctxkit.checkpoint import CheckpointMismatchError
+from ctxkit.core.checkpoint import CheckpointMismatchError
 from ctxkit.models.presets import XLNET_PRESETS, XLNetConfig
 from ctxkit.models.xlnet import (
     XLNetLMHeadModel,

@@ -9,7 +9,8 @@ import torch
 
 from ctxkit.models.presets import XLNetConfig
 from ctxkit.models.xlnet import load_xlnet
-from ctxkit.pretraining.xlnet_pretrain import IGNORE_INDEX, XLNetCollator, main, pretrain_xlnet, to_xlnet_layout
+from ctxkit.cli import main as cli_main
+from ctxkit.pretraining.xlnet_pretrain import IGNORE_INDEX, XLNetCollator, pretrain_xlnet, to_xlnet_layout
 from ctxkit.training import TrainConfig
 
 PAD, CLS, SEP = 0, 1, 2
@@ -132,7 +133,7 @@ def test_cli_end_to_end_on_tiny_shards(tmp_path):
     assert not any(t in (data.cls_id, data.sep_id) for t in b["input_ids"][0, pos].tolist())
     assert len(pos) == round((len(inst["input_ids"]) - 3) / 6)
     out = tmp_path / "run"
-    rc = main(["--data", str(tmp_path / "shards"), "--preset", "xlnet_12_768_12", "--d-model", "32", "--n-layers", "1",
+    rc = cli_main(["pretrain-xlnet", "--data", str(tmp_path / "shards"), "--preset", "xlnet_12_768_12", "--d-model", "32", "--n-layers", "1",
                "--n-heads", "2", "--d-inner", "64", "--out", str(out), "--max-steps", "3", "--batch-size", "4",
                "--log-every", "1", "--device", "cpu", "--no-progress", "--lr", "1e-3"])
     assert rc == 0

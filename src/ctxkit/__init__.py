@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 
 
 def embed(texts, model="all_minilm_l6_v2", **kwargs):
-    """Contextual word (or sentence) vectors; see :func:`ctxkit.embedding.embed`."""
-    from .embedding import embed as _embed
+    """Contextual word (or sentence) vectors; see :func:`ctxkit.features.embed.embed`."""
+    from .features.embed import embed as _embed
 
     return _embed(texts, model=model, **kwargs)
 

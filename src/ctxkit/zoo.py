@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
-from .checkpoint import (
+from .core.checkpoint import (
     CheckpointError,
     read_config,
     sha256_file,

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_trainer import _model, _toy_features  # noqa: E402
 
-from ctxkit.checkpoint import save_weights  # noqa: E402
+from ctxkit.core.checkpoint import save_weights  # noqa: E402
 from ctxkit.training import TrainConfig, Trainer  # noqa: E402
 
 

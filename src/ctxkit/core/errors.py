@@ -9,7 +9,7 @@ traceback and says so, rather than dressing the bug up as bad input.
 
 ``UserError`` derives from ``ValueError`` so that code written against the Python API
 (``except ValueError``) keeps working; the readers' :class:`~ctxkit.data.DataError` and
-the checkpoint loaders' :class:`~ctxkit.checkpoint.CheckpointError` derive from it.
+the checkpoint loaders' :class:`~ctxkit.core.checkpoint.CheckpointError` derive from it.
 """
 
 from __future__ import annotations

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .errors import (DataError, ProblemLog, ReadResult, iter_lines, loads_json, lone_surrogate,
+from .errors import (DataError, ProblemLog, ReadResult, check_input, iter_lines, loads_json, lone_surrogate,
                      open_input)
 from ..core.errors import MissingFileError, UnknownNameError, UserError
 
-__all__ = ["TextExample", "GlueTask", "GLUE_TASKS", "get_glue_task", "read_glue", "read_table", "TextReadResult"]
+__all__ = ["TextExample", "GlueTask", "GLUE_TASKS", "get_glue_task", "read_glue", "read_table", "TextReadResult", "read_sst2"]
 
 PathLike = Union[str, os.PathLike]
 Column = Union[str, int]  # a header name, or a 0-based position for files without a header
@@ -473,3 +473,27 @@ def _jsonl_rows(path: Path, cols, problems: ProblemLog):
                 continue
             yield (line_no, strings[0], strings[1] if present[0] else None, raw)
 
+
+def read_sst2(path) -> Tuple[List[str], List[int]]:
+    """Sentences and 0/1 labels of a GLUE SST-2 TSV (header ``sentence<TAB>label``, quoting off).
+
+    Raises:
+        ValueError: ``"{path}:{line}: ..."`` for a missing column or a bad label.
+    """
+    check_input(path)
+    texts, labels = [], []
+    with open(path, encoding="utf-8-sig", newline="") as fh:
+        # Quoting off: SST-2 sentences contain unbalanced '"' characters.
+        rows = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
+        header = next(rows, None)
+        if not header or "sentence" not in header or "label" not in header:
+            raise DataError(path, 1, "bad header", f"expected columns 'sentence' and 'label', found {header}")
+        s_col, l_col = header.index("sentence"), header.index("label")
+        for line_no, row in enumerate(rows, start=2):
+            if len(row) != len(header):
+                raise DataError(path, line_no, "wrong number of fields", f"expected {len(header)}, found {len(row)}")
+            if row[l_col] not in ("0", "1"):
+                raise DataError(path, line_no, "bad label", f"expected 0 or 1, found {row[l_col]!r}")
+            texts.append(row[s_col])
+            labels.append(int(row[l_col]))
+    return texts, labels

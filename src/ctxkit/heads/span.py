@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import CheckpointError
+from ..core.checkpoint import CheckpointError
 from ..core.errors import UserError
 
 __all__ = ["SpanHead", "SpanQAModel", "span_loss", "span_head_from_hf"]

@@ -1,5 +1,2 @@
-"""Inference: decoding (greedy, sampling, beam search with a KV cache)."""
-
-from .generate import GenerationConfig, apply_repetition_penalty, filter_logits, generate, left_pad
-
-__all__ = ["GenerationConfig", "apply_repetition_penalty", "filter_logits", "generate", "left_pad"]
+"""Deployment: backends (PyTorch eager / compiled / ONNX Runtime), ONNX export and int8
+quantisation, GPU and fp8 fast paths, and the HTTP server. Decoding lives in :mod:`ctxkit.decoding`."""

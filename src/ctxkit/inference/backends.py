@@ -366,7 +366,7 @@ class _ChoiceStore:
         import datetime
         import shutil
 
-        from ..checkpoint import atomic_write, write_json
+        from ..core.checkpoint import atomic_write, write_json
 
         if self.key is None:
             return None

@@ -28,10 +28,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .ort_model import OrtTaskModel, _session
+from ..tasks.ort_model import OrtTaskModel, _session
 from ..core.deps import require_all
 from ..core.durable import MANIFEST, atomic_write, write_folder
 from ..core.errors import UserError
+from ..tasks import load_run
 
 __all__ = ["export_onnx", "verify_onnx", "quantize_onnx", "OrtTaskModel", "quantize_run", "ONNX_INPUTS", "folder_size_mb"]
 
@@ -161,7 +162,6 @@ def quantize_run(run_dir: os.PathLike, out_dir: os.PathLike, verify: bool = True
     Returns:
         ``{"fp32_mb", "int8_mb", "ratio", "max_abs_diff_fp32_export"}``.
     """
-    from ..tasks import load_run
 
     require_all(DEPLOY_NEEDS, "ctxkit quantize")  # before the run loads
     run_dir, out = Path(run_dir), Path(out_dir)

@@ -29,8 +29,8 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..layers.attention import MultiHeadAttention, PackedSequences
-from ..layers.ffn import enable_gelu_epilogue
+from ..fast import apply_fast_paths, prepare_inference
+from ..layers.attention import PackedSequences
 
 __all__ = ["GPUEncoder", "GPUTaskModel", "bucket_batch", "token_bucket"]
 
@@ -124,7 +124,7 @@ class GPUEncoder:
             cores, e.g. Hopper): a separate, declared precision.
         gelu_epilogue: compute each feed-forward block's ``gelu(fc1(x))`` as one cuBLASLt
             GEMM with the bias and GELU in its epilogue
-            (:func:`ctxkit.layers.ffn.linear_gelu_tanh`). cuBLASLt's GELU is the tanh form:
+            (:func:`ctxkit.fast.linear_gelu_tanh`). cuBLASLt's GELU is the tanh form:
             exact for tanh-GELU models (GPT-2), a declared approximation for erf-GELU models
             such as BERT (|gelu_erf - gelu_tanh| < 5e-4, below bf16's rounding of the
             same values).
@@ -140,16 +140,10 @@ class GPUEncoder:
             raise RuntimeError("GPUEncoder needs a CUDA device; use ctxkit.inference.backends on CPU")
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
         self.model = model.to(self.device, dtype).eval()
-        if fp8:
-            from .fp8 import convert_to_fp8
-
-            convert_to_fp8(self.model)
-        if gelu_epilogue:
-            enable_gelu_epilogue(self.model)
-        with torch.no_grad():
-            for module in self.model.modules():
-                if isinstance(module, MultiHeadAttention):
-                    module.prepare_inference()
+        # q/k/v as one GEMM over cached stacked weights, concatenated now (outside any
+        # compiled graph); fp8 GEMMs and the GELU epilogue when asked (ctxkit.fast).
+        apply_fast_paths(self.model, fused_qkv=True, fp8=fp8, gelu_epilogue=gelu_epilogue)
+        prepare_inference(self.model)
         self.dtype = dtype
         self.cuda_graphs = cuda_graphs
         self.max_graphs = max_graphs

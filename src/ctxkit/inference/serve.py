@@ -5,10 +5,9 @@ Requests that arrive within ``max_wait_ms`` of each other are merged (up to
 ``predict_lines``, so answers equal those of ``ctxkit predict``. See ``docs/serving.md``.
 
 FastAPI, pydantic and uvicorn are imported inside functions: the CLI registers this verb
-on every ``ctxkit`` call, and ``import ctxkit`` must not need them.
+(:mod:`ctxkit.cli.deploy`) on every ``ctxkit`` call, and ``import ctxkit`` must not need them.
 """
 
-import argparse
 import asyncio
 import collections
 import contextlib
@@ -26,12 +25,18 @@ from typing import Any, Callable, Dict, List, Optional
 from ..core.deps import require_all
 from ..core.errors import UserError
 from . import serve_schema as schema
-from .serve_limits import (QueueFull, RequestGuard, TokenCheck, at_least_one, available_cores, choose_threads,
+from .serve_limits import (QueueFull, RequestGuard, TokenCheck, available_cores, choose_threads,
                            set_model_thread, torch_threads)
+from ..tasks.ner import ConllNerTask
+from ..tasks.qa import SquadTask
+from ..tasks.text import GlueClassificationTask, TableClassificationTask
+from ..features.embed import POOLING_CHOICES, embed
+from ..tasks import load_run
+from .backends import _is_bert, with_backend
 
 SERVE_NEEDS = ("fastapi", "uvicorn", "pydantic", "starlette")  # the `serve` extra, imported directly
 
-__all__ = ["MicroBatcher", "QueueFull", "add_serve_command", "create_app", "serve"]
+__all__ = ["MicroBatcher", "QueueFull", "create_app", "serve"]
 
 log = logging.getLogger("ctxkit.serve")
 
@@ -173,9 +178,6 @@ class MicroBatcher:
 
 
 def _task_kind(task) -> str:
-    from ..tasks.ner import ConllNerTask
-    from ..tasks.qa import SquadTask
-    from ..tasks.text import GlueClassificationTask, TableClassificationTask
 
     for classes, kind in (((GlueClassificationTask, TableClassificationTask), "classify"), (ConllNerTask, "ner"), (SquadTask, "qa")):
         if isinstance(task, classes):
@@ -267,16 +269,12 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     from pydantic import BaseModel, ConfigDict, Field, model_validator
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    from ..embedding import POOLING_CHOICES, embed
-    from ..tasks import load_run
-
     if pooling not in POOLING_CHOICES:
         raise UserError(f"pooling must be one of {', '.join(POOLING_CHOICES)}, got {pooling!r}")
     threads, threads_source = choose_threads(threads)
     max_queue = 4 * max_batch if max_queue is None else max_queue
     if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
         raise UserError(f"--max-queue must be an integer >= 1, got {max_queue!r}")
-    from .backends import _is_bert, with_backend
 
     # ONNX Runtime sessions (an int8 run, --backend onnxruntime) take torch's thread
     # count when they are created: create them at the serving count.
@@ -566,53 +564,14 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, graceful_timeout: 
     _server_class()(config).run()
 
 
-def _cmd_serve(args: argparse.Namespace) -> int:
-    if not logging.getLogger().handlers and not log.handlers:
-        handler = logging.StreamHandler()  # stderr, one JSON object a line
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False  # the CLI's "ctxkit: " line prefix would break the JSON lines
-    serve(**{k: v for k, v in vars(args).items() if k not in ("verb", "func")})  # option dests match serve()
-    return 0
-
-
-def add_serve_command(sub: argparse._SubParsersAction) -> None:
-    """Register ``serve`` on the ``ctxkit`` parser."""
-    p = sub.add_parser("serve", help="serve a fine-tuned run as a JSON HTTP API with micro-batching",
-                       description="JSON HTTP API for a fine-tuned run: POST /classify, /ner or /qa (by the run's task), "
-                                   "POST /embed, GET /health. Concurrent requests are merged into batches. "
-                                   "SIGINT/SIGTERM stop accepting, answer in-flight requests, then exit. See docs/serving.md.")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="run folder written by ctxkit finetune")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ... (default: auto)")
-    p.add_argument("--max-batch", type=int, default=32, help="most texts per forward pass (default: 32)")
-    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with (default: 5)")
-    p.add_argument("--max-queue", type=at_least_one, default=None,
-                   help="most texts waiting per endpoint; more get 429 with Retry-After (default: 4 x --max-batch)")
-    p.add_argument("--threads", type=at_least_one, default=None,
-                   help="torch/ONNX Runtime threads of the model (default: $OMP_NUM_THREADS if set, else the available "
-                        "cores minus one, left to the HTTP server; logged at startup and shown in /health)")
-    p.add_argument("--max-items", type=int, default=64, help="most texts per request (default: 64)")
-    p.add_argument("--max-text-chars", type=int, default=10_000, help="longest text/question/context (default: 10000)")
-    p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body (default: fits max-items texts)")
-    p.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="/embed vectors (default: mean)")
-    from .backends import add_backend_arguments
-
-    add_backend_arguments(p, "pytorch", "runtime of the task endpoint (named in /health and the startup log)")
-    p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on shutdown (default: 30)")
-    p.set_defaults(func=_cmd_serve)
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     """``python -m ctxkit.inference.serve RUN_DIR ...``, the same as ``ctxkit serve``."""
     import sys
 
-    parser = argparse.ArgumentParser(prog="ctxkit")
-    add_serve_command(parser.add_subparsers(dest="verb", required=True))
-    args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    # Upward on purpose: this entry point only hands its arguments to the one parser tree.
+    from ..cli import main as cli_main
+
+    return cli_main(["serve", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

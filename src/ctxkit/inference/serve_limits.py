@@ -99,7 +99,7 @@ def torch_threads(threads: int) -> Iterator[None]:
     """The calling thread on ``threads`` torch threads, restored afterwards.
 
     ONNX Runtime sessions take their intra-op thread count from torch's when they are
-    created (:mod:`ctxkit.inference.ort_model`): loading a run inside this block sizes them.
+    created (:mod:`ctxkit.tasks.ort_model`): loading a run inside this block sizes them.
     """
     import torch
 

@@ -7,14 +7,17 @@ The lectures build attention up in steps; each step is a module here:
 * :func:`scaled_dot_product_attention` -- the scaled score with a fast path through
   :func:`torch.nn.functional.scaled_dot_product_attention` and an eager path that
   also returns the attention weights for inspection.
-* :class:`MultiHeadAttention` -- per-head projections ``W_q, W_k, W_v`` (stored fused per
-  role as one ``Linear`` covering all heads), attention per head, concat, ``W_o``.
+* :class:`MultiHeadAttention` -- per-head projections ``W_q, W_k, W_v`` (stored per role
+  as one ``Linear`` covering all heads), attention per head, concat, ``W_o``.
 * :class:`PackedSequences` -- a batch with its padding removed (all real tokens in one
   row); passed as the mask, attention stays within each sequence (flash "varlen").
 
 Masks are boolean with ``True`` meaning "may attend" and broadcast against
 ``(batch, heads, query_len, key_len)``. Build them with :func:`padding_mask` and
 :func:`causal_mask`, and combine them with ``&``.
+
+Deployment variants (q, k and v in one GEMM over cached stacked weights, fp8 products)
+are modules of their own in :mod:`ctxkit.fast`, swapped into a built model there.
 """
 
 from __future__ import annotations
@@ -333,83 +336,17 @@ class MultiHeadAttention(nn.Module):
         return x.view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
 
     def _project(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
-        """Per-head q, k, v, each ``(batch, heads, len, head_dim)``.
-
-        One GEMM over the concatenated weights does the work of the roles that share an
-        input (q, k, v in self-attention; k, v when keys and values are one tensor): a
-        3x wider matrix product keeps the GPU busier than three narrow ones, and the
-        parameters stay separate so checkpoints keep their per-role layout.
-        """
+        """Per-head q, k, v, each ``(batch, heads, len, head_dim)``: ``q = W_q query``,
+        ``k = W_k key``, ``v = W_v value`` (self-attention: all three read ``query``)."""
         key = query if key is None else key
         value = key if value is None else value
-        fused = getattr(self, "fused_qkv", None)  # one module for all three (e.g. ctxkit.inference.fp8)
-        if fused is not None and key is query and value is query:
-            return tuple(self._split_heads(t) for t in fused(query).split(self.embed_dim, dim=-1))  # type: ignore[return-value]
-        groups: list = []  # [(input, [projections reading it])], in q, k, v order
-        for proj, x in ((self.q_proj, query), (self.k_proj, key), (self.v_proj, value)):
-            if groups and groups[-1][0] is x:
-                groups[-1][1].append(proj)
-            else:
-                groups.append((x, [proj]))
-        out = []
-        for x, projs in groups:
-            if len(projs) == 1 or not all(isinstance(p.weight, Tensor) for p in projs):
-                # Quantised projections (torch.ao dynamic int8: weight() is a method) run one by one.
-                y = torch.cat([p(x) for p in projs], dim=-1) if len(projs) > 1 else projs[0](x)
-            else:
-                y = F.linear(x, *self._fused(projs))
-            out.extend(self._split_heads(t) for t in y.split([p.out_features for p in projs], dim=-1))
-        return out[0], out[1], out[2]
+        return self._split_heads(self.q_proj(query)), self._split_heads(self.k_proj(key)), self._split_heads(self.v_proj(value))
 
     def project_kv(self, key: Tensor, value: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         """Per-head keys and values ``(batch, heads, key_len, head_dim)`` of a memory that
         stays fixed over many queries (pass them back as ``static_kv``)."""
         value = key if value is None else value
-        if value is key and isinstance(self.k_proj.weight, Tensor) and isinstance(self.v_proj.weight, Tensor):
-            k, v = F.linear(key, *self._fused([self.k_proj, self.v_proj])).split(self.embed_dim, dim=-1)
-        else:
-            k, v = self.k_proj(key), self.v_proj(value)
-        return self._split_heads(k), self._split_heads(v)
-
-    def _fused(self, projs) -> Tuple[Tensor, Optional[Tensor]]:
-        """The concatenated weight and bias of ``projs``. Without autograd (inference) the
-        concatenation is kept, one per projection set (q/k/v, or k/v when the queries are
-        a subset), and reused until a weight changes (its version counter moves): decoding
-        one token at a time would otherwise copy the matrices per token."""
-        which = tuple(id(p) for p in projs)
-        caches = getattr(self, "_fused_cache", None) or {}
-        if torch.compiler.is_compiling() and not torch.is_grad_enabled():
-            # Inside a compiled inference graph: reuse the concatenation an eager call made
-            # (checking versions would break the graph); StaticDecoder runs one first.
-            cached = caches.get(which)
-            if cached is not None:
-                return cached[1]
-        params = [p.weight for p in projs] + [p.bias for p in projs if p.bias is not None]
-        if torch.is_grad_enabled():
-            self._fused_cache = None
-        else:
-            key = tuple((id(p), p._version, p.device, p.dtype) for p in params)
-            cached = caches.get(which)
-            if cached is not None and cached[0] == key:
-                return cached[1]
-        weight = torch.cat([p.weight for p in projs])
-        bias = torch.cat([p.bias for p in projs]) if projs[0].bias is not None else None
-        if not torch.is_grad_enabled():
-            if not torch.compiler.is_compiling():
-                # A graph compiled with dynamic shapes would otherwise treat the cached
-                # matrices' sizes as symbols (and fail to split the result by them).
-                for t in (weight, bias):
-                    if t is not None:
-                        torch._dynamo.mark_static(t)
-            self._fused_cache = {**caches, which: (key, (weight, bias))}
-        return weight, bias
-
-    def prepare_inference(self) -> None:
-        """Concatenate the self-attention projections now, outside any compiled graph, so
-        every compiled inference graph reuses one static copy (call under no_grad)."""
-        projs = [self.q_proj, self.k_proj, self.v_proj]
-        if getattr(self, "fused_qkv", None) is None and all(type(p) is nn.Linear for p in projs):
-            self._fused(projs)
+        return self._split_heads(self.k_proj(key)), self._split_heads(self.v_proj(value))
 
     def forward(
         self,

@@ -8,7 +8,6 @@ import torch
 from torch import Tensor, nn
 
 from .position import LearnedPositionalEmbedding
-from .precision import to_stream_dtype
 
 __all__ = ["TransformerEmbeddings"]
 
@@ -44,7 +43,6 @@ class TransformerEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(num_segments, dim) if num_segments > 0 else None
         self.norm = nn.LayerNorm(dim, eps=eps) if layer_norm else None
         self.dropout = nn.Dropout(dropout)
-        self.stream_dtype: Optional[torch.dtype] = None  # see ctxkit.layers.precision
 
     def forward(
         self,
@@ -62,6 +60,10 @@ class TransformerEmbeddings(nn.Module):
         Returns:
             ``(batch, seq, dim)``.
         """
+        return self.dropout(self._embed(input_ids, token_type_ids, position_ids))
+
+    def _embed(self, input_ids: Tensor, token_type_ids: Optional[Tensor], position_ids: Optional[Tensor]) -> Tensor:
+        """The normalised sum of the three embeddings, before dropout."""
         seq_len = input_ids.size(1)
         x = self.word_embeddings(input_ids) + self.position_embeddings(seq_len, position_ids=position_ids)
         if self.token_type_embeddings is not None:
@@ -70,4 +72,4 @@ class TransformerEmbeddings(nn.Module):
             x = x + self.token_type_embeddings(token_type_ids)
         if self.norm is not None:
             x = self.norm(x)
-        return self.dropout(to_stream_dtype(x, self.stream_dtype))
+        return x

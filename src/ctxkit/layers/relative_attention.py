@@ -77,7 +77,7 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
     """Multi-head attention with Transformer-XL's relative positional scores and memory.
 
     Reuses :class:`MultiHeadAttention`'s ``q_proj``/``k_proj``/``v_proj``/``out_proj``
-    (fused GEMMs over shared inputs) and adds ``r_proj`` (``W_kR``) and the biases
+    (one GEMM for the roles sharing an input once :func:`ctxkit.fast.fuse_qkv` is applied) and adds ``r_proj`` (``W_kR``) and the biases
     ``u``/``v``.
 
     Args:
@@ -131,7 +131,7 @@ class RelativeMultiHeadAttention(MultiHeadAttention):
         if memory is not None and memory.size(1) > 0:
             context = torch.cat([memory.to(x.dtype), x], dim=1)
         else:
-            context = x  # same object: q, k and v come from one fused GEMM
+            context = x  # same object: ctxkit.fast's FusedQKVAttention projects q, k, v in one GEMM
         batch, qlen, _ = x.shape
         klen = context.size(1)
         if pos_emb.shape != (klen, self.embed_dim):

@@ -5,6 +5,9 @@ Both residual arrangements are supported by :class:`AddNorm`:
 * post-norm (original Transformer, BERT): ``x = LayerNorm(x + Dropout(f(x)))``
 * pre-norm (GPT-2, most modern models): ``x = x + Dropout(f(LayerNorm(x)))``
   plus one final LayerNorm after the stack, which :class:`TransformerEncoder` adds.
+
+Deployment variants (a bf16 residual stream, an encoder compiled in segments) are modules
+of their own in :mod:`ctxkit.fast`.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention import MultiHeadAttention, causal_mask
 from .ffn import PositionwiseFFN
-from .precision import to_stream_dtype
 
 __all__ = ["AddNorm", "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "EncoderOutput"]
 
@@ -38,9 +40,6 @@ class AddNorm(nn.Module):
         self.norm = nn.LayerNorm(dim, eps=eps)
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
-        # dtype of the residual stream under autocast (None: whatever autocast gives,
-        # float32 after LayerNorm); see ctxkit.layers.precision.to_stream_dtype.
-        self.stream_dtype: Optional[torch.dtype] = None
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         """Apply ``sublayer`` with the residual and the norm.
@@ -50,8 +49,8 @@ class AddNorm(nn.Module):
             sublayer: maps ``(batch, seq, dim)`` to the same shape.
         """
         if self.norm_first:
-            return to_stream_dtype(x + self.dropout(sublayer(self.norm(x))), self.stream_dtype)
-        return to_stream_dtype(self.norm(x + self.dropout(sublayer(x))), self.stream_dtype)
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
 
 
 class TransformerEncoderLayer(nn.Module):
@@ -242,11 +241,6 @@ class TransformerEncoder(nn.Module):
         # Activation checkpointing: keep only each layer's input and recompute the layer
         # in the backward pass (about a third more compute for a fraction of the memory).
         self.checkpoint_layers = False
-        # Layer indices after which torch.compile starts a new graph (see
-        # ctxkit.training.speed.compile_model): each graph's backward is its own autograd
-        # node, so the later layers' gradients are complete (and can be all-reduced) while
-        # autograd still runs the earlier ones. No effect without torch.compile.
-        self.compile_breaks: frozenset = frozenset()
 
     def forward(
         self,
@@ -274,7 +268,7 @@ class TransformerEncoder(nn.Module):
         hidden: List[Tensor] = [x] if output_hidden_states else []
         attentions: List[Tensor] = []
         new_positions = x.size(1)
-        x = self._run_layers(x, 0, mask, hidden, attentions, output_attentions, output_positions, cache)
+        x = self._run_layers(x, 0, len(self.layers), mask, hidden, attentions, output_attentions, output_positions, cache)
         if cache is not None:
             cache.advance(new_positions)
         if self.final_norm is not None:
@@ -287,15 +281,11 @@ class TransformerEncoder(nn.Module):
             attentions=tuple(attentions) if output_attentions else None,
         )
 
-    def _run_layers(self, x: Tensor, start: int, mask, hidden: List[Tensor], attentions: List[Tensor], output_attentions: bool,
-                    output_positions: Optional[Tensor], cache) -> Tensor:
-        """Run the layers from ``start`` to the next compile break (or the end), appending
-        to ``hidden`` / ``attentions``; then recurse past the break. The break sits outside
-        any loop, which is what lets torch.compile resume after it (a graph break inside a
-        loop makes it give up on the whole frame)."""
+    def _run_layers(self, x: Tensor, start: int, stop: int, mask, hidden: List[Tensor], attentions: List[Tensor],
+                    output_attentions: bool, output_positions: Optional[Tensor], cache) -> Tensor:
+        """Run layers ``start .. stop - 1``, appending to ``hidden`` / ``attentions``."""
         last = len(self.layers) - 1
-        stop = min([b for b in self.compile_breaks if start <= b < last] + [last])
-        for i in range(start, stop + 1):
+        for i in range(start, stop):
             layer = self.layers[i]
             index = output_positions if i == last else None
             if self.checkpoint_layers and self.training and torch.is_grad_enabled():
@@ -307,10 +297,7 @@ class TransformerEncoder(nn.Module):
                 hidden.append(x)
             if output_attentions:
                 attentions.append(weights)
-        if stop == last:
-            return x
-        torch._dynamo.graph_break()
-        return self._run_layers(x, stop + 1, mask, hidden, attentions, output_attentions, output_positions, cache)
+        return x
 
 
 class TransformerDecoder(nn.Module):

@@ -19,7 +19,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import (
+from ..core.checkpoint import (
     CheckpointError,
     KeyMap,
     load_state_dict_strict,
@@ -449,7 +449,7 @@ def load_bert(directory: os.PathLike, config: Optional[BertConfig] = None, with_
         The model in eval mode.
 
     Raises:
-        CheckpointError: unreadable files, or (as :class:`~ctxkit.checkpoint.CheckpointMismatchError`)
+        CheckpointError: unreadable files, or (as :class:`~ctxkit.core.checkpoint.CheckpointMismatchError`)
             every missing, unexpected and misshaped key.
     """
     directory = Path(directory)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from torch import nn
 
-from ..checkpoint import read_config
+from ..core.checkpoint import read_config
 from .bert import load_bert, save_bert
 
 __all__ = ["encoder_family", "load_encoder", "save_encoder"]

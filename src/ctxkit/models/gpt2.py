@@ -21,7 +21,7 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import CheckpointError, KeyMap, load_state_dict_strict, read_config, read_weights, save_weights
+from ..core.checkpoint import CheckpointError, KeyMap, load_state_dict_strict, read_config, read_weights, save_weights
 from ..layers import KVCache, TransformerEncoder, causal_mask, padding_mask
 from .presets import GPT2_PRESETS, GPT2Config
 from ..core.errors import UserError
@@ -213,7 +213,7 @@ def load_gpt2(directory: os.PathLike) -> GPT2LMHeadModel:
 
     Raises:
         CheckpointError: unreadable files, another model type, or (as
-            :class:`~ctxkit.checkpoint.CheckpointMismatchError`) every missing, unexpected
+            :class:`~ctxkit.core.checkpoint.CheckpointMismatchError`) every missing, unexpected
             and misshaped key.
     """
     directory = Path(directory)

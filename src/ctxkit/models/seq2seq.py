@@ -5,7 +5,7 @@ the encoder input, the decoder input and the output projection (``tie_embeddings
 Embeddings are scaled by sqrt(d) and added to sinusoidal positions; the stacks are the
 shared :class:`~ctxkit.layers.TransformerEncoder` / :class:`~ctxkit.layers.TransformerDecoder`.
 Training uses teacher forcing and label-smoothed cross-entropy; decoding goes through
-:func:`ctxkit.inference.generate` (greedy, beam, sampling) via :meth:`bind`.
+:func:`ctxkit.decoding.generate` (greedy, beam, sampling) via :meth:`bind`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights, save_weights
+from ..core.checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights, save_weights
 from ..layers import AdditiveAttention, KVCache, SinusoidalPositionalEncoding, TransformerDecoder, TransformerEncoder, padding_mask
 from .presets import RNNSeq2SeqConfig, Seq2SeqConfig
 
@@ -227,7 +227,7 @@ def _teacher_forced_loss(model, input_ids: Tensor, tgt_ids: Tensor, attention_ma
 
 class BoundDecoder:
     """The decoder of a :class:`TransformerSeq2Seq` with its encoder output fixed, shaped
-    like a decoder-only language model (what :func:`ctxkit.inference.generate` drives).
+    like a decoder-only language model (what :func:`ctxkit.decoding.generate` drives).
 
     Beam search runs ``beams`` rows per source; the memory is repeated to match.
     """

@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -30,10 +30,8 @@ from tqdm.auto import tqdm
 
 from ctxkit.models.static_io import read_corpus, read_vectors, write_vectors
 
+from ..core.callbacks import Callback, CallbackList
 from ..core.errors import UnknownNameError, UserError
-
-if TYPE_CHECKING:
-    from ..training.callbacks import Callback
 
 __all__ = [
     "NegativeSamplingModel", "UnigramSampler",
@@ -497,7 +495,7 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
         num_threads: Torch CPU threads while training (restored afterwards); None leaves the
             setting alone. The per-batch kernels are small: extra threads gain little, and on
             a busy machine waiting for them made epochs 10x slower.
-        callbacks: Receive a record after each chunk (:mod:`ctxkit.training.callbacks`): the
+        callbacks: Receive a record after each chunk (:mod:`ctxkit.core.callbacks`): the
             step is the corpus tokens read so far (all epochs), ``loss`` the epoch's mean loss
             so far (so an epoch's last record has its ``epoch_losses`` entry), ``lr``,
             ``words_per_s``. Closed when training returns or fails.
@@ -543,8 +541,6 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
 
     def to_dev(a):
         return None if a is None else torch.from_numpy(np.ascontiguousarray(a)).to(device)
-
-    from ..training.callbacks import CallbackList  # not at module level: training imports models
 
     settings = dict(model=model, dim=dim, window=window, negative=negative, min_count=min_count, epochs=epochs,
                     subsample=subsample, subwords=subwords, minn=minn, maxn=maxn, buckets=buckets if subwords else None,

@@ -37,7 +37,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ctxkit.data.errors import DataError, is_rereadable, open_input, raw_lines, require_rereadable
-from ctxkit.tokenizers.wordpiece import decode_lines
+from ctxkit.data.lines import decode_lines
 
 from ..core.errors import UserError
 

@@ -24,7 +24,7 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor
 
-from ..checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights
+from ..core.checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights
 from .presets import TransformerXLConfig
 from .transformer_xl import TransformerXLLMHeadModel
 
@@ -169,7 +169,7 @@ def load_transformer_xl(directory: os.PathLike) -> TransformerXLLMHeadModel:
 
     Raises:
         CheckpointError: unreadable files, another model type, an unsupported variant,
-            non-zero softmax biases, or (as :class:`~ctxkit.checkpoint.CheckpointMismatchError`)
+            non-zero softmax biases, or (as :class:`~ctxkit.core.checkpoint.CheckpointMismatchError`)
             every missing, unexpected and misshaped key.
     """
     directory = Path(directory)

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import (
+from ..core.checkpoint import (
     CheckpointError,
     KeyMap,
     load_state_dict_strict,
@@ -408,7 +408,7 @@ def load_xlnet(directory: os.PathLike) -> XLNetLMHeadModel:
 
     Raises:
         CheckpointError: unreadable files, another model type, or (as
-            :class:`~ctxkit.checkpoint.CheckpointMismatchError`) every missing, unexpected
+            :class:`~ctxkit.core.checkpoint.CheckpointMismatchError`) every missing, unexpected
             and misshaped key.
     """
     directory = Path(directory)

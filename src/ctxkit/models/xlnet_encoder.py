@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import CheckpointError, load_state_dict_strict, save_weights
+from ..core.checkpoint import CheckpointError, load_state_dict_strict, save_weights
 from .bert import BertOutput
 from .presets import XLNetConfig
 from .xlnet import XLNetLMHeadModel, XLNetModel, load_xlnet, save_xlnet

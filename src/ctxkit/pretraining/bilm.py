@@ -26,13 +26,11 @@ Run: ``python -m ctxkit.pretraining.bilm --help``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
 import math
 import os
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -43,17 +41,17 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..checkpoint import CheckpointError, atomic_write, load_state_dict_strict, read_pickled_state
+from ..core.checkpoint import CheckpointError, atomic_write, load_state_dict_strict, read_pickled_state
 from ..models.elmo import ELMO_PRESETS, ElmoConfig, ElmoLanguageModel
 from ..models.elmo_chars import BOS_TOKEN, EOS_TOKEN, word_to_char_ids
 from ..models.elmo_io import config_to_options, save_elmo_lm, write_bilm_tf
 from ..data.errors import require_rereadable
 from ..tokenizers import read_lines
 from ..training import autocast, resolve_device
-from ..training.callbacks import Callback, CallbackList, JsonlWriter, add_log_to_argument, make_callbacks
+from ..training.callbacks import Callback, CallbackList, JsonlWriter
 from ..core.errors import MissingFileError, UnknownNameError, UserError
 
-__all__ = ["UNK_TOKEN", "BiLMTrainConfig", "build_vocab", "corpus_stream", "char_table", "batchify", "evaluate_bilm", "train_bilm", "main"]
+__all__ = ["UNK_TOKEN", "BiLMTrainConfig", "build_vocab", "corpus_stream", "char_table", "batchify", "evaluate_bilm", "train_bilm"]
 
 logger = logging.getLogger("ctxkit")
 
@@ -410,62 +408,3 @@ def _train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
     atomic_write(out / "results.json", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     run_log.on_train_end({k: v for k, v in summary.items() if k not in ("losses", "history")})
     return summary
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``ctxkit pretrain-elmo`` (or ``python -m ctxkit.pretraining.bilm``): train an ELMo biLM from text files."""
-    d = BiLMTrainConfig()
-    p = argparse.ArgumentParser(prog="ctxkit pretrain-elmo", description=main.__doc__)
-    p.add_argument("--train", nargs="+", required=True, help="whitespace-tokenised training files (.xz ok)")
-    p.add_argument("--valid", nargs="*", default=[], help="validation files")
-    p.add_argument("--out", required=True, help="run folder")
-    p.add_argument("--preset", default="elmo_2x1024_128_2048cnn_1xhighway", choices=sorted(ELMO_PRESETS))
-    p.add_argument("--filters", help='override the char-CNN filters, JSON, e.g. "[[1,32],[2,64],[3,128]]"')
-    for name in ("cell_size", "projection_dim", "n_highway", "num_layers"):
-        p.add_argument("--" + name.replace("_", "-"), type=int, help=f"override the preset's {name}")
-    p.add_argument("--dropout", type=float, help="override the preset's dropout (0.1)")
-    for field in ("batch_size", "unroll", "epochs", "max_steps", "warmup_steps", "num_samples", "eval_batch_size", "eval_unroll", "save_every",
-                  "log_every", "min_count", "max_vocab", "seed"):
-        p.add_argument("--" + field.replace("_", "-"), type=int, default=getattr(d, field))
-    for field in ("max_time_s", "lr", "clip_norm", "state_reset_prob"):
-        p.add_argument("--" + field.replace("_", "-"), type=float, default=getattr(d, field))
-    p.add_argument("--optimizer", default=d.optimizer, choices=["adam", "adagrad"])
-    p.add_argument("--softmax", default=d.softmax, choices=["sampled", "full", "adaptive"])
-    p.add_argument("--device", default=d.device)
-    p.add_argument("--precision", default=d.precision, choices=["auto", "bf16", "fp32"])
-    p.add_argument("--compile", action="store_true", help="torch.compile the LSTM time step (GPU)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--test", nargs="*", default=[], help="test files: exact-softmax perplexity of the final model "
-                                                          "(forward, backward, average) added to results.json")
-    p.add_argument("--no-progress", action="store_true")
-    add_log_to_argument(p)
-    args = p.parse_args(argv)
-    callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")  # a missing extra fails before the corpus is read
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    arch = ELMO_PRESETS[args.preset]
-    overrides = {k: getattr(args, k) for k in ("cell_size", "projection_dim", "n_highway", "num_layers", "dropout")
-                 if getattr(args, k) is not None}
-    if args.filters:
-        overrides["filters"] = tuple(tuple(f) for f in json.loads(args.filters))
-    arch = arch.replace(**overrides)
-    fields = {f.name for f in dataclasses.fields(BiLMTrainConfig)}
-    cfg = BiLMTrainConfig(**{k: v for k, v in vars(args).items() if k in fields}, progress=not args.no_progress)
-    summary = train_bilm(args.train, args.valid, args.out, arch, cfg, resume=args.resume, callbacks=callbacks)
-    if args.test:
-        from ..models.elmo_io import load_elmo_lm
-
-        lm, vocab = load_elmo_lm(Path(args.out) / "final")
-        lm.to(resolve_device(cfg.device))
-        summary["test"] = evaluate_bilm(lm, corpus_stream(args.test, vocab), char_table(vocab, arch.max_chars),
-                                        precision=cfg.precision)
-        results = Path(args.out) / "results.json"
-        saved = json.loads(results.read_text(encoding="utf-8"))
-        saved["test"] = summary["test"]
-        atomic_write(results, lambda tmp: Path(tmp).write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8"))
-    keys = ("steps", "epoch", "valid", "test", "tokens_per_s", "train_time_s", "parameters")
-    print(json.dumps({k: summary[k] for k in keys if k in summary}, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

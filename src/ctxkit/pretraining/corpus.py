@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Union
 
-from ..tokenizers.wordpiece import read_lines
+from ..data.lines import read_lines
 from ..core.errors import UserError
 from ..data.errors import DataError, check_input
 

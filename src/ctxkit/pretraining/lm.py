@@ -29,6 +29,7 @@ from ..tokenizers import ByteLevelBPETokenizer, read_lines
 from ..training import TrainConfig, Trainer, resolve_device, set_seed
 from ..training.callbacks import Callback
 from ..core.errors import UnknownNameError, UserError
+from ..data.errors import check_input
 
 __all__ = ["corpus_ids", "LMBlocks", "CausalLMModel", "perplexity", "train_lm"]
 
@@ -144,7 +145,6 @@ def _train_tokenizer(files: Sequence[os.PathLike], vocab_size: int, show_progres
     """A byte-level BPE of ``vocab_size`` learned on ``files``, with a tqdm bar on stderr
     (lines read, then the merges). The tokenizers library's own bars stay off: they end
     each phase with a blank line on stdout."""
-    from ..data.errors import check_input
 
     for path in files:
         check_input(path)

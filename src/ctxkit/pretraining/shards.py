@@ -29,7 +29,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Un
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..checkpoint import atomic_write, sha256_file, write_json
+from ..core.checkpoint import atomic_write, sha256_file, write_json
 from ..core.errors import MissingFileError, UserError
 from ..tokenizers import WordPieceTokenizer
 from .corpus import create_instances, read_documents, split_sentences

@@ -26,6 +26,7 @@ from ..training.callbacks import Callback
 from .masking import IGNORE_INDEX, MaskingConfig, MLMCollator
 from .shards import PretrainDataset, vocab_sha256
 from ..core.errors import UserError
+from ..tokenizers import WordPieceTokenizer
 
 __all__ = ["PretrainingModel", "training_flops_per_token", "pretrain"]
 
@@ -102,7 +103,6 @@ def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: Tra
     Returns:
         A summary dict (steps, final losses and accuracies, wall time).
     """
-    from ..tokenizers import WordPieceTokenizer
 
     data = PretrainDataset(shards)
     tok_dir = Path(tokenizer_dir or data.meta["tokenizer"]["path"])

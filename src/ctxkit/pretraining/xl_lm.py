@@ -23,13 +23,11 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
 import math
 import os
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -41,20 +39,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..checkpoint import CheckpointError, atomic_write, load_state_dict_strict, read_pickled_state
+from ..core.checkpoint import CheckpointError, atomic_write, load_state_dict_strict, read_pickled_state
 from ..layers import causal_mask
 from ..layers.transformer import TransformerEncoder
-from ..models.transformer_xl import (TRANSFO_XL_PRESETS, AdaptiveEmbedding, TransformerXLConfig, TransformerXLLMHeadModel,
+from ..models.transformer_xl import (AdaptiveEmbedding, TransformerXLConfig, TransformerXLLMHeadModel,
                                      TransformerXLModel)
 from ..data.errors import require_rereadable
 from ..tokenizers import read_lines
 from ..training import autocast, resolve_device
-from ..training.callbacks import Callback, CallbackList, JsonlWriter, add_log_to_argument, make_callbacks
+from ..training.callbacks import Callback, CallbackList, JsonlWriter
 from .bilm import _rng_state, _set_rng_state
 from ..core.errors import MissingFileError, UserError
 
 __all__ = ["EOS", "UNK", "XLTrainConfig", "build_xl_vocab", "xl_stream", "make_rows", "VanillaTransformerLM", "build_model",
-           "lm_forward", "evaluate_xl_lm", "train_xl_lm", "save_xl_lm", "load_xl_lm", "main"]
+           "lm_forward", "evaluate_xl_lm", "train_xl_lm", "save_xl_lm", "load_xl_lm"]
 
 logger = logging.getLogger("ctxkit")
 
@@ -416,62 +414,3 @@ def _train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pa
 
 def _write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Train a word-level Transformer-XL (or vanilla Transformer) LM, then score test files at several memory lengths."""
-    d = XLTrainConfig()
-    p = argparse.ArgumentParser(prog="ctxkit train-transformer-xl", description=main.__doc__)
-    p.add_argument("--train", nargs="+", required=True, help="whitespace-tokenised training files (.xz ok)")
-    p.add_argument("--valid", nargs="*", default=[])
-    p.add_argument("--test", nargs="*", default=[])
-    p.add_argument("--out", required=True, help="run folder")
-    p.add_argument("--preset", default="transfo_xl_wt2_small", choices=sorted(TRANSFO_XL_PRESETS))
-    arch_fields = {"d_model": int, "n_heads": int, "d_inner": int, "n_layers": int, "div_val": int, "dropout": float,
-                   "dropatt": float}
-    for name, kind in arch_fields.items():
-        p.add_argument("--" + name.replace("_", "-"), type=kind, help=f"override the preset's {name}")
-    p.add_argument("--cutoffs", type=int, nargs="*", help="override the adaptive cutoffs (none: full softmax)")
-    p.add_argument("--model", default=d.model, choices=["xl", "vanilla"])
-    for name in ("batch_size", "tgt_len", "mem_len", "max_steps", "warmup_steps", "eval_every", "eval_batch_size", "save_every",
-                 "stop_step", "log_every", "seed", "max_vocab", "max_time_s", "lr", "min_lr_ratio", "clip_norm"):
-        kind = float if name in ("max_time_s", "lr", "min_lr_ratio", "clip_norm") else int
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(d, name))
-    p.add_argument("--eval-mem-lens", type=int, nargs="*", default=None,
-                   help="test memory lengths for the XL (default: 0, the training mem_len, 2x and 4x tgt_len)")
-    p.add_argument("--eval-clamp-len", type=int, default=None, help="clamp_len at test time (default: the model's)")
-    p.add_argument("--device", default=d.device)
-    p.add_argument("--precision", default=d.precision, choices=["auto", "bf16", "fp32"])
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--no-progress", action="store_true")
-    add_log_to_argument(p)
-    args = p.parse_args(argv)
-    callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")  # a missing extra fails before the corpus is read
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    overrides = {k: getattr(args, k) for k in arch_fields if getattr(args, k) is not None}
-    if args.cutoffs is not None:
-        overrides["cutoffs"] = tuple(args.cutoffs)
-    arch = TRANSFO_XL_PRESETS[args.preset].replace(**overrides)
-    fields = {f.name for f in dataclasses.fields(XLTrainConfig)}
-    cfg = XLTrainConfig(**{k: v for k, v in vars(args).items() if k in fields}, progress=not args.no_progress)
-    summary = train_xl_lm(args.train, args.valid, args.out, arch, cfg, resume=args.resume, callbacks=callbacks)
-    summary["preset"] = args.preset
-    if args.test:
-        model, vocab = load_xl_lm(Path(args.out) / "final")
-        stream = xl_stream(args.test, vocab)
-        mem_lens = [0] if args.model == "vanilla" else (
-            args.eval_mem_lens if args.eval_mem_lens is not None else sorted({0, cfg.mem_len, 2 * cfg.tgt_len, 4 * cfg.tgt_len}))
-        summary["test"] = {}
-        for m in mem_lens:
-            r = evaluate_xl_lm(model, stream, cfg.tgt_len, m, args.eval_clamp_len, cfg.eval_batch_size, cfg.device, cfg.precision)
-            summary["test"][f"mem_len={m}"] = r
-            logger.info("test mem_len %d: perplexity %.2f, %.0f tokens/s", m, r["perplexity"], r["tokens_per_s"])
-        _write_text(Path(args.out) / "results.json",
-                    json.dumps({k: v for k, v in summary.items() if k != "losses"}, indent=2) + "\n")
-    keys = ("model", "steps", "epoch", "parameters", "train_tokens_per_s", "train_time_s", "valid", "test")
-    print(json.dumps({k: summary[k] for k in keys if k in summary}, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,7 +29,6 @@ by :func:`~ctxkit.models.xlnet.save_xlnet`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -41,14 +40,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..models.presets import XLNET_PRESETS, XLNetConfig
+from ..models.presets import XLNetConfig
 from ..models.xlnet import XLNetLMHeadModel, sample_permutation_masks, save_xlnet
 from ..training import TrainConfig, Trainer, set_seed
-from ..training.callbacks import Callback, add_log_to_argument, make_callbacks
+from ..training.callbacks import Callback
 from ..core.errors import UserError
+from .shards import PretrainDataset
+from ..tokenizers import WordPieceTokenizer
 
 __all__ = ["IGNORE_INDEX", "XLNetCollator", "XLNetPretrainingModel", "permutation_lm_loss", "to_xlnet_layout",
-           "pretrain_xlnet", "main"]
+           "pretrain_xlnet"]
 
 logger = logging.getLogger("ctxkit")
 IGNORE_INDEX = -100
@@ -194,8 +195,6 @@ def pretrain_xlnet(data: Union[os.PathLike, str, Sequence], arch: XLNetConfig, o
         A summary dict (steps, final loss and accuracy, wall time, ``final`` folder).
     """
     if isinstance(data, (str, os.PathLike)):
-        from .shards import PretrainDataset
-
         features = PretrainDataset(data)
         ids = {"pad_id": features.pad_id, "cls_id": features.cls_id, "sep_id": features.sep_id, **(special_ids or {})}
         arch = arch.replace(vocab_size=features.vocab_size)
@@ -215,8 +214,6 @@ def pretrain_xlnet(data: Union[os.PathLike, str, Sequence], arch: XLNetConfig, o
     save_xlnet(model.xlnet, final)
     if tokenizer_dir and Path(tokenizer_dir).is_dir():
         try:
-            from ..tokenizers import WordPieceTokenizer
-
             WordPieceTokenizer.from_dir(tokenizer_dir).save(final)
         except Exception as exc:  # the model is still usable without it
             logger.warning("tokenizer %s not saved with the model: %s", tokenizer_dir, exc)
@@ -226,49 +223,3 @@ def pretrain_xlnet(data: Union[os.PathLike, str, Sequence], arch: XLNetConfig, o
                **{k: last[k] for k in ("loss", "acc", "seq_per_s", "tokens_per_s") if k in last}}
     (Path(out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m ctxkit.pretraining.xlnet_pretrain --data SHARDS --out DIR [...]``."""
-    p = argparse.ArgumentParser(prog="ctxkit pretrain-xlnet",
-                                description="XLNet permutation-LM pretraining on pretrain-data shards")
-    p.add_argument("--data", required=True, metavar="SHARDS", help="folder written by ctxkit pretrain-data")
-    p.add_argument("--preset", default="xlnet_12_768_12", choices=sorted(XLNET_PRESETS))
-    p.add_argument("--d-model", type=int, default=None, help="override the preset's width")
-    p.add_argument("--n-layers", type=int, default=None, help="override the preset's depth")
-    p.add_argument("--n-heads", type=int, default=None, help="override the preset's heads")
-    p.add_argument("--d-inner", type=int, default=None, help="override the preset's FFN size")
-    p.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
-    p.add_argument("--out", required=True, metavar="RUN_DIR")
-    p.add_argument("--K", type=float, default=6.0, help="predict about 1/K of the tokens (default: 6)")
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--warmup-ratio", type=float, default=0.06)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--save-every", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
-    add_log_to_argument(p)
-    args = p.parse_args(argv)
-    callbacks = make_callbacks(args.log_to, args.out)  # a missing extra fails before the data is read
-    overrides = {k: v for k, v in (("d_model", args.d_model), ("n_layers", args.n_layers), ("n_heads", args.n_heads),
-                                   ("d_inner", args.d_inner), ("dropout", args.dropout)) if v is not None}
-    arch = XLNET_PRESETS[args.preset].replace(**overrides)
-    config = TrainConfig(epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size, grad_accum=args.grad_accum,
-                         lr=args.lr, warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, save_every=args.save_every,
-                         log_every=args.log_every, seed=args.seed, device=args.device, precision=args.precision,
-                         progress=not args.no_progress, eval_each_epoch=False)
-    summary = pretrain_xlnet(args.data, arch, args.out, config, K=args.K, resume=args.resume, callbacks=callbacks)
-    print(json.dumps(summary, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -24,18 +24,23 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from ..checkpoint import (
+from ..core.checkpoint import (
     CheckpointError,
     load_state_dict_strict,
     save_weights,
     write_json,
 )
 from ..models.encoders import load_encoder, save_encoder
-from ..training import TrainConfig, Trainer, resolve_device
+from ..training import TrainConfig, Trainer, resolve_device, set_seed
 from ..training.callbacks import Callback
+from ..fast import fuse_qkv
 from ..core.deps import require_all
 from ..core.durable import recover_folder, verify_manifest
 from ..core.errors import UserError
+from ..tokenizers import WordPieceTokenizer
+from .ort_model import OrtTaskModel
+from ..zoo import get_model
+from ..training.progress import progress_bar
 
 __all__ = ["Task", "finetune", "evaluate_run", "load_run", "load_task", "save_run_model"]
 
@@ -158,7 +163,6 @@ def load_run(run_dir: os.PathLike, device: str = "auto"):
     Raises:
         CheckpointError: the folder is not a finished run, or its weights do not match.
     """
-    from ..tokenizers import WordPieceTokenizer
 
     run_dir = Path(run_dir)
     task, info = load_task(run_dir)
@@ -172,7 +176,6 @@ def load_run(run_dir: os.PathLike, device: str = "auto"):
         verify_manifest(best)  # best/ is swapped in whole; a copy that differs from its manifest is refused
     tokenizer = WordPieceTokenizer.from_dir(best) if best.is_dir() else None
     if (best / "backend.json").is_file():  # an exported run (ctxkit quantize): ONNX Runtime instead of PyTorch
-        from ..inference.ort_model import OrtTaskModel
 
         backend = json.loads((best / "backend.json").read_text(encoding="utf-8"))
         if not (best / backend["file"]).is_file():
@@ -182,6 +185,7 @@ def load_run(run_dir: os.PathLike, device: str = "auto"):
         raise CheckpointError(f"{run_dir}: no saved model in best/ (did training finish an epoch?)")
     model = task.build_model(load_encoder(best))
     load_state_dict_strict(model.head, read_weights_file(best / "head.safetensors"), source=str(best / "head.safetensors"))
+    fuse_qkv(model)  # a loaded run only runs inference: one q/k/v GEMM instead of three (ctxkit.fast)
     return task, model.to(resolve_device(device)).eval(), tokenizer, info
 
 
@@ -269,8 +273,6 @@ def finetune(
     Returns:
         ``{"results": {split: metrics}, "train_time": s, "best_epoch": int, ...}``.
     """
-    from ..training import set_seed
-    from ..zoo import get_model
 
     out = Path(out_dir)
     data = Path(data).resolve()  # the run folder must work from any directory
@@ -385,8 +387,6 @@ def evaluate_run(run_dir: os.PathLike, data: Optional[os.PathLike] = None, split
 def _progress(enabled: bool, desc: str, n: int):
     """A progress indication for a long evaluation (the prediction loop reports batches)."""
     import contextlib
-
-    from ..training.progress import progress_bar
 
     return progress_bar(desc, n) if enabled else contextlib.nullcontext()
 

@@ -5,7 +5,7 @@ Peters et al. (2018) keep the biLM frozen and learn per task only the mix of its
 with the task model. So features are computed once, kept per sentence as ``(L, n_words, dim)``
 (``L = 1`` for static vectors), and the mix sits inside :class:`FeatureTagger` /
 :class:`FeatureSentenceClassifier`, before a BiLSTM. :func:`train_feature_tagger` (entity F1,
-:func:`~ctxkit.metrics.ner_f1`) and :func:`train_feature_classifier` train them (Adam,
+:func:`~ctxkit.tasks.metrics.ner_f1`) and :func:`train_feature_classifier` train them (Adam,
 clipping, length-grouped batches, fixed seeds; cuDNN LSTMs are still not bit-reproducible).
 
 The feature sources (:class:`StaticFeatures`, :class:`ElmoFeatures`) and :func:`load_bilm`
@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence, pad_sequence
 from tqdm.auto import tqdm
 
-from ..metrics import ner_f1
+from .metrics import ner_f1
 from ..models.elmo import ScalarMix
 from .feature_sources import CASING_DIM, ElmoFeatures, StaticFeatures, load_bilm
 from ..core.errors import UserError

@@ -9,19 +9,16 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..checkpoint import WEIGHT_FILES, load_state_dict_strict, read_pickled_state
 from ..models.elmo import ElmoBiLM, elmo_embed
+from ..models.elmo_io import load_bilm
 from ..models.static import WordVectors
-from ..core.errors import MissingFileError, UserError
 
 __all__ = ["StaticFeatures", "ElmoFeatures", "load_bilm", "CASING_DIM"]
 
@@ -124,40 +121,3 @@ class ElmoFeatures:
                     out[i] = emb.layers[row, :, : len(sentences[i])].to(self.dtype, copy=True)
                 bar.update(len(index))
         return out
-
-
-# ---------------------------------------------------------------------------- loading a biLM
-
-
-def load_bilm(path: os.PathLike) -> Tuple[ElmoBiLM, dict]:
-    """A frozen :class:`ElmoBiLM` (eval mode) and ``{"source", "format"}``, from a
-    :func:`~ctxkit.pretraining.bilm.train_bilm` run folder (its ``final/``, else its
-    ``checkpoint.pt``), a :func:`~ctxkit.models.elmo_io.save_elmo_lm` folder, a folder with
-    bilm-tf ``options.json`` + ``weights.hdf5`` (or that hdf5 file), or a ``checkpoint.pt`` file.
-
-    Raises:
-        FileNotFoundError: nothing loadable at ``path`` (the message says what was looked for).
-    """
-    from ..models.elmo_io import config_from_options, load_bilm_tf, load_elmo_lm
-
-    p = Path(path)
-    p = p.parent if p.is_file() and p.suffix in (".hdf5", ".h5") else p
-    if p.is_dir():
-        p = p / "final" if (p / "final" / "options.json").is_file() else p
-        if (p / "options.json").is_file() and (p / "vocab.txt").is_file() and any((p / w).is_file() for w in WEIGHT_FILES):
-            return load_elmo_lm(p)[0].bilm.eval(), {"source": str(p), "format": "save_elmo_lm folder"}
-        if (p / "options.json").is_file() and (p / "weights.hdf5").is_file():
-            return load_bilm_tf(p / "options.json", p / "weights.hdf5"), {"source": str(p), "format": "bilm-tf options + hdf5"}
-        if not (p / "checkpoint.pt").is_file():
-            raise MissingFileError(f"{p}: no biLM here (looked for final/, options.json + vocab.txt + weights, "
-                                    "options.json + weights.hdf5, checkpoint.pt)")
-        p = p / "checkpoint.pt"
-    if not p.is_file():
-        raise MissingFileError(f"{p}: no such biLM folder or checkpoint file")
-    blob = read_pickled_state(p, what="a biLM checkpoint")
-    if not isinstance(blob, dict) or "model" not in blob or "model_config" not in blob:
-        raise UserError(f"{p}: not a train_bilm checkpoint (no 'model' and 'model_config')")
-    bilm = ElmoBiLM(config_from_options(blob["model_config"], str(p)))
-    # The checkpoint holds the whole LM; the softmax plays no part in the features.
-    load_state_dict_strict(bilm, {k[5:]: v for k, v in blob["model"].items() if k.startswith("bilm.")}, source=str(p))
-    return bilm.eval(), {"source": str(p), "format": f"train_bilm checkpoint (step {blob.get('run', {}).get('step')})"}

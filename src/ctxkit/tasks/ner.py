@@ -19,7 +19,7 @@ from ..data.conll import (
     word_predictions,
 )
 from ..heads.classification import EncoderWithHead, TokenClassificationHead
-from ..metrics import ner_f1
+from .metrics import ner_f1
 from ..training import predict
 from ..core.errors import UserError
 from .base import Task

@@ -19,7 +19,7 @@ from torch import nn
 from ..data.qa import make_features, postprocess
 from ..data.squad import QAExample, read_squad
 from ..heads.span import SpanQAModel
-from ..metrics import squad_v1, squad_v2
+from .metrics import squad_v1, squad_v2
 from ..training import predict
 from .base import Task
 from ..core.errors import MissingFileError, UserError

@@ -13,10 +13,12 @@ from torch import nn
 
 from ..data.glue import get_glue_task, read_glue, read_table
 from ..heads.classification import EncoderWithHead, SequenceClassificationHead
-from ..metrics import glue_metrics
+from .metrics import glue_metrics
 from ..training import predict
 from ..core.errors import MissingFileError, UserError
 from .base import Task
+from .metrics import GLUE_MAIN_METRIC
+from ..data.glue import TextExample
 
 __all__ = ["GlueClassificationTask", "TableClassificationTask"]
 
@@ -30,8 +32,6 @@ class _TextTask(Task):
     metrics: Tuple[str, ...] = ("accuracy",)
 
     def requires(self) -> Tuple[str, ...]:
-        from ..metrics import GLUE_MAIN_METRIC
-
         names = set()
         for m in self.metrics:
             names.update(GLUE_MAIN_METRIC.get(m, (m,)))
@@ -96,8 +96,6 @@ class _TextTask(Task):
         return out
 
     def predict_lines(self, model, tokenizer, lines, batch_size=64, device="auto") -> List[dict]:
-        from ..data.glue import TextExample
-
         examples = []
         for line in lines:
             text, _, pair = line.partition("\t")

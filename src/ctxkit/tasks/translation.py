@@ -23,6 +23,7 @@ from ..training import TrainConfig, Trainer, resolve_device, set_seed
 from ..training.callbacks import Callback
 from ..core.deps import require, require_all
 from ..core.errors import UnknownNameError, UserError
+from ..decoding import GenerationConfig, generate
 
 __all__ = ["read_parallel", "train_translation", "translate", "alignment", "load_translator", "bleu", "SPECIALS"]
 
@@ -81,7 +82,6 @@ def translate(model: torch.nn.Module, tok: ByteLevelBPETokenizer, sentences: Seq
               batch_size: int = 64, max_new_tokens: Optional[int] = None, device: str = "auto") -> List[str]:
     """Translate sentences (greedy with ``num_beams=1``, else beam search) with a
     :class:`~ctxkit.models.seq2seq.TransformerSeq2Seq` or ``RNNSeq2Seq``."""
-    from ..inference import GenerationConfig, generate
 
     dev = resolve_device(device)
     model = model.to(dev).eval()

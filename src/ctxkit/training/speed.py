@@ -7,7 +7,7 @@
 * :func:`enable_activation_checkpointing` -- recompute each layer in the backward pass
   instead of storing its activations.
 * :func:`set_stream_dtype` -- keep the residual stream in bf16 under autocast (half the
-  bytes for every norm, residual add and dropout).
+  bytes for every norm, residual add and dropout); the swap lives in :mod:`ctxkit.fast`.
 * :func:`all_reduce_gradients` -- data-parallel gradient averaging as one flat NCCL call,
   which (unlike DDP's hooks) can be captured inside a CUDA graph.
 """
@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..layers.embeddings import TransformerEmbeddings
-from ..layers.transformer import AddNorm, TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
+from ..fast import apply_fast_paths, segment_encoders, set_stream_dtype
+from ..layers.transformer import TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
 from ..core.errors import UserError
 
 __all__ = ["compile_blocks", "compile_model", "enable_activation_checkpointing", "set_stream_dtype", "apply_speed_options",
@@ -62,16 +62,6 @@ def enable_activation_checkpointing(model: nn.Module) -> int:
     return sum(len(e.layers) for e in encoders)
 
 
-def set_stream_dtype(model: nn.Module, dtype: Optional[torch.dtype] = torch.bfloat16) -> int:
-    """Set the residual-stream dtype used under autocast by every residual block and
-    embedding layer of ``model`` (None restores autocast's float32); returns how many.
-    See :func:`ctxkit.layers.precision.to_stream_dtype` for the trade-off."""
-    blocks = [m for m in model.modules() if isinstance(m, (AddNorm, TransformerEmbeddings))]
-    for block in blocks:
-        block.stream_dtype = dtype
-    return len(blocks)
-
-
 def compile_model(model: nn.Module, segments: int = 1, mode: str = "default") -> None:
     """``torch.compile`` the whole model in place: unlike :func:`compile_blocks` the
     embeddings, heads and losses are fused too (BERT-base pretraining: ~10 % faster).
@@ -89,9 +79,7 @@ def compile_model(model: nn.Module, segments: int = 1, mode: str = "default") ->
     if segments < 1:
         raise UserError(f"segments must be >= 1, got {segments}")
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    for encoder in (m for m in model.modules() if isinstance(m, TransformerEncoder)):
-        n = len(encoder.layers)
-        encoder.compile_breaks = frozenset(round(k * n / segments) - 1 for k in range(1, min(segments, n)))
+    segment_encoders(model, segments)  # ctxkit.fast.SegmentedEncoder: graph breaks between the segments
     model.compile(mode=mode)
 
 
@@ -99,11 +87,11 @@ def apply_speed_options(model: nn.Module, config, whole_model: bool = True, segm
     """Apply a :class:`~ctxkit.training.TrainConfig`'s ``activation_checkpointing``,
     ``bf16_residual`` and ``compile`` (whole model in ``compile_segments`` graphs, or per
     layer when ``whole_model`` is False, as FSDP needs) to ``model`` in place.
-    ``segments`` is used when ``config.compile_segments`` is 0 (automatic)."""
+    ``segments`` is used when ``config.compile_segments`` is 0 (automatic). Attention
+    always projects q/k/v of a shared input as one GEMM (:func:`ctxkit.fast.fuse_qkv`)."""
+    apply_fast_paths(model, fused_qkv=True, stream_dtype=torch.bfloat16 if config.bf16_residual else None)
     if config.activation_checkpointing:
         enable_activation_checkpointing(model)
-    if config.bf16_residual:
-        set_stream_dtype(model, torch.bfloat16)
     if config.compile:
         compile_model(model, segments=config.compile_segments or segments) if whole_model else compile_blocks(model)
 

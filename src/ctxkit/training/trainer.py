@@ -28,7 +28,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..checkpoint import read_pickled_state, read_weights, save_weights
+from ..core.device import autocast, resolve_device, set_seed
+from ..core.checkpoint import read_pickled_state, read_weights, save_weights
 from ..core.deps import missing
 from ..core.durable import atomic_write, recover_folder, remove_debris, verify_manifest, write_folder
 from ..data.batching import length_grouped_batches
@@ -173,29 +174,6 @@ class TrainResult:
     # Why training ended early, when it did: "max_steps" or "max_minutes" (a requested stop,
     # with a resumable checkpoint and a usable best/), None after the last epoch.
     stopped: Optional[str] = None
-
-
-def resolve_device(device: str) -> torch.device:
-    """"auto" means CUDA when available."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def autocast(device: torch.device, precision: str, cache_enabled: bool = True):
-    """bf16 autocast on CUDA (or when asked), a no-op context for fp32.
-
-    ``cache_enabled=False`` is required inside CUDA-graph capture.
-    """
-    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16, cache_enabled=cache_enabled)
-
-
-def set_seed(seed: int) -> None:
-    """Seed Python, NumPy and torch (all devices)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def _rng_state() -> dict:
@@ -664,7 +642,7 @@ class Trainer:
                 _say("curve.png not drawn: matplotlib is not installed (pip install 'ctxkit[plots]')")
                 self._said_no_curve = True
             return
-        from ..plots import plot_training_curve  # matplotlib only when a curve is drawn
+        from ..core.plots import plot_training_curve  # matplotlib only when a curve is drawn
 
         plot_training_curve([(i + 1, float(v)) for i, v in enumerate(losses)], state["history"], self.main_metric,
                             self.out_dir / "curve.png", title=self.out_dir.name)

@@ -21,8 +21,8 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from .core.durable import atomic_write
-from .core.errors import UserError
+from .durable import atomic_write
+from .errors import UserError
 
 __all__ = [
     "CheckpointError",

@@ -1,13 +1,28 @@
-"""``ctxkit pretrain-data | pretrain-vocab``: pretraining data verbs of the command line."""
+"""``ctxkit pretrain-data | pretrain-vocab``: pretraining data verbs of the command line.
+
+Imports inside the handlers are on purpose: a verb loads its machinery (models, training,
+tasks) only when it runs, so parsing the command line and every other verb stay light.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import logging
 import math
 from pathlib import Path
 
-from .corpus import FORMATS
+from ..core.checkpoint import atomic_write
+from ..core.device import resolve_device
+from ..models.elmo import ELMO_PRESETS
+from ..models.presets import XLNET_PRESETS
+from ..models.transformer_xl import TRANSFO_XL_PRESETS
+from ..pretraining.bilm import BiLMTrainConfig, char_table, corpus_stream, evaluate_bilm, train_bilm
+from ..pretraining.corpus import FORMATS
+from ..pretraining.xl_lm import XLTrainConfig, _write_text, evaluate_xl_lm, load_xl_lm, train_xl_lm, xl_stream
+from ..pretraining.xlnet_pretrain import pretrain_xlnet
+from ..training import TrainConfig
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
 
@@ -35,7 +50,7 @@ def _check_inputs(files) -> None:
 
 def cmd_pretrain_data(args: argparse.Namespace) -> int:
     """Handler of ``pretrain-data``; prints a JSON summary and returns 0."""
-    from .shards import build_shards
+    from ..pretraining.shards import build_shards
 
     _check_inputs(args.corpus)
     if args.limit_docs is not None and args.limit_docs < 1:
@@ -54,7 +69,7 @@ def cmd_pretrain_data(args: argparse.Namespace) -> int:
 
 def cmd_pretrain_vocab(args: argparse.Namespace) -> int:
     """Handler of ``pretrain-vocab``; returns 0."""
-    from .shards import train_vocab
+    from ..pretraining.shards import train_vocab
 
     _check_inputs(args.corpus)
     if args.vocab_size < 10:
@@ -67,7 +82,7 @@ def cmd_pretrain_vocab(args: argparse.Namespace) -> int:
 
 def cmd_lm_corpus(args: argparse.Namespace) -> int:
     """Handler of ``lm-corpus``; prints a JSON summary and returns 0."""
-    from .corpus import write_word_corpus
+    from ..pretraining.corpus import write_word_corpus
 
     _check_inputs(args.corpus)
     print(json.dumps(write_word_corpus(args.corpus, args.out, args.format, args.lower, not args.no_progress), indent=2))
@@ -123,8 +138,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     import logging
 
     from ..training import TrainConfig
-    from .masking import MaskingConfig
-    from .train import pretrain
+    from ..pretraining.masking import MaskingConfig
+    from ..pretraining.train import pretrain
 
     logging.getLogger("ctxkit").setLevel(logging.INFO)
     callbacks = make_callbacks(args.log_to, args.out)  # a missing extra fails before the shards are read
@@ -196,7 +211,7 @@ def cmd_lm_train(args: argparse.Namespace) -> int:
     import logging
 
     from ..training import TrainConfig
-    from .lm import train_lm
+    from ..pretraining.lm import train_lm
 
     logging.getLogger("ctxkit").setLevel(logging.INFO)
     callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")
@@ -213,7 +228,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     """Handler of ``perplexity``; prints a JSON line."""
     from ..models.gpt2 import load_gpt2
     from ..tokenizers import ByteLevelBPETokenizer, read_lines
-    from .lm import corpus_ids, perplexity
+    from ..pretraining.lm import corpus_ids, perplexity
 
     from ..data.errors import require_rereadable
 
@@ -270,3 +285,176 @@ def add_lm_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_perplexity)
+
+
+def _cmd_elmo(args: argparse.Namespace) -> int:
+    """Handler of ``ctxkit pretrain-elmo``."""
+    callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")  # a missing extra fails before the corpus is read
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    arch = ELMO_PRESETS[args.preset]
+    overrides = {k: getattr(args, k) for k in ("cell_size", "projection_dim", "n_highway", "num_layers", "dropout")
+                 if getattr(args, k) is not None}
+    if args.filters:
+        overrides["filters"] = tuple(tuple(f) for f in json.loads(args.filters))
+    arch = arch.replace(**overrides)
+    fields = {f.name for f in dataclasses.fields(BiLMTrainConfig)}
+    cfg = BiLMTrainConfig(**{k: v for k, v in vars(args).items() if k in fields}, progress=not args.no_progress)
+    summary = train_bilm(args.train, args.valid, args.out, arch, cfg, resume=args.resume, callbacks=callbacks)
+    if args.test:
+        from ..models.elmo_io import load_elmo_lm
+
+        lm, vocab = load_elmo_lm(Path(args.out) / "final")
+        lm.to(resolve_device(cfg.device))
+        summary["test"] = evaluate_bilm(lm, corpus_stream(args.test, vocab), char_table(vocab, arch.max_chars),
+                                        precision=cfg.precision)
+        results = Path(args.out) / "results.json"
+        saved = json.loads(results.read_text(encoding="utf-8"))
+        saved["test"] = summary["test"]
+        atomic_write(results, lambda tmp: Path(tmp).write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8"))
+    keys = ("steps", "epoch", "valid", "test", "tokens_per_s", "train_time_s", "parameters")
+    print(json.dumps({k: summary[k] for k in keys if k in summary}, indent=2))
+    return 0
+
+
+def _add_elmo(sub: argparse._SubParsersAction) -> None:
+    d = BiLMTrainConfig()
+    p = sub.add_parser('pretrain-elmo', help='pretrain an ELMo biLM (char CNN + biLSTM) on text files',
+                       description='`ctxkit pretrain-elmo` (or `python -m ctxkit.pretraining.bilm`): train an ELMo biLM from text files.')
+    p.add_argument("--train", nargs="+", required=True, help="whitespace-tokenised training files (.xz ok)")
+    p.add_argument("--valid", nargs="*", default=[], help="validation files")
+    p.add_argument("--out", required=True, help="run folder")
+    p.add_argument("--preset", default="elmo_2x1024_128_2048cnn_1xhighway", choices=sorted(ELMO_PRESETS))
+    p.add_argument("--filters", help='override the char-CNN filters, JSON, e.g. "[[1,32],[2,64],[3,128]]"')
+    for name in ("cell_size", "projection_dim", "n_highway", "num_layers"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, help=f"override the preset's {name}")
+    p.add_argument("--dropout", type=float, help="override the preset's dropout (0.1)")
+    for field in ("batch_size", "unroll", "epochs", "max_steps", "warmup_steps", "num_samples", "eval_batch_size", "eval_unroll", "save_every",
+                  "log_every", "min_count", "max_vocab", "seed"):
+        p.add_argument("--" + field.replace("_", "-"), type=int, default=getattr(d, field))
+    for field in ("max_time_s", "lr", "clip_norm", "state_reset_prob"):
+        p.add_argument("--" + field.replace("_", "-"), type=float, default=getattr(d, field))
+    p.add_argument("--optimizer", default=d.optimizer, choices=["adam", "adagrad"])
+    p.add_argument("--softmax", default=d.softmax, choices=["sampled", "full", "adaptive"])
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--precision", default=d.precision, choices=["auto", "bf16", "fp32"])
+    p.add_argument("--compile", action="store_true", help="torch.compile the LSTM time step (GPU)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--test", nargs="*", default=[], help="test files: exact-softmax perplexity of the final model "
+                                                          "(forward, backward, average) added to results.json")
+    p.add_argument("--no-progress", action="store_true")
+    add_log_to_argument(p)
+    p.set_defaults(func=_cmd_elmo)
+
+
+def _cmd_xlnet(args: argparse.Namespace) -> int:
+    """Handler of ``ctxkit pretrain-xlnet``."""
+    callbacks = make_callbacks(args.log_to, args.out)  # a missing extra fails before the data is read
+    overrides = {k: v for k, v in (("d_model", args.d_model), ("n_layers", args.n_layers), ("n_heads", args.n_heads),
+                                   ("d_inner", args.d_inner), ("dropout", args.dropout)) if v is not None}
+    arch = XLNET_PRESETS[args.preset].replace(**overrides)
+    config = TrainConfig(epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size, grad_accum=args.grad_accum,
+                         lr=args.lr, warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, save_every=args.save_every,
+                         log_every=args.log_every, seed=args.seed, device=args.device, precision=args.precision,
+                         progress=not args.no_progress, eval_each_epoch=False)
+    summary = pretrain_xlnet(args.data, arch, args.out, config, K=args.K, resume=args.resume, callbacks=callbacks)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _add_xlnet(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser('pretrain-xlnet', help='pretrain XLNet (permutation LM, partial prediction) on `ctxkit pretrain-data` shards',
+                       description="XLNet permutation-LM pretraining on pretrain-data shards")
+    p.add_argument("--data", required=True, metavar="SHARDS", help="folder written by ctxkit pretrain-data")
+    p.add_argument("--preset", default="xlnet_12_768_12", choices=sorted(XLNET_PRESETS))
+    p.add_argument("--d-model", type=int, default=None, help="override the preset's width")
+    p.add_argument("--n-layers", type=int, default=None, help="override the preset's depth")
+    p.add_argument("--n-heads", type=int, default=None, help="override the preset's heads")
+    p.add_argument("--d-inner", type=int, default=None, help="override the preset's FFN size")
+    p.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
+    p.add_argument("--out", required=True, metavar="RUN_DIR")
+    p.add_argument("--K", type=float, default=6.0, help="predict about 1/K of the tokens (default: 6)")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--warmup-ratio", type=float, default=0.06)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--save-every", type=int, default=0)
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
+    add_log_to_argument(p)
+    p.set_defaults(func=_cmd_xlnet)
+
+
+def _cmd_transformer_xl(args: argparse.Namespace) -> int:
+    """Handler of ``ctxkit train-transformer-xl``."""
+    callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")  # a missing extra fails before the corpus is read
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    overrides = {k: getattr(args, k) for k in _XL_ARCH_FIELDS if getattr(args, k) is not None}
+    if args.cutoffs is not None:
+        overrides["cutoffs"] = tuple(args.cutoffs)
+    arch = TRANSFO_XL_PRESETS[args.preset].replace(**overrides)
+    fields = {f.name for f in dataclasses.fields(XLTrainConfig)}
+    cfg = XLTrainConfig(**{k: v for k, v in vars(args).items() if k in fields}, progress=not args.no_progress)
+    summary = train_xl_lm(args.train, args.valid, args.out, arch, cfg, resume=args.resume, callbacks=callbacks)
+    summary["preset"] = args.preset
+    if args.test:
+        model, vocab = load_xl_lm(Path(args.out) / "final")
+        stream = xl_stream(args.test, vocab)
+        mem_lens = [0] if args.model == "vanilla" else (
+            args.eval_mem_lens if args.eval_mem_lens is not None else sorted({0, cfg.mem_len, 2 * cfg.tgt_len, 4 * cfg.tgt_len}))
+        summary["test"] = {}
+        for m in mem_lens:
+            r = evaluate_xl_lm(model, stream, cfg.tgt_len, m, args.eval_clamp_len, cfg.eval_batch_size, cfg.device, cfg.precision)
+            summary["test"][f"mem_len={m}"] = r
+            logging.getLogger("ctxkit").info("test mem_len %d: perplexity %.2f, %.0f tokens/s", m, r["perplexity"], r["tokens_per_s"])
+        _write_text(Path(args.out) / "results.json",
+                    json.dumps({k: v for k, v in summary.items() if k != "losses"}, indent=2) + "\n")
+    keys = ("model", "steps", "epoch", "parameters", "train_tokens_per_s", "train_time_s", "valid", "test")
+    print(json.dumps({k: summary[k] for k in keys if k in summary}, indent=2))
+    return 0
+
+
+# Architecture fields of a Transformer-XL preset that train-transformer-xl can override.
+_XL_ARCH_FIELDS = {"d_model": int, "n_heads": int, "d_inner": int, "n_layers": int, "div_val": int, "dropout": float,
+                   "dropatt": float}
+
+
+def _add_transformer_xl(sub: argparse._SubParsersAction) -> None:
+    d = XLTrainConfig()
+    p = sub.add_parser('train-transformer-xl', help='train a Transformer-XL (or a vanilla Transformer) word-level LM; test perplexity at several memory lengths',
+                       description='Train a word-level Transformer-XL (or vanilla Transformer) LM, then score test files at several memory lengths.')
+    p.add_argument("--train", nargs="+", required=True, help="whitespace-tokenised training files (.xz ok)")
+    p.add_argument("--valid", nargs="*", default=[])
+    p.add_argument("--test", nargs="*", default=[])
+    p.add_argument("--out", required=True, help="run folder")
+    p.add_argument("--preset", default="transfo_xl_wt2_small", choices=sorted(TRANSFO_XL_PRESETS))
+    for name, kind in _XL_ARCH_FIELDS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=kind, help=f"override the preset's {name}")
+    p.add_argument("--cutoffs", type=int, nargs="*", help="override the adaptive cutoffs (none: full softmax)")
+    p.add_argument("--model", default=d.model, choices=["xl", "vanilla"])
+    for name in ("batch_size", "tgt_len", "mem_len", "max_steps", "warmup_steps", "eval_every", "eval_batch_size", "save_every",
+                 "stop_step", "log_every", "seed", "max_vocab", "max_time_s", "lr", "min_lr_ratio", "clip_norm"):
+        kind = float if name in ("max_time_s", "lr", "min_lr_ratio", "clip_norm") else int
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(d, name))
+    p.add_argument("--eval-mem-lens", type=int, nargs="*", default=None,
+                   help="test memory lengths for the XL (default: 0, the training mem_len, 2x and 4x tgt_len)")
+    p.add_argument("--eval-clamp-len", type=int, default=None, help="clamp_len at test time (default: the model's)")
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--precision", default=d.precision, choices=["auto", "bf16", "fp32"])
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--no-progress", action="store_true")
+    add_log_to_argument(p)
+    p.set_defaults(func=_cmd_transformer_xl)
+
+
+def add_elmo_xl_xlnet_commands(sub: argparse._SubParsersAction) -> None:
+    """Register pretrain-elmo, pretrain-xlnet and train-transformer-xl."""
+    _add_elmo(sub)
+    _add_xlnet(sub)
+    _add_transformer_xl(sub)

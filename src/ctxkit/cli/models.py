@@ -1,24 +1,19 @@
-"""The ``ctxkit`` command line: demo, embed, list-models, train-tokenizer, tokenize,
-and the task verbs finetune, evaluate, predict (:mod:`ctxkit.tasks.cli`).
+"""Verbs about models and text: demo, embed, list-models, download, train-tokenizer, tokenize.
 
-Errors a user can cause (:class:`ctxkit.core.errors.UserError`: a missing or undecodable
-file, an unknown checkpoint, an invalid option; or an ``OSError`` naming a file) print
-``ctxkit: error: <message>`` to stderr and exit with status 2. Anything else is a bug in
-ctxkit: the traceback is printed, followed by a line saying so, and the exit status is 1.
+Imports inside the handlers are on purpose: a verb loads its machinery (models, training,
+tasks) only when it runs, so parsing the command line and every other verb stay light.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import re
 import sys
-import traceback
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, List
 
-from ctxkit.core.errors import UserError
+from ..core.errors import UserError
 
 EMBED_FORMATS = """\
 output formats (chosen by the --out suffix):
@@ -39,35 +34,10 @@ layers (1, 2); --layers mix averages all three.
 """
 
 
+
 def _text_to_line(message: str) -> str:
     """embed() names texts by 0-based index; on the command line text i is line i+1."""
     return re.sub(r"^text (\d+)", lambda m: f"line {int(m.group(1)) + 1}", message)
-
-
-class _LineFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        level = "warning: " if record.levelno >= logging.WARNING else ""
-        return f"ctxkit: {level}" + _text_to_line(record.getMessage())
-
-
-# What a user can cause: their input is wrong (UserError: a file that does not parse, an option
-# that cannot work, an unknown name), or the machine refuses a file (OSError with a file name:
-# missing, no permission, disk full). Everything else is a bug in ctxkit and shows its traceback.
-BUG_REPORT = ("ctxkit: internal error: this is a bug in ctxkit, not a problem with your input; "
-              "please report it with the traceback above")
-
-
-def _message(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.filename and exc.strerror:
-        return f"{exc.filename}: {exc.strerror}"
-    return str(exc)
-
-
-def _is_user_error(exc: BaseException) -> bool:
-    if isinstance(exc, UserError):
-        return True
-    # A file the machine refuses (missing, unreadable, disk full) is about the user's files, not our code.
-    return isinstance(exc, OSError) and bool(exc.filename or exc.errno)
 
 
 # ---------------------------------------------------------------- input
@@ -79,7 +49,7 @@ def _read_texts(source: str) -> List[str]:
     Any readable path that is not a directory works: a FIFO, ``<(...)``, ``/dev/stdin``.
     """
     from ctxkit.data.errors import check_input
-    from ctxkit.tokenizers.wordpiece import decode_lines, read_lines
+    from ctxkit.data.lines import decode_lines, read_lines
 
     if source != "-":
         check_input(source)  # "PATH: no such file" / "PATH: is a directory, not a file"
@@ -90,7 +60,7 @@ def _read_texts(source: str) -> List[str]:
 
 
 def _parse_layers(value: str) -> Any:
-    from ctxkit.embedding import LAYER_CHOICES
+    from ctxkit.features.embed import LAYER_CHOICES
 
     if value in LAYER_CHOICES or value == "mix":  # mix: ELMo models only
         return value
@@ -107,7 +77,7 @@ def _parse_layers(value: str) -> Any:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from ctxkit.demo import run_demo
+    from ctxkit.cli.demo import run_demo
 
     run_demo(out_dir=args.out, layer=args.layer, head=args.head, checkpoint=args.checkpoint,
              sentence_index=args.sentence, stream=sys.stdout, elmo=args.elmo)
@@ -158,7 +128,7 @@ def _embed_texts(embed, texts, layers, args):
 
 
 def _cmd_embed(args: argparse.Namespace) -> int:
-    from ctxkit.embedding import embed
+    from ctxkit.features.embed import embed
 
     out = Path(args.out)
     suffix = out.suffix.lower()
@@ -185,25 +155,6 @@ def _cmd_embed(args: argparse.Namespace) -> int:
         print(f"ctxkit: truncated {len(truncated)} long line(s): {', '.join(truncated)}", file=err)
     print(f"ctxkit: wrote {len(texts)} embeddings to {out}", file=err)
     return 0
-
-
-# Verbs whose options belong to a trainer module's own parser (``main(argv)``).
-PASSTHROUGH_VERBS = {
-    "pretrain-elmo": ("ctxkit.pretraining.bilm", "pretrain an ELMo biLM (char CNN + biLSTM) on text files"),
-    "pretrain-xlnet": ("ctxkit.pretraining.xlnet_pretrain", "pretrain XLNet (permutation LM, partial prediction) on "
-                                                            "`ctxkit pretrain-data` shards"),
-    "train-transformer-xl": ("ctxkit.pretraining.xl_lm", "train a Transformer-XL (or a vanilla Transformer) word-level LM; "
-                                                         "test perplexity at several memory lengths"),
-}
-
-
-def _passthrough(module: str):
-    def run(args: argparse.Namespace) -> int:
-        import importlib
-
-        return importlib.import_module(module).main(args.verb_args)
-
-    return run
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
@@ -273,36 +224,13 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- parser
-
-
-class _VerbListFormatter(argparse.HelpFormatter):
-    """Keeps each verb's help on the verb's own line.
-
-    argparse measures sub-commands at the section indent but prints them 2 columns
-    deeper, so the longest verb (train-tokenizer) would overflow into its help column.
-    """
-
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog, max_help_position=32, width=100)
-
-    def add_argument(self, action: argparse.Action) -> None:
-        super().add_argument(action)
-        if isinstance(action, argparse._SubParsersAction):
-            self._action_max_length += 2
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from ctxkit.embedding import (
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register demo, embed, list-models, download, train-tokenizer and tokenize."""
+    from ctxkit.features.embed import (
         LONG_INPUT_CHOICES,
         POOLING_CHOICES,
         SUBWORD_POOLING_CHOICES,
     )
-
-    parser = argparse.ArgumentParser(
-        prog="ctxkit", description="Contextual text representations: BERT features, demos and tokenizers.",
-        formatter_class=_VerbListFormatter)
-    sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
 
     p = sub.add_parser("demo", help="'retail bank or river bank?': contextual vs static vectors, plus plots",
                        description="Compare contextual and static vectors of ambiguous words and save two plots.")
@@ -332,15 +260,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--out", required=True, metavar="OUT.npy|OUT.npz|OUT.jsonl", help="output file; format by suffix (see below)")
     p.set_defaults(func=_cmd_embed)
-
-    for verb, (module, what) in PASSTHROUGH_VERBS.items():
-        p = sub.add_parser(verb, help=what, description=f"{what}; options: `ctxkit {verb} --help`.", add_help=False)
-        p.add_argument("verb_args", nargs=argparse.REMAINDER, help="the trainer's own options (see --help)")
-        p.set_defaults(func=_passthrough(module))
-
-    from ctxkit.static_cli import add_static_parsers
-
-    add_static_parsers(sub)  # word2vec-train, neighbors, analogy, bag-classifier
 
     p = sub.add_parser("list-models", help="list presets and checkpoints, and whether each is installed",
                        description="List model presets and checkpoints.")
@@ -372,63 +291,3 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="all_minilm_l6_v2", help="checkpoint name or tokenizer folder (default: all_minilm_l6_v2)")
     p.add_argument("--max-length", type=int, default=None, help="truncate to this many tokens (default: no limit)")
     p.set_defaults(func=_cmd_tokenize)
-
-    from ctxkit.pretraining.cli import add_commands as add_pretraining_commands
-    from ctxkit.pretraining.cli import add_lm_commands, add_pretrain_command
-    from ctxkit.inference.cli import add_commands as add_inference_commands
-    from ctxkit.inference.cli import add_export_commands
-    from ctxkit.inference.serve import add_serve_command
-    from ctxkit.tasks.cli import add_commands as add_task_commands
-    from ctxkit.tasks.cli import add_translation_commands
-
-    add_task_commands(sub)
-    add_translation_commands(sub)
-    add_inference_commands(sub)
-    add_export_commands(sub)
-    add_serve_command(sub)
-    add_pretraining_commands(sub)
-    add_pretrain_command(sub)
-    add_lm_commands(sub)
-    return parser
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Runs the CLI.
-
-    Args:
-        argv: Arguments without the program name; ``sys.argv[1:]`` when None.
-
-    Returns:
-        Exit status: 0 on success, 2 on a user error (argparse also exits with 2), 1 on a
-        bug (traceback printed), 130 when interrupted.
-    """
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] and argv[0] in PASSTHROUGH_VERBS:
-        # Every option (--help included) belongs to the trainer's own parser.
-        args = argparse.Namespace(func=_passthrough(PASSTHROUGH_VERBS[argv[0]][0]), verb_args=argv[1:])
-    else:
-        args = parser.parse_args(argv)
-    # Windowing/truncation warnings from embed() go to stderr, never silently dropped.
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_LineFormatter("ctxkit: warning: %(message)s"))
-    log = logging.getLogger("ctxkit")
-    log.addHandler(handler)
-    try:
-        return args.func(args)
-    except KeyboardInterrupt:
-        print("ctxkit: interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # noqa: BLE001 - sorted into user errors and bugs below
-        if _is_user_error(exc):
-            print(f"ctxkit: error: {_message(exc)}", file=sys.stderr)
-            return 2
-        traceback.print_exc(file=sys.stderr)
-        print(BUG_REPORT, file=sys.stderr)
-        return 1
-    finally:
-        log.removeHandler(handler)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,6 +19,7 @@ from .cpu_gemv import cpu_decoding_context
 from .sampling import apply_repetition_penalty, filter_logits
 from .static_decode import static_decoding_unsupported, static_generate
 from ..core.errors import UserError
+from ..fast import fuse_qkv
 
 __all__ = ["GenerationConfig", "generate", "filter_logits", "apply_repetition_penalty", "left_pad"]
 
@@ -117,12 +118,12 @@ def generate(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None, 
             chosen (streaming; greedy and sampling only). It may return a bool tensor
             ``(batch,)`` marking rows to end now (e.g. a stop string seen in the text).
         static: decode over a static KV cache with the step captured in a CUDA graph
-            (:mod:`ctxkit.inference.static_decode`; many times faster on a GPU). None:
+            (:mod:`ctxkit.decoding.static_decode`; many times faster on a GPU). None:
             whenever the input is on CUDA and the settings allow it (not beam search or
             stop sequences); True: insist (on CPU it runs the same fixed-shape step
             eagerly); False: the plain loop.
         cpu_gemv: route the one-token matrix-vector products of fp32 CPU decoding through
-            NumPy's BLAS (:mod:`ctxkit.inference.cpu_gemv`; same fp32 arithmetic, about
+            NumPy's BLAS (:mod:`ctxkit.decoding.cpu_gemv`; same fp32 arithmetic, about
             twice the speed where MKL is slow). None: for batches of one or two rows.
         compile: ``torch.compile`` the static path's step (implies ``static``; the first
             call per shape compiles: seconds on a GPU, about a minute on a CPU). Fastest
@@ -133,6 +134,9 @@ def generate(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None, 
         finished early are filled with ``pad_token_id``.
     """
     config.check()
+    module = model if isinstance(model, torch.nn.Module) else getattr(model, "model", None)  # decoding views hold one
+    if isinstance(module, torch.nn.Module):
+        fuse_qkv(module)  # q/k/v in one GEMM over weights concatenated once per weight version (ctxkit.fast)
     if static is None:
         static = (input_ids.is_cuda or compile) and static_decoding_unsupported(model, config, generator) is None
     if static:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
+from ..core.deps import require
+from .embed import embed
 
 __all__ = ["LinearProbeResult", "linear_probe"]
 
@@ -59,11 +61,8 @@ def linear_probe(
         batch_size, device, max_length, progress: passed to :func:`ctxkit.embed`
             (texts longer than ``max_length`` are windowed, and said so in the log).
     """
-    from .core.deps import require
 
     LogisticRegression = require("sklearn.linear_model", "the linear-probe baseline").LogisticRegression
-
-    from .embedding import embed
 
     t0 = time.time()
     kwargs = dict(model=model, layers=layers, pooling=pooling, batch_size=batch_size, device=device, max_length=max_length, progress=progress)

@@ -2,33 +2,35 @@
 
 Wiring: ``ctxkit.cli.build_parser`` registers them beside the other verb groups::
 
-    from ctxkit.static_cli import add_static_parsers
+    from ctxkit.cli.static import add_static_parsers
     add_static_parsers(sub)   # sub = parser.add_subparsers(...)
 
 Each parser stores its handler as ``func``; a handler takes the parsed namespace and returns
 the exit status, so ``ctxkit.cli.main`` runs it like any other verb and reports a
 ``ValueError`` (e.g. a malformed vector file, named with its line) or ``OSError`` as
 ``ctxkit: error: ...`` with status 2.
+
+Imports inside the handlers are on purpose: a verb loads its machinery (models, training,
+tasks) only when it runs, so parsing the command line and every other verb stay light.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
-from typing import List, Tuple
 
+from ctxkit.data.glue import read_sst2
 from ctxkit.models.static_io import FORMATS
 from ctxkit.training.callbacks import add_log_to_argument, make_callbacks
 
-__all__ = ["add_static_parsers", "read_sst2"]
+__all__ = ["add_static_parsers"]
 
 SST2_TASKS = ("sst-2",)
 
 
 def _require_files(paths) -> None:
-    from .data.errors import check_input
+    from ..data.errors import check_input
 
     for path in paths:
         check_input(path)  # readers that need two passes refuse a pipe themselves
@@ -40,33 +42,6 @@ def _load(args: argparse.Namespace):
     _require_files([args.vectors])
     return WordVectors.load(args.vectors, format=args.format, progress=not args.no_progress,
                             max_words=args.max_words)
-
-
-def read_sst2(path) -> Tuple[List[str], List[int]]:
-    """Sentences and 0/1 labels of a GLUE SST-2 TSV (header ``sentence<TAB>label``, quoting off).
-
-    Raises:
-        ValueError: ``"{path}:{line}: ..."`` for a missing column or a bad label.
-    """
-    from ctxkit.data.errors import DataError
-
-    _require_files([path])
-    texts, labels = [], []
-    with open(path, encoding="utf-8-sig", newline="") as fh:
-        # Quoting off: SST-2 sentences contain unbalanced '"' characters.
-        rows = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = next(rows, None)
-        if not header or "sentence" not in header or "label" not in header:
-            raise DataError(path, 1, "bad header", f"expected columns 'sentence' and 'label', found {header}")
-        s_col, l_col = header.index("sentence"), header.index("label")
-        for line_no, row in enumerate(rows, start=2):
-            if len(row) != len(header):
-                raise DataError(path, line_no, "wrong number of fields", f"expected {len(header)}, found {len(row)}")
-            if row[l_col] not in ("0", "1"):
-                raise DataError(path, line_no, "bad label", f"expected 0 or 1, found {row[l_col]!r}")
-            texts.append(row[s_col])
-            labels.append(int(row[l_col]))
-    return texts, labels
 
 
 def _cmd_word2vec_train(args: argparse.Namespace) -> int:

@@ -42,8 +42,8 @@ from typing import (
 
 import numpy as np
 
-from .core.deps import require
-from .core.errors import UnknownNameError, UserError
+from ..core.deps import require
+from ..core.errors import UnknownNameError, UserError
 
 __all__ = [
     "GLUE_MAIN_METRIC",

@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Sequence, Union
 
-from .core.deps import require
-from .core.errors import UserError
+from .deps import require
+from .errors import UserError
 
 matplotlib = require("matplotlib", "drawing figures (ctxkit demo, curve.png, heatmaps)")
 matplotlib.use("Agg")  # headless: never try to open a window

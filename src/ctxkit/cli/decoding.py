@@ -1,5 +1,9 @@
-"""``ctxkit generate``: the lectures' GPT-2 sampling demo, one-shot or interactive,
-printing tokens as they are produced."""
+"""Decoding verbs: ``generate`` (the lectures' GPT-2 sampling demo, one-shot or interactive,
+printing tokens as they are produced), ``translate-train`` and ``translate``.
+
+Imports inside the handlers are on purpose: a verb loads its machinery (models, training,
+tasks) only when it runs, so parsing the command line and every other verb stay light.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,12 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
 from typing import List, Optional, Sequence
 
 import torch
 
 from ..core.errors import UserError
+from ..training.callbacks import add_log_to_argument, make_callbacks
 
 logger = logging.getLogger("ctxkit")
 
@@ -73,7 +77,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from ..models.gpt2 import load_gpt2
     from ..tokenizers import ByteLevelBPETokenizer
     from ..training import resolve_device
-    from .generate import GenerationConfig, generate
+    from ..decoding.generate import GenerationConfig, generate
 
     device = resolve_device(args.device)
     model = load_gpt2(args.model).to(device).eval()
@@ -122,7 +126,7 @@ def _stdin_prompts():
         yield line.rstrip("\n")
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
+def add_generate_command(sub: argparse._SubParsersAction) -> None:
     """Register ``generate`` on the ``ctxkit`` parser."""
     p = sub.add_parser("generate", help="continue text with a GPT-2 checkpoint, streaming tokens (interactive without --prompt)",
                        description="Sample (or greedy/beam-decode) a continuation. Without --prompt, every line read from "
@@ -145,49 +149,94 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_generate)
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    """Handler of ``ctxkit export``: ONNX file(s) of a fine-tuned run, checked against PyTorch."""
-    from ..tasks import load_run
-    from ..core.deps import require_all
-    from .export import DEPLOY_NEEDS, export_onnx, folder_size_mb, quantize_onnx, verify_onnx
+def _cmd_translate_train(args: argparse.Namespace) -> int:
+    from ..training import TrainConfig
+    from ..tasks.translation import train_translation
 
-    require_all(DEPLOY_NEEDS, "ctxkit export")  # before the run loads
-    _, model, _, info = load_run(args.run_dir, device="cpu")
-    if "backend" in info:
-        raise UserError(f"{args.run_dir} is already an exported run ({info['backend']['file']}); export the original run")
-    path = export_onnx(model, args.onnx, opset=args.opset)
-    diff = verify_onnx(model, path, atol=args.atol)
-    result = {"onnx": str(path), "max_abs_diff_vs_pytorch": diff, "mb": round(folder_size_mb([path]), 2)}
-    if args.int8:
-        q = quantize_onnx(path, Path(path).with_suffix(".int8.onnx"))
-        result.update(int8=str(q), int8_mb=round(folder_size_mb([q]), 2))
-    print(json.dumps(result))
+    logging.getLogger("ctxkit").setLevel(logging.INFO)
+    callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")
+    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_ratio=args.warmup_ratio,
+                         weight_decay=args.weight_decay, max_steps=args.max_steps, seed=args.seed, device=args.device,
+                         schedule=args.schedule, progress=not args.no_progress, log_every=args.log_every, max_minutes=args.max_minutes)
+    overrides = {"dropout": args.dropout} if args.dropout is not None else {}
+    summary = train_translation((args.train_src, args.train_tgt), (args.valid_src, args.valid_tgt), args.out, config,
+                                preset=args.preset, vocab_size=args.vocab_size, max_length=args.max_length,
+                                label_smoothing=args.label_smoothing, eval_beams=args.eval_beams, callbacks=callbacks, **overrides)
+    print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))
     return 0
 
 
-def cmd_quantize(args: argparse.Namespace) -> int:
-    """Handler of ``ctxkit quantize``: an int8 run folder that predict/evaluate/serve load."""
-    from .export import quantize_run
+def _cmd_translate(args: argparse.Namespace) -> int:
+    from ..data.lines import decode_lines, read_lines
+    from ..tasks.translation import bleu, load_translator, read_parallel, translate
 
-    result = quantize_run(args.run_dir, args.out)
-    print(f"int8 model: {result['int8_mb']} MB on disk vs {result['fp32_mb']} MB fp32 ({result['ratio']:.2f}x); "
-          f"fp32 export matched PyTorch within {result['max_abs_diff_fp32_export']:.1e}", file=sys.stderr)
-    print(json.dumps({"out": str(args.out), **result}))
+    model, tok = load_translator(args.run_dir)
+    if args.ref:
+        if args.input == "-":
+            raise UserError("--ref needs the source as a file, to check the two are line-aligned")
+        pairs = read_parallel(args.input, args.ref)
+        sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    else:
+        sources = list(decode_lines(sys.stdin.buffer, "<stdin>") if args.input == "-" else read_lines(args.input))
+    if not sources:
+        raise UserError("no input lines to translate")
+    hyps = translate(model, tok, sources, num_beams=args.beams, batch_size=args.batch_size, device=args.device)
+    sys.stdout.write("".join(h + "\n" for h in hyps))
+    if args.ref:
+        print(json.dumps({"bleu": round(bleu(hyps, refs), 2), "sentences": len(hyps), "beams": args.beams}), file=sys.stderr)
+    if args.heatmap:
+        from ..core.plots import plot_alignment
+        from ..tasks.translation import alignment
+
+        weights, src_tokens, tgt_tokens = alignment(model, tok, sources[0], hyps[0], device=args.device)
+        plot_alignment(weights, src_tokens, tgt_tokens, args.heatmap, title=f"{sources[0][:60]} -> {hyps[0][:60]}")
+        print(f"wrote the encoder-decoder attention of the first sentence to {args.heatmap}", file=sys.stderr)
     return 0
 
 
-def add_export_commands(sub: argparse._SubParsersAction) -> None:
-    """Register ``export`` and ``quantize``."""
-    p = sub.add_parser("export", help="export a fine-tuned run to ONNX (dynamic batch and length), checked against PyTorch",
-                       description="Write RUN_DIR's model as ONNX; ONNX Runtime's outputs are compared with PyTorch's first.")
+def add_translation_commands(sub: argparse._SubParsersAction) -> None:
+    """Register translate-train and translate."""
+    p = sub.add_parser("translate-train", help="train a Transformer translator on parallel text (BLEU per epoch)",
+                       description="Joint byte-level BPE, Transformer encoder-decoder, label smoothing, validation sacreBLEU.")
+    p.add_argument("--train-src", required=True)
+    p.add_argument("--train-tgt", required=True)
+    p.add_argument("--valid-src", required=True)
+    p.add_argument("--valid-tgt", required=True)
+    p.add_argument("--out", required=True, metavar="RUN_DIR")
+    p.add_argument("--preset", default="transformer_3_256_8")
+    p.add_argument("--vocab-size", type=int, default=8000, help="joint BPE vocabulary (default: 8000)")
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--epochs", type=float, default=10.0)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--max-minutes", type=float, default=None)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup-ratio", type=float, default=0.05)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--schedule", choices=("inverse_sqrt", "linear", "polynomial"), default="inverse_sqrt")
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
+    p.add_argument("--eval-beams", type=int, default=1, help="beams for the per-epoch validation BLEU (default: greedy)")
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--no-progress", action="store_true")
+    add_log_to_argument(p)
+    p.set_defaults(func=_cmd_translate_train)
+
+    p = sub.add_parser("translate", help="translate one sentence per line with a translate-train run",
+                       description="Print one translation per input line; with --ref also print sacreBLEU to stderr.")
     p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--onnx", required=True, metavar="FILE", help="the .onnx file to write")
-    p.add_argument("--int8", action="store_true", help="also write FILE.int8.onnx (dynamic int8 weights)")
-    p.add_argument("--opset", type=int, default=17)
-    p.add_argument("--atol", type=float, default=1e-4, help="largest allowed |ONNX - PyTorch| (default 1e-4)")
-    p.set_defaults(func=cmd_export)
-    p = sub.add_parser("quantize", help="int8 copy of a fine-tuned run (ONNX Runtime), loadable by predict/evaluate/serve",
-                       description="Export, check, and quantise RUN_DIR's model to int8 into a new run folder; prints sizes.")
-    p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--out", required=True, metavar="DIR")
-    p.set_defaults(func=cmd_quantize)
+    p.add_argument("input", nargs="?", default="-", metavar="FILE|-")
+    p.add_argument("--ref", default=None, metavar="FILE", help="reference translations, line-aligned: report BLEU")
+    p.add_argument("--beams", type=int, default=4, help="beam size (1 = greedy; default 4)")
+    p.add_argument("--heatmap", default=None, metavar="PNG", help="draw the first sentence's encoder-decoder attention")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default="auto")
+    p.set_defaults(func=_cmd_translate)
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register generate, translate-train and translate."""
+    add_generate_command(sub)
+    add_translation_commands(sub)

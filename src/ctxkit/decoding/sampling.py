@@ -1,5 +1,5 @@
-"""Logit transforms shared by the plain decoding loop (:mod:`ctxkit.inference.generate`)
-and the graph-captured one (:mod:`ctxkit.inference.static_decode`)."""
+"""Logit transforms shared by the plain decoding loop (:mod:`ctxkit.decoding.generate`)
+and the graph-captured one (:mod:`ctxkit.decoding.static_decode`)."""
 
 from __future__ import annotations
 

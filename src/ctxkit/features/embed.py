@@ -4,7 +4,7 @@ This is the "feature-based" use of BERT from the paper's CoNLL-2003 table: run t
 frozen network once and take hidden states from one or several layers as features.
 
 Example:
-    >>> from ctxkit.embedding import embed
+    >>> from ctxkit.features.embed import embed
     >>> out = embed(["The bank approved my loan."], layers="sum_last_four")
     >>> out[0].words[:2], out[0].vectors.shape
     (['The', 'bank'], (6, 384))
@@ -26,7 +26,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .core.errors import UserError
+from ..core.errors import UserError
+from ..fast import fuse_qkv
+from ctxkit.zoo import get_model
+from ctxkit.models.elmo import elmo_embed
+from ctxkit.models.elmo_io import load_bilm
 
 logger = logging.getLogger("ctxkit")
 
@@ -46,7 +50,7 @@ LayerSpec = Union[str, int, Sequence[int]]
 
 
 @dataclass
-class WordVectors:
+class ContextualWordVectors:
     """Word-aligned contextual vectors for one text.
 
     Attributes:
@@ -195,14 +199,13 @@ def assign_windows(n_tokens: int, windows: Sequence[Tuple[int, int]]) -> np.ndar
 
 def _resolve_model(model: Any, device: str) -> Tuple[torch.nn.Module, Any]:
     if isinstance(model, str):
-        from ctxkit.zoo import get_model
-
         net, tokenizer = get_model(model, device=device)
         if tokenizer is None:
             raise UserError(
                 f"model {model!r} is an untrained preset without a vocabulary; name a checkpoint "
                 "(e.g. 'all_minilm_l6_v2') or pass a (model, tokenizer) tuple"
             )
+        fuse_qkv(net)  # loaded here for inference only: one q/k/v GEMM (a caller's own model is left as it is)
         return net, tokenizer
     if isinstance(model, (tuple, list)) and len(model) == 2:
         return model[0], model[1]
@@ -323,7 +326,7 @@ def _token_features(plan: _Plan) -> np.ndarray:
     return out
 
 
-def _word_vectors(text: str, plan: _Plan, subword_pooling: str) -> WordVectors:
+def _word_vectors(text: str, plan: _Plan, subword_pooling: str) -> ContextualWordVectors:
     tok = _token_features(plan)
     dim = plan.features[0].shape[1]
     groups: List[List[int]] = []
@@ -344,7 +347,7 @@ def _word_vectors(text: str, plan: _Plan, subword_pooling: str) -> WordVectors:
         words.append(text[start:end])
         spans.append((int(start), int(end)))
         vectors[g] = tok[rows[0]] if subword_pooling == "first" else tok[rows].mean(axis=0)
-    return WordVectors(words, spans, vectors, len(plan.windows), plan.truncated_words)
+    return ContextualWordVectors(words, spans, vectors, len(plan.windows), plan.truncated_words)
 
 
 def _pooled_vector(plan: _Plan, pooling: str) -> np.ndarray:
@@ -368,7 +371,7 @@ def embed(
     batch_size: int = 32,
     device: str = "cpu",
     progress: bool = False,
-) -> Union[List[WordVectors], PooledEmbeddings]:
+) -> Union[List[ContextualWordVectors], PooledEmbeddings]:
     """Embeds texts with a frozen BERT, as word vectors or one vector per text.
 
     Args:
@@ -411,7 +414,7 @@ def embed(
         progress: Show a tqdm progress bar (stderr).
 
     Returns:
-        Without pooling, a list (input order) of :class:`WordVectors`; an empty or
+        Without pooling, a list (input order) of :class:`ContextualWordVectors`; an empty or
         whitespace-only text gives 0 words and vectors of shape ``(0, dim)``. With
         pooling, a float32 :class:`PooledEmbeddings` array ``(n_texts, dim)``; an empty
         text gets the vector of the input "[CLS] [SEP]" (its [CLS] vector for "cls",
@@ -484,12 +487,9 @@ def _elmo_folder(model: Any) -> Optional[str]:
 
 
 def _embed_elmo(texts: List[str], folder: str, layers: LayerSpec, pooling: Optional[str], batch_size: int, device: str,
-                progress: bool) -> Union[List[WordVectors], PooledEmbeddings]:
+                progress: bool) -> Union[List[ContextualWordVectors], PooledEmbeddings]:
     """:func:`embed` with an ELMo biLM (see its ``model`` argument)."""
     from tokenizers.pre_tokenizers import BertPreTokenizer
-
-    from ctxkit.models.elmo import elmo_embed
-    from ctxkit.tasks.feature_sources import load_bilm
 
     if pooling not in (None, "mean"):
         raise UserError(f"ELMo has no [CLS] vector: pooling must be None or 'mean', got {pooling!r}")
@@ -503,7 +503,7 @@ def _embed_elmo(texts: List[str], folder: str, layers: LayerSpec, pooling: Optio
     pre = BertPreTokenizer()
     split = [pre.pre_tokenize_str(t) for t in texts]
     words = [[w for w, _ in s] for s in split]
-    results: List[WordVectors] = []
+    results: List[ContextualWordVectors] = []
     iterator = range(0, len(texts), 512)
     if progress:
         iterator = tqdm(iterator, desc="ELMo", unit="chunk")
@@ -522,7 +522,7 @@ def _embed_elmo(texts: List[str], folder: str, layers: LayerSpec, pooling: Optio
                 else:
                     feats = picked.sum(0) / (len(indices) if mode == "mean" else 1)
                 vecs = feats.numpy().astype(np.float32)
-            results.append(WordVectors(ws, [span for _, span in split[start + i]], vecs))
+            results.append(ContextualWordVectors(ws, [span for _, span in split[start + i]], vecs))
     if pooling is None:
         return results
     dim = results[0].vectors.shape[1] if results else bilm.config.output_dim
@@ -546,7 +546,7 @@ def feature_dim(model: torch.nn.Module, layers: LayerSpec = "last") -> int:
 
 __all__ = [
     "embed",
-    "WordVectors",
+    "ContextualWordVectors",
     "PooledEmbeddings",
     "resolve_layers",
     "window_starts",

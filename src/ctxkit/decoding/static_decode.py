@@ -34,6 +34,7 @@ from torch import Tensor
 
 from .sampling import apply_repetition_penalty, filter_logits
 from ..core.errors import UserError
+from ..fast import fuse_qkv
 
 __all__ = ["StaticDecoder", "chunked_argmax", "static_decoding_unsupported", "static_generate"]
 
@@ -265,7 +266,7 @@ class StaticDecoder:
 def static_generate(model, input_ids: Tensor, attention_mask: Optional[Tensor], config, generator: Optional[torch.Generator] = None,
                     on_tokens: Optional[Callable[[Tensor], Optional[Tensor]]] = None, capture: Optional[bool] = None,
                     compile_step=False) -> Tensor:
-    """:func:`~ctxkit.inference.generate` through a (cached) :class:`StaticDecoder`.
+    """:func:`~ctxkit.decoding.generate` through a (cached) :class:`StaticDecoder`.
 
     Args:
         capture: record a CUDA graph (default: when the input is on CUDA).
@@ -277,6 +278,7 @@ def static_generate(model, input_ids: Tensor, attention_mask: Optional[Tensor], 
     reason = static_decoding_unsupported(model, config, generator)
     if reason is not None:
         raise UserError(f"static decoding unavailable: {reason}")
+    fuse_qkv(model)  # q/k/v in one GEMM over weights concatenated once (ctxkit.fast), in place
     device = input_ids.device
     capture = device.type == "cuda" if capture is None else capture
     if capture and device.type != "cuda":

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ctxkit.core.errors import UserError
-from ctxkit.embedding import embed
+from ctxkit.features.embed import embed
 
 # word -> sense -> sentences; each sentence holds the word once.
 DEMO_WORDS: Dict[str, Dict[str, List[str]]] = {
@@ -208,7 +208,7 @@ def run_demo(
         CheckpointNotInstalledError: The checkpoint package is missing.
         ValueError: ``layer``, ``head`` or ``sentence_index`` out of range.
     """
-    from ctxkit.plots import plot_attention, plot_positional_encoding
+    from ctxkit.core.plots import plot_attention, plot_positional_encoding
 
     stream = sys.stdout if stream is None else stream
     if not -len(SENTENCES) <= sentence_index < len(SENTENCES):

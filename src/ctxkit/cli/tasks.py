@@ -1,4 +1,8 @@
-"""``ctxkit finetune | evaluate | predict``: the task verbs of the command line."""
+"""``ctxkit finetune | evaluate | predict``: the task verbs of the command line.
+
+Imports inside the handlers are on purpose: a verb loads its machinery (models, training,
+tasks) only when it runs, so parsing the command line and every other verb stay light.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from dataclasses import fields
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
 
-__all__ = ["add_commands", "add_translation_commands"]
+__all__ = ["add_commands"]
 
 _TASK_HELP = "sst-2, cola, mrpc, sts-b, qqp, mnli, qnli, rte, wnli, table, conll2003, squad, squad2"
 
@@ -39,7 +43,7 @@ def _task_options(args: argparse.Namespace) -> dict:
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
     from ..training import TrainConfig
-    from . import finetune, get_task
+    from ..tasks import finetune, get_task
 
     logging.getLogger("ctxkit").setLevel(logging.INFO)
     task = get_task(args.task, **_task_options(args))
@@ -56,7 +60,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from . import evaluate_run
+    from ..tasks import evaluate_run
 
     kw = {} if args.limit_eval is None else {"limit_eval": args.limit_eval}
     if args.allow_unknown_tags:
@@ -68,14 +72,14 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _input_lines(source: str):
     """``(line number, text)`` of the non-empty lines of a file or stdin (``-``)."""
-    from ..tokenizers.wordpiece import decode_lines, read_lines
+    from ..data.lines import decode_lines, read_lines
 
     lines = decode_lines(sys.stdin.buffer, "<stdin>") if source == "-" else read_lines(source)
     return [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from . import load_run, load_task
+    from ..tasks import load_run, load_task
 
     # The input is checked against the task's format before any weights are loaded.
     task, _ = load_task(args.run_dir)
@@ -179,90 +183,3 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     add_backend_arguments(p, "auto", "runtime")
     p.set_defaults(func=_cmd_predict)
-
-
-def _cmd_translate_train(args: argparse.Namespace) -> int:
-    from ..training import TrainConfig
-    from .translation import train_translation
-
-    logging.getLogger("ctxkit").setLevel(logging.INFO)
-    callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")
-    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_ratio=args.warmup_ratio,
-                         weight_decay=args.weight_decay, max_steps=args.max_steps, seed=args.seed, device=args.device,
-                         schedule=args.schedule, progress=not args.no_progress, log_every=args.log_every, max_minutes=args.max_minutes)
-    overrides = {"dropout": args.dropout} if args.dropout is not None else {}
-    summary = train_translation((args.train_src, args.train_tgt), (args.valid_src, args.valid_tgt), args.out, config,
-                                preset=args.preset, vocab_size=args.vocab_size, max_length=args.max_length,
-                                label_smoothing=args.label_smoothing, eval_beams=args.eval_beams, callbacks=callbacks, **overrides)
-    print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))
-    return 0
-
-
-def _cmd_translate(args: argparse.Namespace) -> int:
-    from ..tokenizers.wordpiece import decode_lines, read_lines
-    from .translation import bleu, load_translator, read_parallel, translate
-
-    model, tok = load_translator(args.run_dir)
-    if args.ref:
-        if args.input == "-":
-            raise UserError("--ref needs the source as a file, to check the two are line-aligned")
-        pairs = read_parallel(args.input, args.ref)
-        sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
-    else:
-        sources = list(decode_lines(sys.stdin.buffer, "<stdin>") if args.input == "-" else read_lines(args.input))
-    if not sources:
-        raise UserError("no input lines to translate")
-    hyps = translate(model, tok, sources, num_beams=args.beams, batch_size=args.batch_size, device=args.device)
-    sys.stdout.write("".join(h + "\n" for h in hyps))
-    if args.ref:
-        print(json.dumps({"bleu": round(bleu(hyps, refs), 2), "sentences": len(hyps), "beams": args.beams}), file=sys.stderr)
-    if args.heatmap:
-        from ..plots import plot_alignment
-        from .translation import alignment
-
-        weights, src_tokens, tgt_tokens = alignment(model, tok, sources[0], hyps[0], device=args.device)
-        plot_alignment(weights, src_tokens, tgt_tokens, args.heatmap, title=f"{sources[0][:60]} -> {hyps[0][:60]}")
-        print(f"wrote the encoder-decoder attention of the first sentence to {args.heatmap}", file=sys.stderr)
-    return 0
-
-
-def add_translation_commands(sub: argparse._SubParsersAction) -> None:
-    """Register translate-train and translate."""
-    p = sub.add_parser("translate-train", help="train a Transformer translator on parallel text (BLEU per epoch)",
-                       description="Joint byte-level BPE, Transformer encoder-decoder, label smoothing, validation sacreBLEU.")
-    p.add_argument("--train-src", required=True)
-    p.add_argument("--train-tgt", required=True)
-    p.add_argument("--valid-src", required=True)
-    p.add_argument("--valid-tgt", required=True)
-    p.add_argument("--out", required=True, metavar="RUN_DIR")
-    p.add_argument("--preset", default="transformer_3_256_8")
-    p.add_argument("--vocab-size", type=int, default=8000, help="joint BPE vocabulary (default: 8000)")
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--epochs", type=float, default=10.0)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--max-minutes", type=float, default=None)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup-ratio", type=float, default=0.05)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--schedule", choices=("inverse_sqrt", "linear", "polynomial"), default="inverse_sqrt")
-    p.add_argument("--label-smoothing", type=float, default=0.1)
-    p.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
-    p.add_argument("--eval-beams", type=int, default=1, help="beams for the per-epoch validation BLEU (default: greedy)")
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--no-progress", action="store_true")
-    add_log_to_argument(p)
-    p.set_defaults(func=_cmd_translate_train)
-
-    p = sub.add_parser("translate", help="translate one sentence per line with a translate-train run",
-                       description="Print one translation per input line; with --ref also print sacreBLEU to stderr.")
-    p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("input", nargs="?", default="-", metavar="FILE|-")
-    p.add_argument("--ref", default=None, metavar="FILE", help="reference translations, line-aligned: report BLEU")
-    p.add_argument("--beams", type=int, default=4, help="beam size (1 = greedy; default 4)")
-    p.add_argument("--heatmap", default=None, metavar="PNG", help="draw the first sentence's encoder-decoder attention")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", default="auto")
-    p.set_defaults(func=_cmd_translate)

@@ -1,0 +1,65 @@
+"""Compare ctxkit's figures of two runs of benchmarks/gpu_regression.sh (before and after a
+change, same session, same card) and write them as speed records.
+
+    python benchmarks/gpu_regression.py BEFORE_DIR AFTER_DIR --change "issue 19 ..." \
+        --results benchmarks/results/refactor_regression.json
+
+Each record: ``ctxkit`` = the figure after the change, ``peer`` = the same figure before it
+(``peer_name`` = "ctxkit before the change"), ``speedup`` = how much faster after (for
+throughputs after/before, for times before/after). Exits 1 when a figure is more than
+``--tolerance`` (default 3 %) worse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+LOWER_IS_BETTER = ("ms", "s", "seconds", "milliseconds", "us")
+
+
+def _records(folder: Path) -> dict:
+    out = {}
+    for path in sorted(folder.glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        for r in data if isinstance(data, list) else data.get("records", []):
+            if "ctxkit" in r and isinstance(r.get("ctxkit"), (int, float)):
+                out[(r["benchmark"], r["case"], r["metric"])] = r
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("before", type=Path)
+    parser.add_argument("after", type=Path)
+    parser.add_argument("--change", required=True, help="what changed, for the records")
+    parser.add_argument("--tolerance", type=float, default=0.03)
+    parser.add_argument("--results", type=Path, default=None)
+    parser.add_argument("--command", default="bash benchmarks/gpu_regression.sh (before and after) && python benchmarks/gpu_regression.py")
+    args = parser.parse_args(argv)
+    before, after = _records(args.before), _records(args.after)
+    rows, worse = [], []
+    for key in sorted(before.keys() & after.keys()):
+        b, a = before[key], after[key]
+        lower = str(a.get("unit", "")).split("/")[0].strip() in LOWER_IS_BETTER
+        gain = (b["ctxkit"] / a["ctxkit"]) if lower else (a["ctxkit"] / b["ctxkit"])
+        rows.append({"benchmark": key[0], "case": key[1], "metric": key[2], "unit": a.get("unit"), "ctxkit": a["ctxkit"],
+                     "peer_name": "ctxkit before the change", "peer": b["ctxkit"], "speedup": round(gain, 4),
+                     "device": a.get("device"), "date": a.get("date"), "command": args.command, "change": args.change})
+        if gain < 1 - args.tolerance:
+            worse.append(rows[-1])
+    width = max((len(f"{r['benchmark']}: {r['case']} [{r['metric']}]") for r in rows), default=20)
+    for r in rows:
+        label = f"{r['benchmark']}: {r['case']} [{r['metric']}]"
+        print(f"{label:<{width}}  before {r['peer']:>12.4g}  after {r['ctxkit']:>12.4g}  {r['unit'] or '':<12} x{r['speedup']:.3f}")
+    print(f"{len(rows)} figures compared; {len(worse)} more than {args.tolerance:.0%} worse; "
+          f"only before: {len(before.keys() - after.keys())}, only after: {len(after.keys() - before.keys())}")
+    if args.results:
+        args.results.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    return 1 if worse else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

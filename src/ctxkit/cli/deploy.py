@@ -1,0 +1,105 @@
+"""Deployment verbs: export, quantize (ONNX, int8) and serve (the JSON HTTP API).
+
+Imports inside the handlers are on purpose: a verb loads its machinery (models, training,
+tasks) only when it runs, so parsing the command line and every other verb stay light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+
+from ..core.errors import UserError
+from ..inference import serve
+from ..inference.backends import add_backend_arguments
+from ..inference.serve_limits import at_least_one
+
+serve_log = logging.getLogger("ctxkit.serve")
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Handler of ``ctxkit export``: ONNX file(s) of a fine-tuned run, checked against PyTorch."""
+    from ..tasks import load_run
+    from ..core.deps import require_all
+    from ..inference.export import DEPLOY_NEEDS, export_onnx, folder_size_mb, quantize_onnx, verify_onnx
+
+    require_all(DEPLOY_NEEDS, "ctxkit export")  # before the run loads
+    _, model, _, info = load_run(args.run_dir, device="cpu")
+    if "backend" in info:
+        raise UserError(f"{args.run_dir} is already an exported run ({info['backend']['file']}); export the original run")
+    path = export_onnx(model, args.onnx, opset=args.opset)
+    diff = verify_onnx(model, path, atol=args.atol)
+    result = {"onnx": str(path), "max_abs_diff_vs_pytorch": diff, "mb": round(folder_size_mb([path]), 2)}
+    if args.int8:
+        q = quantize_onnx(path, Path(path).with_suffix(".int8.onnx"))
+        result.update(int8=str(q), int8_mb=round(folder_size_mb([q]), 2))
+    print(json.dumps(result))
+    return 0
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    """Handler of ``ctxkit quantize``: an int8 run folder that predict/evaluate/serve load."""
+    from ..inference.export import quantize_run
+
+    result = quantize_run(args.run_dir, args.out)
+    print(f"int8 model: {result['int8_mb']} MB on disk vs {result['fp32_mb']} MB fp32 ({result['ratio']:.2f}x); "
+          f"fp32 export matched PyTorch within {result['max_abs_diff_fp32_export']:.1e}", file=sys.stderr)
+    print(json.dumps({"out": str(args.out), **result}))
+    return 0
+
+
+def add_export_commands(sub: argparse._SubParsersAction) -> None:
+    """Register ``export`` and ``quantize``."""
+    p = sub.add_parser("export", help="export a fine-tuned run to ONNX (dynamic batch and length), checked against PyTorch",
+                       description="Write RUN_DIR's model as ONNX; ONNX Runtime's outputs are compared with PyTorch's first.")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--onnx", required=True, metavar="FILE", help="the .onnx file to write")
+    p.add_argument("--int8", action="store_true", help="also write FILE.int8.onnx (dynamic int8 weights)")
+    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--atol", type=float, default=1e-4, help="largest allowed |ONNX - PyTorch| (default 1e-4)")
+    p.set_defaults(func=cmd_export)
+    p = sub.add_parser("quantize", help="int8 copy of a fine-tuned run (ONNX Runtime), loadable by predict/evaluate/serve",
+                       description="Export, check, and quantise RUN_DIR's model to int8 into a new run folder; prints sizes.")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.set_defaults(func=cmd_quantize)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    if not logging.getLogger().handlers and not serve_log.handlers:
+        handler = logging.StreamHandler()  # stderr, one JSON object a line
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        serve_log.addHandler(handler)
+    serve_log.setLevel(logging.INFO)
+    serve_log.propagate = False  # the CLI's "ctxkit: " line prefix would break the JSON lines
+    serve.serve(**{k: v for k, v in vars(args).items() if k not in ("verb", "func")})  # option dests match serve()
+    return 0
+
+
+def add_serve_command(sub: argparse._SubParsersAction) -> None:
+    """Register ``serve`` on the ``ctxkit`` parser."""
+    p = sub.add_parser("serve", help="serve a fine-tuned run as a JSON HTTP API with micro-batching",
+                       description="JSON HTTP API for a fine-tuned run: POST /classify, /ner or /qa (by the run's task), "
+                                   "POST /embed, GET /health. Concurrent requests are merged into batches. "
+                                   "SIGINT/SIGTERM stop accepting, answer in-flight requests, then exit. See docs/serving.md.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run folder written by ctxkit finetune")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ... (default: auto)")
+    p.add_argument("--max-batch", type=int, default=32, help="most texts per forward pass (default: 32)")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with (default: 5)")
+    p.add_argument("--max-queue", type=at_least_one, default=None,
+                   help="most texts waiting per endpoint; more get 429 with Retry-After (default: 4 x --max-batch)")
+    p.add_argument("--threads", type=at_least_one, default=None,
+                   help="torch/ONNX Runtime threads of the model (default: $OMP_NUM_THREADS if set, else the available "
+                        "cores minus one, left to the HTTP server; logged at startup and shown in /health)")
+    p.add_argument("--max-items", type=int, default=64, help="most texts per request (default: 64)")
+    p.add_argument("--max-text-chars", type=int, default=10_000, help="longest text/question/context (default: 10000)")
+    p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body (default: fits max-items texts)")
+    p.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="/embed vectors (default: mean)")
+    add_backend_arguments(p, "pytorch", "runtime of the task endpoint (named in /health and the startup log)")
+    p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on shutdown (default: 30)")
+    p.set_defaults(func=_cmd_serve)

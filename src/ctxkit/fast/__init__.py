@@ -1,0 +1,90 @@
+"""Deployment fast paths, swapped into a built model.
+
+The teaching layers (:mod:`ctxkit.layers`) compute each formula as the lecture writes it.
+Each fast variant here is a subclass of the layer it speeds up, computing the same
+function (or a declared approximation: fp8, the tanh-GELU epilogue, a bf16 stream) with
+faster kernels:
+
+* :class:`FusedQKVAttention` -- q, k, v of a shared input as one GEMM over cached
+  concatenated weights (:func:`fuse_qkv`);
+* :class:`Fp8Linear` -- float8 e4m3 GEMMs for the Transformer layers (:func:`convert_to_fp8`);
+* :class:`GeluEpilogueFFN` -- fc1 + bias + tanh GELU as one cuBLASLt GEMM (:func:`enable_gelu_epilogue`);
+* :class:`StreamDtypeAddNorm` / :class:`StreamDtypeEmbeddings` -- a bf16 residual stream
+  under autocast (:func:`set_stream_dtype`);
+* :class:`SegmentedEncoder` -- graph breaks for ``torch.compile`` between runs of layers
+  (:func:`segment_encoders`).
+
+:func:`apply_fast_paths` applies any of them to a built model in place. A swap changes the
+class of the module objects (as :mod:`torch.nn.utils.parametrize` does), never their
+parameters: ``state_dict`` keys, parameter identity, optimisers and hooks are untouched
+(fp8 excepted: it replaces the Linears by float8 buffers, for inference only). Swapping
+twice is the same as once. CUDA-graph capture is a wrapper around the call
+(:class:`ctxkit.inference.gpu.GPUEncoder`, :class:`ctxkit.training.graphs.GraphedTrainStep`),
+not a module swap. See docs/fast_paths.md.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .attention import FusedQKVAttention, fuse_qkv, prepare_inference
+from .ffn import GeluEpilogueFFN, enable_gelu_epilogue, linear_gelu_tanh
+from .fp8 import FP8_MAX, Fp8Linear, convert_to_fp8
+from .segments import SegmentedEncoder, segment_encoders
+from .stream import StreamDtypeAddNorm, StreamDtypeEmbeddings, set_stream_dtype, to_stream_dtype
+
+__all__ = [
+    "FP8_MAX",
+    "Fp8Linear",
+    "FusedQKVAttention",
+    "GeluEpilogueFFN",
+    "SegmentedEncoder",
+    "StreamDtypeAddNorm",
+    "StreamDtypeEmbeddings",
+    "apply_fast_paths",
+    "convert_to_fp8",
+    "enable_gelu_epilogue",
+    "fuse_qkv",
+    "linear_gelu_tanh",
+    "prepare_inference",
+    "segment_encoders",
+    "set_stream_dtype",
+    "to_stream_dtype",
+]
+
+
+def apply_fast_paths(model: nn.Module, *, fused_qkv: bool = False, fp8: bool = False, gelu_epilogue: bool = False,
+                     stream_dtype: Optional[torch.dtype] = None, compile_segments: Optional[int] = None) -> nn.Module:
+    """Swap the chosen fast variants into ``model`` in place and return it.
+
+    Args:
+        fused_qkv: attention projections of a shared input as one GEMM (:func:`fuse_qkv`;
+            the same function, float32 sums in another order).
+        fp8: the Transformer layers' Linears as float8 GEMMs, self-attention's q/k/v as one
+            (:func:`convert_to_fp8`; inference only, a declared precision; implies the
+            fused attention for self-attention).
+        gelu_epilogue: each GELU FFN's ``gelu(fc1(x))`` as one GEMM with a tanh-GELU
+            epilogue when autograd is off (:func:`enable_gelu_epilogue`; applied after fp8,
+            which leaves no plain fc1 to fuse).
+        stream_dtype: keep the residual stream in this dtype under autocast
+            (:func:`set_stream_dtype`); None leaves the model's setting alone.
+        compile_segments: split each encoder stack into this many ``torch.compile``
+            graphs (:func:`segment_encoders`; 1 restores the plain stack); None leaves it alone.
+
+    Returns:
+        ``model`` (the same object).
+    """
+    if fused_qkv:
+        fuse_qkv(model)
+    if fp8:
+        convert_to_fp8(model)
+    if gelu_epilogue:
+        enable_gelu_epilogue(model)
+    if stream_dtype is not None:
+        set_stream_dtype(model, stream_dtype)
+    if compile_segments is not None:
+        segment_encoders(model, compile_segments)
+    return model
