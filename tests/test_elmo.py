@@ -380,6 +380,26 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
     with pytest.raises(CheckpointError, match="batch_size"):
         train_bilm([train], [valid], tmp_path / "split", arch, BiLMTrainConfig(**{**cfg.__dict__, "batch_size": 2}), resume=True)
 
+    # checkpoint/ (ctxkit.core.run_state) holds the biLM that final/ holds, for load_bilm too.
+    from ctxkit.models.elmo_io import load_bilm
+
+    from_ckpt, info = load_bilm(tmp_path / "split" / "checkpoint")
+    assert info["format"] == f"train_bilm checkpoint (step {steps})"
+    final = load_bilm(tmp_path / "split")[0]
+    assert all(torch.equal(a, b) for a, b in zip(from_ckpt.state_dict().values(), final.state_dict().values(), strict=True))
+
+    # A run of an earlier version (one checkpoint.pt) resumes the same way.
+    import shutil
+
+    from ctxkit.core.run_state import load_checkpoint
+
+    train_bilm([train], [valid], tmp_path / "old", arch, BiLMTrainConfig(**{**cfg.__dict__, "max_steps": 13}))
+    ckpt = load_checkpoint(tmp_path / "old" / "checkpoint")
+    torch.save({**ckpt.trainer_state, **ckpt.extra, "model": ckpt.model_state, "optimizer": ckpt.optimizer_state},
+               tmp_path / "old" / "checkpoint.pt")
+    shutil.rmtree(tmp_path / "old" / "checkpoint")
+    assert train_bilm([train], [valid], tmp_path / "old", arch, cfg, resume=True)["losses"] == full["losses"]
+
 
 def test_embed_with_elmo_gives_word_aligned_vectors_like_bert(tmp_path):
     """``embed(model="elmo:DIR")`` and ``ctxkit embed --model elmo:DIR``: BERT's words and

@@ -7,7 +7,6 @@ import random
 import pytest
 import torch
 
-import ctxkit.core.checkpoint as ck
 
 from ctxkit.models.transformer_xl import TransformerXLConfig
 from ctxkit.cli import main as cli_main
@@ -97,6 +96,19 @@ def test_resume_equals_uninterrupted(tmp_path):
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     with pytest.raises(Exception, match="changed settings"):
         train_xl_lm([train], [], tmp_path / "b", cfg, _cfg(batch_size=2), resume=True)
+    # A run of an earlier version (one checkpoint.pt) resumes the same way.
+    import shutil
+
+    from ctxkit.core.run_state import load_checkpoint
+
+    train_xl_lm([train], [], tmp_path / "c", cfg, _cfg(stop_step=7))
+    ckpt = load_checkpoint(tmp_path / "c" / "checkpoint")
+    torch.save({"run": ckpt.trainer_state["run"], "train_config": ckpt.trainer_state["train_config"], "model": ckpt.model_state,
+                "optimizer": ckpt.optimizer_state, "mems": ckpt.extra["mems"], "rng": ckpt.rng}, tmp_path / "c" / "checkpoint.pt")
+    shutil.rmtree(tmp_path / "c" / "checkpoint")
+    assert train_xl_lm([train], [], tmp_path / "c", cfg, _cfg(), resume=True)["losses"] == full["losses"]
+    with pytest.raises(Exception, match="no checkpoint to resume from"):
+        train_xl_lm([train], [], tmp_path / "d", cfg, _cfg(), resume=True)
 
 
 def test_no_memory_eval_equals_independent_segments(tmp_path):
@@ -118,22 +130,17 @@ def test_no_memory_eval_equals_independent_segments(tmp_path):
     assert with_mem["nll"] != pytest.approx(got["nll"], rel=1e-6)  # memory changes the scores
 
 
-def test_checkpoint_written_atomically(tmp_path, monkeypatch):
+def test_checkpoint_written_as_a_unit(tmp_path):
+    from ctxkit.core.durable import MANIFEST, verify_manifest
+
     train = _repeat_corpus(tmp_path / "train.txt", 30)
-    replaced = []
-    real = os.replace
-
-    def spy(src, dst):
-        replaced.append((os.path.basename(src), os.path.basename(dst)))
-        real(src, dst)
-
-    monkeypatch.setattr(ck.os, "replace", spy)
     train_xl_lm([train], [], tmp_path / "run", TINY, _cfg(max_steps=6))
-    ckpts = [src for src, dst in replaced if dst == "checkpoint.pt"]
-    assert ckpts and all(src.startswith(".checkpoint.pt.") and src.endswith(".tmp") for src in ckpts)
-    assert not [p for p in os.listdir(tmp_path / "run") if p.endswith(".tmp")]
-    blob = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
-    assert blob["run"]["step"] == 6 and len(blob["mems"]) == TINY.n_layers
+    folder = tmp_path / "run" / "checkpoint"  # ctxkit.core.run_state: swapped in whole, with a manifest
+    assert verify_manifest(folder) and (folder / MANIFEST).is_file()
+    assert not [p for p in os.listdir(tmp_path / "run") if p.endswith(".tmp") or p.startswith(".checkpoint")]
+    state = json.loads((folder / "trainer_state.json").read_text())
+    blob = torch.load(folder / "optimizer.pt", weights_only=True)
+    assert state["run"]["step"] == 6 and len(blob["mems"]) == TINY.n_layers
 
 
 def test_vanilla_same_code_path(tmp_path):

@@ -280,7 +280,10 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
         if name in entries or Path(name).is_dir():
             name, checkpoint = "", name
         else:
-            raise UnknownNameError(f"unknown model {name!r}; presets: {', '.join(PRESETS)}; checkpoints: {', '.join(entries)}")
+            from .models.families import FAMILIES
+
+            presets = [p for family in FAMILIES.values() for p in family.presets]
+            raise UnknownNameError(f"unknown model {name!r}; presets: {', '.join(presets)}; checkpoints: {', '.join(entries)}")
     if checkpoint is None:
         preset = get_preset(name)
         from .models.bert import BertForPreTraining
@@ -296,60 +299,33 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
 
 
 def _other_family(name: str, checkpoint, device: str):
-    """GPT-2 presets, HF GPT-2 folders, HF Transformer-XL folders and HF XLNet folders (as
-    task encoders); the registry holds BERT-family checkpoints."""
-    from .models.gpt2 import GPT2LMHeadModel, load_gpt2
-    from .models.presets import GPT2_PRESETS
+    """Any family but BERT's, asked of the family registry (:mod:`ctxkit.models.families`): its
+    presets, and folders it recognises; the checkpoint registry holds BERT-family checkpoints."""
+    from .models.families import find_family, preset_family
 
-    if checkpoint is None and name in GPT2_PRESETS:
-        return GPT2LMHeadModel(GPT2_PRESETS[name]).to(device).eval(), None
-    folder = Path(checkpoint if checkpoint is not None else name)
-    model_type = read_config(folder).get("model_type") if folder.is_dir() and (folder / "config.json").is_file() else None
-    if model_type == "xlnet":  # an encoder for the task heads, with its WordPiece vocabulary when saved
-        from .models.xlnet_encoder import XLNetEncoder
-        from .tokenizers import WordPieceTokenizer
-
-        has_vocab = (folder / "vocab.txt").is_file() or (folder / "tokenizer.json").is_file()
-        return XLNetEncoder.from_dir(folder).to(device), WordPieceTokenizer.from_dir(folder) if has_vocab else None
-    if model_type == "transfo-xl":  # word-level: HF's vocabulary file is a pickle, never loaded here
-        from .models.transformer_xl_io import load_transformer_xl
-
-        return load_transformer_xl(folder).to(device), None
-    if model_type == "gpt2":
-        from .tokenizers import ByteLevelBPETokenizer
-
-        has_vocab = (folder / "tokenizer.json").is_file() or (folder / "vocab.json").is_file()
-        return load_gpt2(folder).to(device), ByteLevelBPETokenizer.from_dir(folder) if has_vocab else None
-    return None
+    if checkpoint is None:
+        family = preset_family(name)
+        if family is not None and family.name != "bert":
+            model = family.build(family.presets[name].config)
+            return (model.to(device).eval() if hasattr(model, "to") else model), None
+    target = checkpoint if checkpoint is not None else name
+    family = find_family(target) if Path(target).exists() else None
+    if family is None or family.name == "bert":
+        return None
+    model, tokenizer = family.load(Path(target))
+    return (model.to(device) if hasattr(model, "to") else model), tokenizer
 
 
 def list_models() -> List[dict]:
-    """Rows for every preset and known checkpoint: name, kind, description, available, path."""
-    from .models.presets import GPT2_PRESETS, RNN_SEQ2SEQ_PRESETS, SEQ2SEQ_PRESETS
+    """Rows for every family's presets (from :data:`ctxkit.models.families.FAMILIES`) and every known
+    checkpoint: name, kind, description, available, path."""
+    from .models.families import FAMILIES
 
     rows = [
-        {"name": p.name, "kind": "preset", "description": p.description, "available": True, "path": None}
-        for p in PRESETS.values()
+        {"name": preset.name, "kind": family.list_kind, "description": preset.description, "available": True, "path": None}
+        for family in FAMILIES.values()
+        for preset in family.presets.values()
     ]
-    for family, presets, what in (("GPT-2", GPT2_PRESETS, "decoder-only LM"), ("seq2seq", SEQ2SEQ_PRESETS, "Transformer translator"),
-                                  ("seq2seq", RNN_SEQ2SEQ_PRESETS, "RNN + additive attention translator")):
-        for preset_name, config in presets.items():
-            layers = getattr(config, "num_layers", None) or config.num_encoder_layers
-            rows.append({"name": preset_name, "kind": f"preset ({family})", "available": True, "path": None,
-                         "description": f"{what}, {layers} layers, width {config.hidden_size}"})
-    from .models.elmo import ELMO_PRESETS
-    from .models.presets import TRANSFO_XL_PRESETS, XLNET_PRESETS
-
-    for preset_name, c in ELMO_PRESETS.items():
-        rows.append({"name": preset_name, "kind": "preset (ELMo)", "available": True, "path": None,
-                     "description": f"biLM: char CNN ({c.n_filters} filters, {c.n_highway} highway), "
-                                    f"{c.num_layers} x LSTM {c.cell_size} -> {c.projection_dim}; ctxkit pretrain-elmo"})
-    for preset_name, c in TRANSFO_XL_PRESETS.items():
-        rows.append({"name": preset_name, "kind": "preset (Transformer-XL)", "available": True, "path": None,
-                     "description": f"LM with segment memory, {c.n_layers} layers, width {c.d_model}, memory {c.mem_len}"})
-    for preset_name, c in XLNET_PRESETS.items():
-        rows.append({"name": preset_name, "kind": "preset (XLNet)", "available": True, "path": None,
-                     "description": f"permutation LM, two-stream relative attention, {c.n_layers} layers, width {c.d_model}"})
     for entry in _all_entries().values():
         folder = entry.locate()
         rows.append(

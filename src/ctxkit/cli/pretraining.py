@@ -338,7 +338,7 @@ def _add_elmo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=d.device)
     p.add_argument("--precision", default=d.precision, choices=["auto", "bf16", "fp32"])
     p.add_argument("--compile", action="store_true", help="torch.compile the LSTM time step (GPU)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/ (or the OUT/checkpoint.pt of earlier versions)")
     p.add_argument("--test", nargs="*", default=[], help="test files: exact-softmax perplexity of the final model "
                                                           "(forward, backward, average) added to results.json")
     p.add_argument("--no-progress", action="store_true")
@@ -447,7 +447,7 @@ def _add_transformer_xl(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-clamp-len", type=int, default=None, help="clamp_len at test time (default: the model's)")
     p.add_argument("--device", default=d.device)
     p.add_argument("--precision", default=d.precision, choices=["auto", "bf16", "fp32"])
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/ (or the OUT/checkpoint.pt of earlier versions)")
     p.add_argument("--no-progress", action="store_true")
     add_log_to_argument(p)
     p.set_defaults(func=_cmd_transformer_xl)

@@ -57,7 +57,8 @@ def _cmd_word2vec_train(args: argparse.Namespace) -> int:
         min_count=args.min_count, epochs=args.epochs, subsample=args.subsample, subwords=args.subwords,
         minn=args.minn, maxn=args.maxn, buckets=args.buckets, lr=args.lr, batch_size=args.batch_size,
         lowercase=args.lowercase, seed=args.seed, device=args.device, progress=not args.no_progress,
-        num_threads=args.threads or None, callbacks=callbacks)
+        num_threads=args.threads or None, callbacks=callbacks, checkpoint=args.checkpoint, save_every=args.save_every,
+        resume=args.resume)
     path = vectors.save(args.out, format=fmt, decimals=args.decimals, progress=not args.no_progress)
     meta = vectors.meta
     print(f"{len(vectors):,} words x {vectors.dim} dims; {meta['train_tokens']:,} tokens x {meta['epochs']} epochs "
@@ -153,6 +154,10 @@ def add_static_parsers(sub: argparse._SubParsersAction) -> None:
                         "(keeps sub-word buckets)")
     p.add_argument("--format", choices=FORMATS, default=None, help="override the format chosen by --out's suffix")
     p.add_argument("--decimals", type=int, default=None, help="text formats: fixed decimals (default: exact %%.9g)")
+    p.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="keep a resumable checkpoint in DIR (every --save-every chunks and at each epoch's end)")
+    p.add_argument("--save-every", type=int, default=10, help="chunks between checkpoints (default: 10)")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint DIR exactly")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     add_log_to_argument(p)
     p.add_argument("--log-dir", default=None, metavar="DIR",

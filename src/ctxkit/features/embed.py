@@ -31,6 +31,7 @@ from ..fast import fuse_qkv
 from ctxkit.zoo import get_model
 from ctxkit.models.elmo import elmo_embed
 from ctxkit.models.elmo_io import load_bilm
+from ctxkit.models.families import find_family
 
 logger = logging.getLogger("ctxkit")
 
@@ -479,11 +480,8 @@ def _elmo_folder(model: Any) -> Optional[str]:
     text = os.fspath(model)
     if text.startswith("elmo:"):
         return text[len("elmo:"):]
-    folder = Path(text)
-    for candidate in (folder, folder / "final"):
-        if (candidate / "options.json").is_file() and not (candidate / "config.json").is_file():
-            return text
-    return None
+    family = find_family(text)  # the family registry decides (ctxkit.models.families)
+    return text if family is not None and family.name == "elmo" else None
 
 
 def _embed_elmo(texts: List[str], folder: str, layers: LayerSpec, pooling: Optional[str], batch_size: int, device: str,

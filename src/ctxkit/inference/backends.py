@@ -393,7 +393,10 @@ class _ChoiceStore:
 
 
 def _is_bert(model) -> bool:
-    """Whether a task model's encoder is ctxkit's BertModel (what the GPU encoder packs)."""
-    from ..models.bert import BertModel
+    """Whether a task model's encoder is of the BERT family (what the GPU encoder packs), as the
+    family registry (:mod:`ctxkit.models.families`) tells."""
+    from ..models.families import find_family
 
-    return isinstance(getattr(model, "encoder", None), BertModel)
+    encoder = getattr(model, "encoder", None)
+    family = find_family(encoder) if encoder is not None else None
+    return family is not None and family.name == "bert"

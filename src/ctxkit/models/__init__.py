@@ -1,4 +1,5 @@
-"""Model families. One file per family; named architectures live in :mod:`.presets`."""
+"""Model families. One file per family, each with its config and presets; :mod:`.families` is the
+registry of families (:mod:`.presets` re-exports every family's presets)."""
 
 from .bert import (
     BertForPreTraining,

@@ -10,6 +10,7 @@ checkpoint key names differ (:data:`HF_KEYS`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -35,10 +36,13 @@ from ..layers import (
     get_activation,
     padding_mask,
 )
-from .presets import BertConfig
-from ..core.errors import UserError
+from .common import Preset
+from ..core.errors import UnknownNameError, UserError
 
 __all__ = [
+    "BertConfig",
+    "PRESETS",
+    "get_preset",
     "BertOutput",
     "BertPooler",
     "BertModel",
@@ -50,6 +54,100 @@ __all__ = [
     "load_bert",
     "save_bert",
 ]
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """Architecture of a BERT-family encoder.
+
+    Attributes:
+        num_layers: Transformer layers.
+        hidden_size: model width.
+        num_heads: attention heads.
+        ffn_size: FFN inner size.
+        vocab_size: WordPiece vocabulary size.
+        max_position: number of learned positions (longest input).
+        type_vocab_size: segment vocabulary (0: no segment embeddings, as in DistilBERT).
+        dropout: residual and embedding dropout.
+        attention_dropout: dropout on attention weights.
+        activation: FFN activation name.
+        layer_norm_eps: LayerNorm epsilon.
+        pad_token_id: id of [PAD].
+        pooler: has the tanh pooler over [CLS] (BERT) or not (DistilBERT).
+        family: checkpoint key layout, ``"bert"`` or ``"distilbert"``.
+    """
+
+    num_layers: int = 12
+    hidden_size: int = 768
+    num_heads: int = 12
+    ffn_size: int = 3072
+    vocab_size: int = 30522
+    max_position: int = 512
+    type_vocab_size: int = 2
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation: str = "gelu"
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    pooler: bool = True
+    family: str = "bert"
+
+    # Fields a checkpoint may legitimately change without changing the architecture.
+    # (Task checkpoints such as HF's BertForTokenClassification carry no pooler.)
+    CHECKPOINT_FIELDS = ("vocab_size", "max_position", "type_vocab_size", "dropout", "attention_dropout", "pad_token_id", "pooler")
+    ARCHITECTURE_FIELDS = ("num_layers", "hidden_size", "num_heads", "ffn_size", "activation", "family")
+
+    def replace(self, **changes) -> "BertConfig":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    def with_checkpoint(self, other: "BertConfig", preset_name: str = "preset") -> "BertConfig":
+        """This architecture with a checkpoint's vocabulary/position settings.
+
+        Raises:
+            ValueError: listing every architecture field where the checkpoint differs.
+        """
+        diffs = [
+            f"{f}: {preset_name} has {getattr(self, f)!r}, checkpoint has {getattr(other, f)!r}"
+            for f in self.ARCHITECTURE_FIELDS
+            if getattr(self, f) != getattr(other, f)
+        ]
+        if diffs:
+            raise UserError("checkpoint does not match the preset architecture:\n  " + "\n  ".join(diffs))
+        return self.replace(**{f: getattr(other, f) for f in self.CHECKPOINT_FIELDS})
+
+
+def _bert(layers: int, hidden: int, heads: int, **extra) -> BertConfig:
+    return BertConfig(num_layers=layers, hidden_size=hidden, num_heads=heads, ffn_size=4 * hidden, **extra)
+
+
+PRESETS: Dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("bert_12_768_12", _bert(12, 768, 12), "BERT-base, 110M parameters (Devlin et al. 2019)"),
+        Preset("bert_24_1024_16", _bert(24, 1024, 16), "BERT-large, 340M parameters"),
+        Preset("bert_6_384_12", _bert(6, 384, 12), "MiniLM-L6-H384 (all-MiniLM-L6-v2's encoder), 22M parameters"),
+        Preset("bert_4_256_4", _bert(4, 256, 4), "BERT-mini (Turc et al. 2019), 11M parameters"),
+        Preset("bert_2_128_2", _bert(2, 128, 2), "BERT-tiny (Turc et al. 2019), 4.4M parameters"),
+        Preset(
+            "distilbert_6_768_12",
+            _bert(6, 768, 12, type_vocab_size=0, pooler=False, family="distilbert"),
+            "DistilBERT-base, 66M parameters: no segments, no pooler (Sanh et al. 2019)",
+        ),
+    )
+}
+
+
+def get_preset(name: str) -> Preset:
+    """Look up a preset by name.
+
+    Raises:
+        KeyError: with the list of known names.
+    """
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise UnknownNameError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}") from None
 
 logger = logging.getLogger("ctxkit")
 

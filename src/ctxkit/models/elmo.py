@@ -104,9 +104,21 @@ class ElmoConfig:
         """Size of every representation layer: forward and backward concatenated."""
         return 2 * self.projection_dim
 
+    @property
+    def hidden_size(self) -> int:
+        """The common name (ctxkit.models.families) for the width of every layer: :attr:`output_dim`."""
+        return self.output_dim
+
     def replace(self, **changes) -> "ElmoConfig":
         return dataclasses.replace(self, **changes)
 
+
+# One line per preset for `ctxkit list-models` (ctxkit.models.families).
+ELMO_DESCRIPTIONS: Dict[str, str] = {
+    "elmo_2x1024_128_2048cnn_1xhighway": "ELMo small: char CNN (2048 filters, 1 highway), 2 x LSTM 1024 -> 128 (Peters et al. 2018); ctxkit pretrain-elmo",
+    "elmo_2x2048_256_2048cnn_1xhighway": "ELMo medium: char CNN (2048 filters, 1 highway), 2 x LSTM 2048 -> 256",
+    "elmo_2x4096_512_2048cnn_2xhighway": "ELMo original: char CNN (2048 filters, 2 highway), 2 x LSTM 4096 -> 512",
+}
 
 ELMO_PRESETS: Dict[str, ElmoConfig] = {
     "elmo_2x1024_128_2048cnn_1xhighway": ElmoConfig(cell_size=1024, projection_dim=128, n_highway=1),

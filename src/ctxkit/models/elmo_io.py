@@ -38,6 +38,7 @@ from ..core.checkpoint import (WEIGHT_FILES, CheckpointError, CheckpointMismatch
                                read_pickled_state, read_weights, save_weights)
 from .elmo import ElmoBiLM, ElmoConfig, ElmoLanguageModel
 from ..core.deps import require
+from ..core.durable import verify_manifest
 from ..core.errors import MissingFileError, UserError
 
 __all__ = [
@@ -321,8 +322,9 @@ def load_elmo_lm(folder: os.PathLike) -> Tuple[ElmoLanguageModel, List[str]]:
 def load_bilm(path: os.PathLike) -> Tuple[ElmoBiLM, dict]:
     """A frozen :class:`ElmoBiLM` (eval mode) and ``{"source", "format"}``, from a
     :func:`~ctxkit.pretraining.bilm.train_bilm` run folder (its ``final/``, else its
-    ``checkpoint.pt``), a :func:`~ctxkit.models.elmo_io.save_elmo_lm` folder, a folder with
-    bilm-tf ``options.json`` + ``weights.hdf5`` (or that hdf5 file), or a ``checkpoint.pt`` file.
+    ``checkpoint/`` or, from earlier versions, ``checkpoint.pt``), that ``checkpoint/`` folder,
+    a :func:`~ctxkit.models.elmo_io.save_elmo_lm` folder, a folder with bilm-tf
+    ``options.json`` + ``weights.hdf5`` (or that hdf5 file), or a ``checkpoint.pt`` file.
 
     Raises:
         FileNotFoundError: nothing loadable at ``path`` (the message says what was looked for).
@@ -335,16 +337,27 @@ def load_bilm(path: os.PathLike) -> Tuple[ElmoBiLM, dict]:
             return load_elmo_lm(p)[0].bilm.eval(), {"source": str(p), "format": "save_elmo_lm folder"}
         if (p / "options.json").is_file() and (p / "weights.hdf5").is_file():
             return load_bilm_tf(p / "options.json", p / "weights.hdf5"), {"source": str(p), "format": "bilm-tf options + hdf5"}
+        folder = p / "checkpoint" if (p / "checkpoint" / "trainer_state.json").is_file() else p
+        if (folder / "trainer_state.json").is_file():  # ctxkit.core.run_state.save_checkpoint
+            verify_manifest(folder)
+            state = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
+            if "model_config" not in state:
+                raise UserError(f"{folder}: not a train_bilm checkpoint (no 'model_config')")
+            return _bilm_from_lm_state(read_weights(folder), state["model_config"], folder, state.get("run", {}).get("step"))
         if not (p / "checkpoint.pt").is_file():
             raise MissingFileError(f"{p}: no biLM here (looked for final/, options.json + vocab.txt + weights, "
-                                    "options.json + weights.hdf5, checkpoint.pt)")
+                                    "options.json + weights.hdf5, checkpoint/, checkpoint.pt)")
         p = p / "checkpoint.pt"
     if not p.is_file():
         raise MissingFileError(f"{p}: no such biLM folder or checkpoint file")
     blob = read_pickled_state(p, what="a biLM checkpoint")
     if not isinstance(blob, dict) or "model" not in blob or "model_config" not in blob:
         raise UserError(f"{p}: not a train_bilm checkpoint (no 'model' and 'model_config')")
-    bilm = ElmoBiLM(config_from_options(blob["model_config"], str(p)))
+    return _bilm_from_lm_state(blob["model"], blob["model_config"], p, blob.get("run", {}).get("step"))
+
+
+def _bilm_from_lm_state(state: Dict[str, Tensor], options: dict, source: Path, step) -> Tuple[ElmoBiLM, dict]:
+    bilm = ElmoBiLM(config_from_options(options, str(source)))
     # The checkpoint holds the whole LM; the softmax plays no part in the features.
-    load_state_dict_strict(bilm, {k[5:]: v for k, v in blob["model"].items() if k.startswith("bilm.")}, source=str(p))
-    return bilm.eval(), {"source": str(p), "format": f"train_bilm checkpoint (step {blob.get('run', {}).get('step')})"}
+    load_state_dict_strict(bilm, {k[5:]: v for k, v in state.items() if k.startswith("bilm.")}, source=str(source))
+    return bilm.eval(), {"source": str(source), "format": f"train_bilm checkpoint (step {step})"}

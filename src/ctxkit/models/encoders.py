@@ -1,8 +1,8 @@
 """One entry point for the encoders behind ``ctxkit finetune``'s task heads.
 
-A fine-tuned run stores its encoder in the Hugging Face layout of its family; the
-``model_type`` of ``config.json`` says which: ``bert`` / ``distilbert``
-(:func:`~ctxkit.models.bert.load_bert`) or ``xlnet``
+A fine-tuned run stores its encoder in the Hugging Face layout of its family; the family
+registry (:mod:`ctxkit.models.families`) says which: ``bert`` (BERT and DistilBERT,
+:func:`~ctxkit.models.bert.load_bert`) or ``xlnet``
 (:class:`~ctxkit.models.xlnet_encoder.XLNetEncoder`).
 """
 
@@ -13,30 +13,38 @@ from pathlib import Path
 
 from torch import nn
 
-from ..core.checkpoint import read_config
-from .bert import load_bert, save_bert
+from ..core.errors import UserError
+from .bert import load_bert
+from .families import family_of, find_family
 
-__all__ = ["encoder_family", "load_encoder", "save_encoder"]
+__all__ = ["ENCODER_FAMILIES", "encoder_family", "load_encoder", "save_encoder"]
+
+# Families whose models serve as task encoders (their forward returns a BertOutput).
+ENCODER_FAMILIES = ("bert", "xlnet")
 
 
 def encoder_family(directory: os.PathLike) -> str:
-    """``"xlnet"`` or ``"bert"`` (BERT and DistilBERT) for an HF-format folder."""
-    return "xlnet" if read_config(Path(directory)).get("model_type") == "xlnet" else "bert"
+    """``"xlnet"`` or ``"bert"`` (BERT and DistilBERT) for an HF-format folder.
+
+    Raises:
+        UserError: the folder holds a model of another family.
+    """
+    family = find_family(Path(directory))
+    if family is None:
+        return "bert"  # load_bert then names what is missing (config.json, the weights)
+    if family.name not in ENCODER_FAMILIES:
+        raise UserError(f"{directory}: a {family.name} model is no task encoder (task encoders: {', '.join(ENCODER_FAMILIES)})")
+    return family.name
 
 
 def load_encoder(directory: os.PathLike, config=None) -> nn.Module:
     """The encoder of an HF-format folder (``config``: a BERT preset's config to check against)."""
-    if encoder_family(directory) == "xlnet":
-        from .xlnet_encoder import XLNetEncoder
-
-        return XLNetEncoder.from_dir(directory)
-    return load_bert(directory, config=config)
+    family = encoder_family(directory)
+    if family == "bert":
+        return load_bert(directory, config=config)
+    return family_of(Path(directory)).load(Path(directory))[0]
 
 
 def save_encoder(encoder: nn.Module, directory: os.PathLike, tokenizer=None) -> Path:
     """Save any task encoder in its family's HF layout (with the tokenizer's files)."""
-    from .xlnet_encoder import XLNetEncoder
-
-    if isinstance(encoder, XLNetEncoder):
-        return encoder.save(directory, tokenizer)
-    return save_bert(encoder, directory, tokenizer)
+    return family_of(encoder).save(encoder, directory, tokenizer)

@@ -13,8 +13,10 @@ projections into one ``c_attn`` matrix.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -23,10 +25,68 @@ from torch import Tensor, nn
 
 from ..core.checkpoint import CheckpointError, KeyMap, load_state_dict_strict, read_config, read_weights, save_weights
 from ..layers import KVCache, TransformerEncoder, causal_mask, padding_mask
-from .presets import GPT2_PRESETS, GPT2Config
 from ..core.errors import UserError
 
 __all__ = ["GPT2Config", "GPT2_PRESETS", "GPT2Model", "GPT2LMHeadModel", "load_gpt2", "save_gpt2", "gpt2_config_from_hf"]
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    """Architecture of a GPT-2 model.
+
+    Attributes:
+        num_layers, hidden_size, num_heads: depth, width and heads.
+        vocab_size: byte-level BPE vocabulary size (50257 for the released models).
+        max_position: learned positions (the context length).
+        ffn_size: FFN inner size (4 x hidden).
+        dropout: embedding and residual dropout.
+        attention_dropout: dropout on attention weights.
+        activation: FFN activation (``gelu_new``: the tanh approximation).
+        layer_norm_eps: LayerNorm epsilon.
+    """
+
+    num_layers: int = 12
+    hidden_size: int = 768
+    num_heads: int = 12
+    vocab_size: int = 50257
+    max_position: int = 1024
+    ffn_size: int = 3072
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation: str = "gelu_new"
+    layer_norm_eps: float = 1e-5
+
+    def replace(self, **changes) -> "GPT2Config":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+def _gpt2(layers: int, hidden: int, heads: int) -> GPT2Config:
+    return GPT2Config(num_layers=layers, hidden_size=hidden, num_heads=heads, ffn_size=4 * hidden)
+
+
+# The four released GPT-2 sizes and three small ones (descriptions: GPT2_DESCRIPTIONS).
+GPT2_PRESETS: Dict[str, GPT2Config] = {
+    "gpt2_117m": _gpt2(12, 768, 12),
+    "gpt2_345m": _gpt2(24, 1024, 16),
+    "gpt2_774m": _gpt2(36, 1280, 20),
+    "gpt2_1558m": _gpt2(48, 1600, 25),
+    # Small ones for training from scratch on one GPU (or a CPU, for tests).
+    "gpt2_6_512_8": _gpt2(6, 512, 8),
+    "gpt2_4_256_4": _gpt2(4, 256, 4),
+    "gpt2_2_128_2": _gpt2(2, 128, 2),
+}
+
+# One line per preset for `ctxkit list-models` (ctxkit.models.families).
+GPT2_DESCRIPTIONS: Dict[str, str] = {
+    "gpt2_117m": "GPT-2 small, 124M parameters (Radford et al. 2019)",
+    "gpt2_345m": "GPT-2 medium, 355M parameters",
+    "gpt2_774m": "GPT-2 large, 774M parameters",
+    "gpt2_1558m": "GPT-2 XL, 1.5B parameters",
+    "gpt2_6_512_8": "decoder-only LM, 6 layers, width 512: trains from scratch on one GPU",
+    "gpt2_4_256_4": "decoder-only LM, 4 layers, width 256",
+    "gpt2_2_128_2": "decoder-only LM, 2 layers, width 128: for tests on a CPU",
+}
 
 
 class GPT2Model(nn.Module):

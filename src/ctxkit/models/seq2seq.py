@@ -15,7 +15,8 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Optional
+from dataclasses import dataclass
+from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +24,102 @@ from torch import Tensor, nn
 
 from ..core.checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights, save_weights
 from ..layers import AdditiveAttention, KVCache, SinusoidalPositionalEncoding, TransformerDecoder, TransformerEncoder, padding_mask
-from .presets import RNNSeq2SeqConfig, Seq2SeqConfig
 
-__all__ = ["TransformerSeq2Seq", "RNNSeq2Seq", "RNNState", "BoundDecoder", "save_seq2seq", "load_seq2seq"]
+__all__ = ["Seq2SeqConfig", "SEQ2SEQ_PRESETS", "RNNSeq2SeqConfig", "RNN_SEQ2SEQ_PRESETS", "TransformerSeq2Seq", "RNNSeq2Seq", "RNNState", "BoundDecoder", "save_seq2seq", "load_seq2seq"]
+
+
+@dataclass(frozen=True)
+class Seq2SeqConfig:
+    """Architecture of a Transformer encoder-decoder (Vaswani et al. 2017).
+
+    Attributes:
+        num_encoder_layers, num_decoder_layers: stack depths.
+        hidden_size, num_heads, ffn_size: width, heads and FFN inner size.
+        vocab_size: the shared source/target vocabulary (joint BPE).
+        max_position: longest sequence (sinusoidal table size).
+        dropout, attention_dropout: residual/embedding and attention-weight dropout.
+        activation: FFN activation (``relu`` in the original).
+        norm_first: pre-norm layers (trains more stably without warmup tricks) or the
+            original post-norm.
+        tie_embeddings: one matrix for source embeddings, target embeddings and the
+            output projection (possible because the vocabulary is shared).
+        pad_id, bos_id, eos_id: special token ids.
+    """
+
+    num_encoder_layers: int = 3
+    num_decoder_layers: int = 3
+    hidden_size: int = 256
+    num_heads: int = 8
+    ffn_size: int = 1024
+    vocab_size: int = 8000
+    max_position: int = 256
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    activation: str = "relu"
+    norm_first: bool = True
+    tie_embeddings: bool = True
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def replace(self, **changes) -> "Seq2SeqConfig":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+SEQ2SEQ_PRESETS: Dict[str, Seq2SeqConfig] = {
+    "transformer_base": Seq2SeqConfig(6, 6, 512, 8, 2048, vocab_size=37000, norm_first=False),  # the paper's base model
+    "transformer_3_256_8": Seq2SeqConfig(3, 3, 256, 8, 1024),  # Multi30k-sized
+    "transformer_3_512_8": Seq2SeqConfig(3, 3, 512, 8, 2048),  # wider, for Multi30k with more dropout
+    "transformer_6_512_8": Seq2SeqConfig(6, 6, 512, 8, 2048),  # the base width with pre-norm
+}
+
+
+@dataclass(frozen=True)
+class RNNSeq2SeqConfig:
+    """Architecture of the RNN encoder-decoder with additive attention (Bahdanau et al. 2015).
+
+    Attributes:
+        embed_size: token embedding size (shared vocabulary, one embedding table).
+        hidden_size: GRU state size (the encoder is bidirectional: 2x this per position).
+        num_layers: GRU layers in the encoder and the decoder.
+        attention_size: hidden size of the additive score MLP.
+        vocab_size, max_position: as in :class:`Seq2SeqConfig` (``max_position`` bounds
+            decoding only; an RNN has no position table).
+        dropout: on embeddings and between layers.
+        pad_id, bos_id, eos_id: special token ids.
+    """
+
+    embed_size: int = 256
+    hidden_size: int = 512
+    num_layers: int = 1
+    attention_size: int = 512
+    vocab_size: int = 8000
+    max_position: int = 256
+    dropout: float = 0.3
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def replace(self, **changes) -> "RNNSeq2SeqConfig":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+RNN_SEQ2SEQ_PRESETS: Dict[str, RNNSeq2SeqConfig] = {
+    "rnn_attention_256_512": RNNSeq2SeqConfig(),  # the lectures' recap baseline on Multi30k
+}
+
+# One line per preset for `ctxkit list-models` (ctxkit.models.families).
+SEQ2SEQ_DESCRIPTIONS: Dict[str, str] = {
+    "transformer_base": "Transformer translator, the paper's base model: 6+6 post-norm layers, width 512 (Vaswani et al. 2017)",
+    "transformer_3_256_8": "Transformer translator, 3+3 pre-norm layers, width 256: Multi30k-sized",
+    "transformer_3_512_8": "Transformer translator, 3+3 pre-norm layers, width 512: Multi30k with more dropout",
+    "transformer_6_512_8": "Transformer translator, 6+6 pre-norm layers, width 512: the base width with pre-norm",
+}
+RNN_SEQ2SEQ_DESCRIPTIONS: Dict[str, str] = {
+    "rnn_attention_256_512": "RNN translator: bidirectional GRU 512 + additive attention (Bahdanau et al. 2015), Multi30k baseline",
+}
 
 
 class TransformerSeq2Seq(nn.Module):

@@ -32,6 +32,7 @@ from ctxkit.models.static_io import read_corpus, read_vectors, write_vectors
 
 from ..core.callbacks import Callback, CallbackList
 from ..core.errors import UnknownNameError, UserError
+from ..core.run_state import capture_rng, load_checkpoint, restore_rng, save_checkpoint
 
 __all__ = [
     "NegativeSamplingModel", "UnigramSampler",
@@ -466,7 +467,8 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
                    batch_size: int = 1024, optimizer: str = "sgd", lowercase: bool = False,
                    max_vocab: Optional[int] = None, seed: int = 0, device: Union[str, torch.device] = "cpu",
                    progress: bool = True, chunk_tokens: int = 1 << 18, num_threads: Optional[int] = 1,
-                   callbacks: Optional[Sequence["Callback"]] = None) -> WordVectors:
+                   callbacks: Optional[Sequence["Callback"]] = None, checkpoint: Optional[PathLike] = None,
+                   save_every: int = 10, resume: bool = False) -> WordVectors:
     """Trains word2vec CBOW / skip-gram with negative sampling, or fastText-style sub-word vectors.
 
     Per epoch, frequent words are subsampled (:func:`keep_probabilities`), each kept token
@@ -499,6 +501,10 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
             step is the corpus tokens read so far (all epochs), ``loss`` the epoch's mean loss
             so far (so an epoch's last record has its ``epoch_losses`` entry), ``lr``,
             ``words_per_s``. Closed when training returns or fails.
+        checkpoint: A folder for a resumable checkpoint (:func:`ctxkit.core.run_state.save_checkpoint`:
+            both matrices, the optimiser, the random generator and the position), written
+            every ``save_every`` chunks and at each epoch's end.
+        resume: Continue from ``checkpoint`` exactly: the vectors equal an uninterrupted run's.
 
     Returns:
         :class:`WordVectors` of the input vectors (with sub-words: each word's mean of its own
@@ -511,6 +517,8 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
         raise UserError(f"optimizer must be 'sgd' or 'sparse_adam', not {optimizer!r}")
     if epochs < 1 or dim < 1 or window < 1 or negative < 1 or batch_size < 1:
         raise UserError("epochs, dim, window, negative and batch_size must be at least 1")
+    if resume and checkpoint is None:
+        raise UserError("resume needs the checkpoint folder to resume from")
     corpus = [corpus] if isinstance(corpus, (str, os.PathLike)) else list(corpus)
     is_paths = bool(corpus) and all(isinstance(c, (str, os.PathLike)) for c in corpus)
 
@@ -546,14 +554,38 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
                     subsample=subsample, subwords=subwords, minn=minn, maxn=maxn, buckets=buckets if subwords else None,
                     lr=lr, batch_size=batch_size, optimizer=optimizer, lowercase=lowercase, seed=seed)
     examples, step_lr, epoch_losses = 0, lr, []
+    position = {"epoch": 0, "chunk": 0, "loss_sum": 0.0, "loss_n": 0}
+    if resume:
+        ckpt = load_checkpoint(checkpoint)
+        saved = ckpt.trainer_state
+        if saved["settings"] != json.loads(json.dumps(settings)) or saved["train_tokens"] != total:
+            raise UserError(f"{ckpt.folder}: cannot resume with other settings or another corpus")
+        net.load_state_dict(ckpt.model_state)
+        if opt is not None:
+            opt.load_state_dict(ckpt.optimizer_state)
+        restore_rng(ckpt.rng, {"word2vec": rng})
+        examples, epoch_losses, position = saved["examples"], saved["epoch_losses"], saved["position"]
+
+    def save(epoch: int, chunk: int, loss_sum: float, loss_n: int) -> None:
+        state = {"settings": settings, "train_tokens": total, "examples": examples, "epoch_losses": epoch_losses,
+                 "position": {"epoch": epoch, "chunk": chunk, "loss_sum": loss_sum, "loss_n": loss_n}}
+        opt_state = None if opt is None else opt.state_dict()
+        for group in opt_state["param_groups"] if opt_state else ():
+            group["lr"] = float(group["lr"])  # a NumPy scalar here; weights_only loading takes plain floats
+        save_checkpoint(checkpoint, model_state=net.state_dict(), optimizer_state=opt_state, trainer_state=state,
+                        extra={"rng": capture_rng({"word2vec": rng})})
+
+    done_before = position["epoch"] * total + int(bounds[position["chunk"]])  # corpus tokens of earlier calls
     start = time.perf_counter()
     bar = tqdm(total=epochs * total, unit="word", unit_scale=True, desc=model + ("+subwords" if subwords else ""),
                disable=not progress, mininterval=1.0)
     with _torch_threads(num_threads), bar, CallbackList(callbacks or ()) as run_log:
         run_log.on_train_begin({"config": settings, "vocab_size": vocab_size, "train_tokens": total})
-        for epoch in range(epochs):
-            loss_sum, loss_n = 0.0, 0
-            for lo, hi in zip(bounds[:-1], bounds[1:]):
+        for epoch in range(position["epoch"], epochs):
+            first = position["chunk"] if epoch == position["epoch"] else 0
+            loss_sum, loss_n = (position["loss_sum"], position["loss_n"]) if first else (0.0, 0)
+            for c in range(first, len(bounds) - 1):
+                lo, hi = bounds[c], bounds[c + 1]
                 base = epoch * total + lo  # corpus tokens seen before this chunk, all epochs
                 kept = rng.random(hi - lo) < keep[ids[lo:hi]]
                 if model == "skipgram":
@@ -581,11 +613,13 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
                         loss_sum, loss_n = loss_sum + float(loss.detach()), loss_n + len(sel)
                     bar.update(base + (hi - lo) * (b + 1) // n_batches - bar.n)
                 examples += len(targets)
-                words_per_s = (base + hi - lo) / max(time.perf_counter() - start, 1e-9)  # bar.n stays 0 when it is off
+                words_per_s = (base + hi - lo - done_before) / max(time.perf_counter() - start, 1e-9)  # bar.n stays 0 when it is off
                 bar.set_postfix(loss=f"{loss_sum / max(1, loss_n):.3f}", lr=f"{step_lr:.2e}", refresh=False,
                                 **{"words/s": f"{words_per_s:,.0f}"})
                 run_log.on_log(int(base + hi - lo), {"epoch": epoch, "loss": loss_sum / max(1, loss_n), "lr": step_lr,
                                                      "words_per_s": round(words_per_s, 1)})
+                if checkpoint is not None and ((c + 1) % max(1, save_every) == 0 or c + 2 == len(bounds)):
+                    save(epoch, c + 1, loss_sum, loss_n)
             epoch_losses.append(round(loss_sum / max(1, loss_n), 4))
         run_log.on_train_end({"epoch_losses": epoch_losses, "seconds": round(time.perf_counter() - start, 2)})
     seconds = time.perf_counter() - start
@@ -595,5 +629,5 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
         vectors = F.embedding_bag(to_dev(sub_rows), w_in, to_dev(sub_ptr[:-1]), mode="mean")
         ngram_vectors = w_in[vocab_size:]
     meta = dict(**settings, train_tokens=total, examples=examples, epoch_losses=epoch_losses, final_loss=epoch_losses[-1],
-                seconds=round(seconds, 2), words_per_sec=round(epochs * total / max(seconds, 1e-9), 1))
+                seconds=round(seconds, 2), words_per_sec=round((epochs * total - done_before) / max(seconds, 1e-9), 1))
     return WordVectors(words, vectors, counts=counts, ngram_vectors=ngram_vectors, minn=minn, maxn=maxn, meta=meta)

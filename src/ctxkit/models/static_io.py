@@ -23,6 +23,7 @@ works too (an ``npz`` from a pipe is read into memory first, since ``np.load`` s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gzip
 import io
 import lzma
@@ -30,6 +31,7 @@ import math
 import os
 import zipfile
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -41,7 +43,7 @@ from ctxkit.data.lines import decode_lines
 
 from ..core.errors import UserError
 
-__all__ = ["FORMATS", "guess_format", "open_file", "read_corpus", "read_vectors", "write_vectors"]
+__all__ = ["StaticVectorsConfig", "STATIC_PRESETS", "FORMATS", "guess_format", "open_file", "read_corpus", "read_vectors", "write_vectors"]
 
 PathLike = Union[str, os.PathLike]
 FORMATS = ("glove", "word2vec", "fasttext", "word2vec-binary", "npz")
@@ -426,3 +428,51 @@ def write_vectors(path: PathLike, words: Sequence[str], matrix: np.ndarray, form
             for word, row in rows:
                 fh.write(f"{word} ".encode("utf-8") + (row_fmt % tuple(row.tolist())).encode("ascii"))
     return path
+
+
+# ---------------------------------------------------------------------------- the family's config
+
+
+@dataclass(frozen=True)
+class StaticVectorsConfig:
+    """Settings of a static word-vector model (:func:`ctxkit.models.static.train_word2vec`).
+
+    Attributes:
+        model: ``"skipgram"`` or ``"cbow"``.
+        dim: vector size (the common name ``hidden_size`` reads it).
+        window: context words on each side.
+        negative: negative samples per positive pair.
+        subwords: fastText character n-grams (False: plain word2vec).
+        buckets: n-gram hash buckets (with ``subwords``).
+
+    The field names are :func:`~ctxkit.models.static.train_word2vec`'s arguments.
+    """
+
+    model: str = "skipgram"
+    dim: int = 100
+    window: int = 5
+    negative: int = 5
+    subwords: bool = False
+    buckets: int = 2_000_000
+
+    @property
+    def hidden_size(self) -> int:
+        return self.dim
+
+    def replace(self, **changes) -> "StaticVectorsConfig":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+STATIC_PRESETS: Dict[str, StaticVectorsConfig] = {
+    "word2vec_skipgram_100": StaticVectorsConfig(),
+    "word2vec_cbow_100": StaticVectorsConfig(model="cbow"),
+    "fasttext_skipgram_100": StaticVectorsConfig(subwords=True),
+}
+
+# One line per preset for `ctxkit list-models` (ctxkit.models.families).
+STATIC_DESCRIPTIONS: Dict[str, str] = {
+    "word2vec_skipgram_100": "static word vectors: word2vec skip-gram, 100-d, window 5, 5 negatives (Mikolov et al. 2013); ctxkit word2vec-train",
+    "word2vec_cbow_100": "static word vectors: word2vec CBOW, 100-d, window 5, 5 negatives",
+    "fasttext_skipgram_100": "static word vectors: fastText skip-gram with character n-grams, 100-d (Bojanowski et al. 2017)",
+}

@@ -17,8 +17,9 @@ softmax; the untied one keeps this module small and uses PyTorch's tested kernel
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -26,11 +27,91 @@ from torch import Tensor, nn
 
 from ..layers import AddNorm, PositionwiseFFN, causal_mask, sinusoidal_table
 from ..layers.relative_attention import RelativeMultiHeadAttention
-from .presets import TRANSFO_XL_PRESETS, TransformerXLConfig
 from ..core.errors import UserError
 
 __all__ = ["TransformerXLConfig", "TRANSFO_XL_PRESETS", "AdaptiveEmbedding", "TransformerXLLayer", "TransformerXLModel",
            "TransformerXLLMHeadModel", "TransformerXLLMOutput"]
+
+
+@dataclass(frozen=True)
+class TransformerXLConfig:
+    """Architecture and segment lengths of a Transformer-XL language model (Dai et al. 2019).
+
+    Attributes:
+        vocab_size: word vocabulary size (267735 for WikiText-103, 33278 for WikiText-2).
+        d_model: model width (also the embedding projection size).
+        n_heads: attention heads; must divide ``d_model``.
+        d_inner: FFN inner size.
+        n_layers: depth.
+        mem_len: hidden states kept per layer from earlier segments (training).
+        tgt_len: segment length (training).
+        dropout: embedding, residual, FFN and output dropout.
+        dropatt: dropout on attention weights.
+        cutoffs: adaptive input/softmax cluster boundaries (empty: plain embedding and softmax).
+        div_val: embedding size divisor per cluster (``d_model // div_val**i``); 1 keeps
+            full-size embeddings in every cluster.
+        pre_lnorm: pre-norm layers (False in the paper: post-norm).
+        untie_r: every layer has its own ``u``/``v`` (the released WT103 models) instead
+            of one pair shared by all layers (the paper's description).
+        clamp_len: longest relative distance encoded (-1: no limit); longer ones reuse it.
+        d_embed: largest embedding size (0: ``d_model``).
+        same_length: every query sees the same number of keys (the oldest memory keys are
+            hidden from the later queries), as the released models were evaluated.
+    """
+
+    vocab_size: int = 267735
+    d_model: int = 410
+    n_heads: int = 10
+    d_inner: int = 2100
+    n_layers: int = 16
+    mem_len: int = 150
+    tgt_len: int = 150
+    dropout: float = 0.1
+    dropatt: float = 0.0
+    cutoffs: Tuple[int, ...] = (20000, 40000, 200000)
+    div_val: int = 1
+    pre_lnorm: bool = False
+    untie_r: bool = True
+    clamp_len: int = -1
+    d_embed: int = 0
+    same_length: bool = False
+
+    # The common names (ctxkit.models.families): read-only views of the stored fields, whose
+    # names follow the checkpoint format and must not change.
+    @property
+    def hidden_size(self) -> int:
+        return self.d_model
+
+    @property
+    def num_layers(self) -> int:
+        return self.n_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.n_heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.d_inner
+
+    def replace(self, **changes) -> "TransformerXLConfig":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+# One line per preset for `ctxkit list-models` (ctxkit.models.families).
+TRANSFO_XL_DESCRIPTIONS: Dict[str, str] = {
+    "transfo_xl_base_wt103": "LM with segment memory, the paper's WikiText-103 base: 16 layers, width 410, memory 150 (Dai et al. 2019)",
+    "transfo_xl_wt2_small": "LM with segment memory, 4 layers, width 256, memory 128: WikiText-2 on one GPU in minutes",
+}
+
+TRANSFO_XL_PRESETS: Dict[str, TransformerXLConfig] = {
+    # The paper's base WikiText-103 model (train: tgt_len 150, mem_len 150).
+    "transfo_xl_base_wt103": TransformerXLConfig(),
+    # Small enough to train on WikiText-2 on one GPU in minutes.
+    "transfo_xl_wt2_small": TransformerXLConfig(vocab_size=33278, d_model=256, n_heads=8, d_inner=1024, n_layers=4, mem_len=128,
+                                                tgt_len=128, dropout=0.1, dropatt=0.0, cutoffs=(2000, 10000), div_val=2),
+}
 
 Mems = Optional[List[Tensor]]
 

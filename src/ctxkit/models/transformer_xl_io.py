@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..core.checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights
-from .presets import TransformerXLConfig
+from .transformer_xl import TransformerXLConfig
 from .transformer_xl import TransformerXLLMHeadModel
 
 __all__ = ["transformer_xl_config_from_hf", "load_transformer_xl"]

@@ -23,6 +23,7 @@ converted to and from ``nn.Linear`` weights on load and save.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -44,12 +45,79 @@ from ..core.checkpoint import (
 )
 from ..layers import AddNorm, PositionwiseFFN, RelativeMultiHeadAttention, rel_shift
 from ..layers.attention import masked_softmax
-from .presets import XLNET_PRESETS, XLNetConfig
 from ..core.errors import UserError
 
 __all__ = ["XLNetConfig", "XLNET_PRESETS", "XLNetOutput", "XLNetRelativeAttention", "XLNetLayer", "XLNetModel",
            "XLNetLMHeadModel", "PermutationMasks", "bidirectional_position_encoding", "sample_permutation_masks",
            "load_xlnet", "save_xlnet", "xlnet_config_from_hf"]
+
+
+@dataclass(frozen=True)
+class XLNetConfig:
+    """Architecture of an XLNet model (Yang et al. 2019): a post-norm Transformer-XL body
+    with bidirectional relative positions, relative segment encodings and two-stream attention.
+
+    Attributes:
+        vocab_size: SentencePiece vocabulary size (32000 for the released models).
+        d_model: model width.
+        n_heads: attention heads; must divide ``d_model``.
+        d_inner: FFN inner size.
+        n_layers: depth.
+        activation: FFN activation (``gelu``: the exact erf form).
+        dropout: embedding, attention-weight, residual and FFN dropout (one rate, as in HF).
+        layer_norm_eps: LayerNorm epsilon.
+        clamp_len: longest relative distance encoded (-1: no limit); longer ones reuse it.
+        mem_len: hidden states kept per layer as memory for the next segment (0: keep all
+            that are passed back).
+    """
+
+    vocab_size: int = 32000
+    d_model: int = 768
+    n_heads: int = 12
+    d_inner: int = 3072
+    n_layers: int = 12
+    activation: str = "gelu"
+    dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    clamp_len: int = -1
+    mem_len: int = 0
+
+    # The common names (ctxkit.models.families): read-only views of the stored fields, whose
+    # names follow the checkpoint format and must not change.
+    @property
+    def hidden_size(self) -> int:
+        return self.d_model
+
+    @property
+    def num_layers(self) -> int:
+        return self.n_layers
+
+    @property
+    def num_heads(self) -> int:
+        return self.n_heads
+
+    @property
+    def ffn_size(self) -> int:
+        return self.d_inner
+
+    def replace(self, **changes) -> "XLNetConfig":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+# One line per preset for `ctxkit list-models` (ctxkit.models.families).
+XLNET_DESCRIPTIONS: Dict[str, str] = {
+    "xlnet_12_768_12": "XLNet-base (xlnet-base-cased), permutation LM with two-stream relative attention (Yang et al. 2019)",
+    "xlnet_24_1024_16": "XLNet-large (xlnet-large-cased), 24 layers, width 1024",
+    "xlnet_4_256_4": "XLNet at BERT-mini's size (4 layers, width 256), for from-scratch comparisons",
+}
+
+XLNET_PRESETS: Dict[str, XLNetConfig] = {
+    "xlnet_12_768_12": XLNetConfig(),  # xlnet-base-cased
+    "xlnet_24_1024_16": XLNetConfig(d_model=1024, n_heads=16, d_inner=4096, n_layers=24),  # xlnet-large-cased
+    # The size of bert_4_256_4 (BERT-mini), for from-scratch comparisons at equal size.
+    "xlnet_4_256_4": XLNetConfig(d_model=256, n_heads=4, d_inner=1024, n_layers=4),
+}
 
 
 def bidirectional_position_encoding(qlen: int, klen: int, dim: int, clamp_len: int = -1, device=None,

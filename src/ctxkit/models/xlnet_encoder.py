@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from ..core.checkpoint import CheckpointError, load_state_dict_strict, save_weights
 from .bert import BertOutput
-from .presets import XLNetConfig
+from .xlnet import XLNetConfig
 from .xlnet import XLNetLMHeadModel, XLNetModel, load_xlnet, save_xlnet
 
 SUMMARY_FILE = "summary.safetensors"

@@ -17,9 +17,10 @@
   ``exp`` of the average of the two log-perplexities.
 * bf16 autocast on CUDA, fp32 on CPU; a tqdm bar shows tokens/s (stream tokens, each
   read by both LMs).
-* ``checkpoint.pt`` is written atomically (temporary file then ``os.replace``) with the
-  model, optimiser, LSTM states, RNG states and data position, so a resumed run
-  continues with exactly the losses of an uninterrupted one.
+* ``checkpoint/`` (:func:`ctxkit.core.run_state.save_checkpoint`: replaced whole, manifest
+  checked on resume) holds the model, optimiser, LSTM states, RNG states and data
+  position, so a resumed run continues with exactly the losses of an uninterrupted one
+  (a ``checkpoint.pt`` of earlier versions is still read).
 
 Run: ``python -m ctxkit.pretraining.bilm --help``.
 """
@@ -42,12 +43,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.checkpoint import CheckpointError, atomic_write, load_state_dict_strict, read_pickled_state
+from ..core.durable import remove_debris
+from ..core.run_state import Checkpoint, autocast, load_checkpoint, resolve_device, restore_rng
+from ..core.run_state import save_checkpoint as write_checkpoint
 from ..models.elmo import ELMO_PRESETS, ElmoConfig, ElmoLanguageModel
 from ..models.elmo_chars import BOS_TOKEN, EOS_TOKEN, word_to_char_ids
 from ..models.elmo_io import config_to_options, save_elmo_lm, write_bilm_tf
 from ..data.errors import require_rereadable
 from ..tokenizers import read_lines
-from ..training import autocast, resolve_device
 from ..training.callbacks import Callback, CallbackList, JsonlWriter
 from ..core.errors import MissingFileError, UnknownNameError, UserError
 
@@ -197,25 +200,28 @@ def evaluate_bilm(lm: ElmoLanguageModel, stream: Tensor, table: Tensor, batch_si
             "forward_nll": f, "backward_nll": b, "tokens": int(f_n)}
 
 
-def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def _resolve_model_config(model_config: Union[str, ElmoConfig]) -> ElmoConfig:
     if isinstance(model_config, ElmoConfig):
         return model_config
     if model_config not in ELMO_PRESETS:
         raise UnknownNameError(f"unknown ELMo preset {model_config!r}; known: {', '.join(ELMO_PRESETS)}")
     return ELMO_PRESETS[model_config]
+
+
+def _read_checkpoint(out: Path) -> Checkpoint:
+    """``out/checkpoint/``, or the single ``checkpoint.pt`` earlier versions wrote."""
+    legacy = out / "checkpoint.pt"
+    if not (out / "checkpoint").exists() and legacy.is_file():
+        blob = read_pickled_state(legacy, what="a training checkpoint")
+        return Checkpoint(legacy, blob["model"], blob["optimizer"],
+                          {k: blob[k] for k in ("run", "train_config", "model_config")},
+                          {k: blob[k] for k in ("scheduler", "lstm_state", "rng")})
+    try:
+        ckpt = load_checkpoint(out / "checkpoint")
+    except MissingFileError:
+        raise MissingFileError(f"{out}: no checkpoint to resume from") from None
+    remove_debris(out, names=("checkpoint",))  # what a crashed save left beside it
+    return ckpt
 
 
 # Fields that fix the data order or the model: a resume must not change them.
@@ -231,12 +237,12 @@ def train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Path
     Args:
         train_files, valid_files: whitespace-tokenised text files (plain or ``.xz``);
             ``valid_files`` may be empty (no evaluation).
-        out_dir: run folder: ``vocab.txt``, ``checkpoint.pt``, ``log.jsonl``,
+        out_dir: run folder: ``vocab.txt``, ``checkpoint/``, ``log.jsonl``,
             ``results.json`` and ``final/`` (:func:`~ctxkit.models.elmo_io.save_elmo_lm`
             plus ``weights.hdf5`` in the bilm-tf layout when h5py is installed).
         model_config: a preset name from :data:`~ctxkit.models.elmo.ELMO_PRESETS` or a config.
         config: hyper-parameters.
-        resume: continue from ``out_dir/checkpoint.pt``.
+        resume: continue from ``out_dir/checkpoint/``.
         callbacks: also receive the ``log.jsonl`` records (:mod:`ctxkit.training.callbacks`);
             closed when training returns or fails.
 
@@ -258,14 +264,13 @@ def _train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.device)
-    ckpt_path = out / "checkpoint.pt"
+    ckpt_path = out / "checkpoint"
     ckpt = None
     if resume:
-        if not ckpt_path.is_file():
-            raise MissingFileError(f"{out}: no checkpoint.pt to resume from")
-        ckpt = read_pickled_state(ckpt_path, what="a training checkpoint")
-        changed = [k for k in _RESUME_FIXED if ckpt["train_config"].get(k) != getattr(cfg, k)]
-        if ckpt["model_config"] != config_to_options(arch):
+        ckpt = _read_checkpoint(out)
+        ckpt_path = ckpt.folder
+        changed = [k for k in _RESUME_FIXED if ckpt.trainer_state["train_config"].get(k) != getattr(cfg, k)]
+        if json.dumps(ckpt.trainer_state["model_config"]) != json.dumps(config_to_options(arch)):
             changed.append("model_config")
         if changed:
             raise CheckpointError(f"{ckpt_path}: cannot resume with changed settings: {', '.join(changed)}")
@@ -295,13 +300,13 @@ def _train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
     run = {"step": 0, "epoch": 0, "chunk": 0, "losses": [], "history": [], "train_time_s": 0.0}
     lstm_state = None
     if ckpt is not None:
-        load_state_dict_strict(lm, ckpt["model"], source=str(ckpt_path))
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
-        run = ckpt["run"]
-        if ckpt["lstm_state"] is not None:
-            lstm_state = tuple(t.to(device) for t in ckpt["lstm_state"])
-        _set_rng_state(ckpt["rng"])
+        load_state_dict_strict(lm, ckpt.model_state, source=str(ckpt_path))
+        opt.load_state_dict(ckpt.optimizer_state)
+        sched.load_state_dict(ckpt.extra["scheduler"])
+        run = ckpt.trainer_state["run"]
+        if ckpt.extra["lstm_state"] is not None:
+            lstm_state = tuple(t.to(device) for t in ckpt.extra["lstm_state"])
+        restore_rng(ckpt.rng)
         logger.info("resumed from %s at step %d (epoch %d, chunk %d)", ckpt_path, run["step"], run["epoch"], run["chunk"])
     params = sum(p.numel() for p in lm.parameters())
     logger.info("ELMo biLM: %d parameters, vocabulary %d, %d training tokens, %d chunks per epoch", params, len(vocab),
@@ -318,10 +323,10 @@ def _train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
 
     def save_checkpoint() -> None:
         flush_losses()
-        blob = {"run": run, "model": lm.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                "lstm_state": None if lstm_state is None else tuple(t.cpu() for t in lstm_state),
-                "rng": _rng_state(), "train_config": dataclasses.asdict(cfg), "model_config": config_to_options(arch)}
-        atomic_write(ckpt_path, lambda tmp: torch.save(blob, tmp))
+        write_checkpoint(out / "checkpoint", model_state=lm.state_dict(), optimizer_state=opt.state_dict(),
+                         trainer_state={"run": run, "train_config": dataclasses.asdict(cfg), "model_config": config_to_options(arch)},
+                         extra={"scheduler": sched.state_dict(),
+                                "lstm_state": None if lstm_state is None else tuple(t.cpu() for t in lstm_state)})
 
     def evaluate() -> Optional[Dict[str, float]]:
         if valid_stream is None:

@@ -17,8 +17,10 @@
   keeps relative positions, so it is reported as "XL evaluated without memory" instead.
 * Adam, linear warmup then cosine over ``max_steps`` or, with only ``max_time_s``, over
   training *time* (not bit-reproducible), gradient clipping, bf16 autocast on CUDA.
-  ``checkpoint.pt`` (atomic) holds model, optimiser, memory, RNG and data position: a
-  resumed run repeats an uninterrupted one's losses. ``final/``: :func:`load_xl_lm`.
+  ``checkpoint/`` (:func:`ctxkit.core.run_state.save_checkpoint`: replaced whole, manifest
+  checked on resume) holds model, optimiser, memory, RNG and data position: a resumed run
+  repeats an uninterrupted one's losses (a ``checkpoint.pt`` of earlier versions is still
+  read). ``final/``: :func:`load_xl_lm`.
 """
 
 from __future__ import annotations
@@ -40,15 +42,16 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..core.checkpoint import CheckpointError, atomic_write, load_state_dict_strict, read_pickled_state
+from ..core.durable import remove_debris
+from ..core.run_state import Checkpoint, autocast, load_checkpoint, resolve_device, restore_rng
+from ..core.run_state import save_checkpoint as write_checkpoint
 from ..layers import causal_mask
 from ..layers.transformer import TransformerEncoder
 from ..models.transformer_xl import (AdaptiveEmbedding, TransformerXLConfig, TransformerXLLMHeadModel,
                                      TransformerXLModel)
 from ..data.errors import require_rereadable
 from ..tokenizers import read_lines
-from ..training import autocast, resolve_device
 from ..training.callbacks import Callback, CallbackList, JsonlWriter
-from .bilm import _rng_state, _set_rng_state
 from ..core.errors import MissingFileError, UserError
 
 __all__ = ["EOS", "UNK", "XLTrainConfig", "build_xl_vocab", "xl_stream", "make_rows", "VanillaTransformerLM", "build_model",
@@ -274,7 +277,7 @@ def train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
                 callbacks: Optional[Sequence[Callback]] = None) -> dict:
     """Train an XL (or vanilla) word-level LM; see the module docstring for the recipe.
 
-    ``out_dir`` gets ``vocab.txt``, ``checkpoint.pt``, ``log.jsonl``, ``final/``, ``results.json``;
+    ``out_dir`` gets ``vocab.txt``, ``checkpoint/``, ``log.jsonl``, ``final/``, ``results.json``;
     ``config``'s ``vocab_size``/``tgt_len``/``mem_len`` are set from the data and ``train_cfg``
     (cutoffs that do not fit the vocabulary are dropped). ``callbacks`` also receive the
     ``log.jsonl`` records (:mod:`ctxkit.training.callbacks`) and are closed when training
@@ -293,12 +296,11 @@ def _train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pa
         raise UserError("give max_steps or max_time_s (the schedule's length)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    device, ckpt_path, ckpt = resolve_device(cfg.device), out / "checkpoint.pt", None
+    device, ckpt_path, ckpt = resolve_device(cfg.device), out / "checkpoint", None
     if resume:
-        if not ckpt_path.is_file():
-            raise MissingFileError(f"{out}: no checkpoint.pt to resume from")
-        ckpt = read_pickled_state(ckpt_path, what="a training checkpoint")
-        changed = [k for k in _RESUME_FIXED if ckpt["train_config"].get(k) != getattr(cfg, k)]
+        ckpt = _read_checkpoint(out)
+        ckpt_path = ckpt.folder
+        changed = [k for k in _RESUME_FIXED if ckpt.trainer_state["train_config"].get(k) != getattr(cfg, k)]
         if changed:
             raise CheckpointError(f"{ckpt_path}: cannot resume with changed settings: {', '.join(changed)}")
         vocab = (out / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
@@ -319,11 +321,11 @@ def _train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pa
     run = {"step": 0, "epoch": 0, "segment": 0, "losses": [], "history": [], "train_time_s": 0.0}
     mems = None
     if ckpt is not None:
-        load_state_dict_strict(model, ckpt["model"], source=str(ckpt_path))
-        opt.load_state_dict(ckpt["optimizer"])
-        run = ckpt["run"]
-        mems = None if ckpt["mems"] is None else [m.to(device) for m in ckpt["mems"]]
-        _set_rng_state(ckpt["rng"])
+        load_state_dict_strict(model, ckpt.model_state, source=str(ckpt_path))
+        opt.load_state_dict(ckpt.optimizer_state)
+        run = ckpt.trainer_state["run"]
+        mems = None if ckpt.extra["mems"] is None else [m.to(device) for m in ckpt.extra["mems"]]
+        restore_rng(ckpt.rng)
         logger.info("resumed from %s at step %d", ckpt_path, run["step"])
     params = sum(p.numel() for p in model.parameters())
     logger.info("%s LM: %d parameters, vocabulary %d, %d training tokens, %d segments per epoch", cfg.model, params,
@@ -339,9 +341,9 @@ def _train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pa
 
     def save_checkpoint() -> None:
         flush()
-        blob = {"run": run, "model": model.state_dict(), "optimizer": opt.state_dict(), "rng": _rng_state(),
-                "mems": None if mems is None else [m.cpu() for m in mems], "train_config": dataclasses.asdict(cfg)}
-        atomic_write(ckpt_path, lambda tmp: torch.save(blob, tmp))
+        write_checkpoint(out / "checkpoint", model_state=model.state_dict(), optimizer_state=opt.state_dict(),
+                         trainer_state={"run": run, "train_config": dataclasses.asdict(cfg)},
+                         extra={"mems": None if mems is None else [m.cpu() for m in mems]})
 
     def evaluate() -> Optional[dict]:
         if valid_stream is None:
@@ -410,6 +412,21 @@ def _train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pa
     _write_text(out / "results.json", json.dumps({k: v for k, v in summary.items() if k != "losses"}, indent=2) + "\n")
     run_log.on_train_end({k: v for k, v in summary.items() if k not in ("losses", "history")})
     return summary
+
+
+def _read_checkpoint(out: Path) -> Checkpoint:
+    """``out/checkpoint/``, or the single ``checkpoint.pt`` earlier versions wrote."""
+    legacy = out / "checkpoint.pt"
+    if not (out / "checkpoint").exists() and legacy.is_file():
+        blob = read_pickled_state(legacy, what="a training checkpoint")
+        return Checkpoint(legacy, blob["model"], blob["optimizer"], {"run": blob["run"], "train_config": blob["train_config"]},
+                          {"mems": blob["mems"], "rng": blob["rng"]})
+    try:
+        ckpt = load_checkpoint(out / "checkpoint")
+    except MissingFileError:
+        raise MissingFileError(f"{out}: no checkpoint to resume from") from None
+    remove_debris(out, names=("checkpoint",))  # what a crashed save left beside it
+    return ckpt
 
 
 def _write_text(path: Path, text: str) -> None:

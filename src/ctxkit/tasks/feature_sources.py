@@ -4,7 +4,7 @@
 * :class:`ElmoFeatures`: every layer of a frozen biLM via :func:`~ctxkit.models.elmo.elmo_embed`,
   ``(L, n_words, dim)`` per sentence, computed in chunks.
 * :func:`load_bilm`: a biLM from what :func:`~ctxkit.pretraining.bilm.train_bilm` writes (run
-  folder, ``final/``, ``checkpoint.pt``) or from a bilm-tf options + hdf5 pair.
+  folder, ``final/``, ``checkpoint/``, an earlier version's ``checkpoint.pt``) or from a bilm-tf options + hdf5 pair.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 import torch
@@ -10,33 +10,36 @@ from torch import nn
 
 from ..data.batching import collate, sequential_batches
 from . import progress
-from .trainer import _to, autocast, resolve_device
+from ..core.run_state import autocast, resolve_device, resolve_precision
+from .trainer import _to
 
 __all__ = ["predict"]
 
 
 @torch.inference_mode()
-def predict(model: nn.Module, features: Sequence[dict], batch_size: int = 128, device: str = "auto", precision: str = "auto", output: str = "logits") -> list:
+def predict(model: nn.Module, features: Sequence[dict], batch_size: int = 128, device: str = "auto", precision: Optional[str] = None,
+            output: str = "logits") -> list:
     """Run ``model`` over features (length-sorted batches) and return per-feature outputs.
 
     Args:
         model: module returning a dict; ``output`` names the entry to collect. Entries may
             be a tensor or a tuple of tensors (e.g. start and end logits).
         features: feature dicts as for training (labels are ignored).
-        precision: "auto" (bf16 autocast on CUDA, fp32 on CPU), "bf16" or "fp32" (no
-            autocast). A model that declares ``inference_precision`` (the pytorch backend
-            asked for a precision: :class:`ctxkit.inference.backends.PrecisionModel`; the
-            GPU encoder, which sets its own dtypes: "native") runs at that precision instead.
+        precision: "fp32" (no autocast), "bf16" (bf16 autocast), or None / "auto" (bf16
+            on CUDA, fp32 on CPU). A model that declares ``inference_precision`` (the pytorch
+            backend asked for a precision: :class:`ctxkit.inference.backends.PrecisionModel`;
+            the GPU encoder, which sets its own dtypes: "native") runs at that precision instead.
 
     Returns:
         One float32 numpy array (or tuple of arrays) per feature, in input order, with
         sequence outputs trimmed to the feature's own length.
     """
     dev = resolve_device(device)
-    # What the model was built to run at wins over this call's default; "native" = no autocast.
+    # What the model was built to run at wins over this call's precision; "native" = no autocast.
     declared = getattr(model, "inference_precision", None)
     if declared is not None:
         precision = "bf16" if declared == "bf16" else "fp32"
+    precision = resolve_precision(precision, dev)
     was_training = model.training
     model.eval()
     lengths = [len(f["input_ids"]) for f in features]

@@ -12,26 +12,22 @@ The model is any module whose ``forward(**batch)`` returns a dict with ``"loss"`
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
-import random
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
-import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..core.device import autocast, resolve_device, set_seed
-from ..core.checkpoint import read_pickled_state, read_weights, save_weights
 from ..core.deps import missing
-from ..core.durable import atomic_write, recover_folder, remove_debris, verify_manifest, write_folder
+from ..core.durable import write_folder
+from ..core.run_state import (autocast, keep_last, load_checkpoint, resolve_device, restore_rng, save_checkpoint, set_seed,
+                              tidy_run_folder)
 from ..data.batching import length_grouped_batches
 from .callbacks import Callback, CallbackList, JsonlWriter
 from .data import CollatedBatches
@@ -40,7 +36,7 @@ from .distributed import (agree, all_reduce_mean, broadcast_parameters, cpu_copy
 from .graphs import GraphedTrainStep, graphs_supported
 from .optim import build_adamw, build_lamb, build_schedule
 from .speed import apply_speed_options, graph_grad_sync
-from ..core.errors import MissingFileError, UserError
+from ..core.errors import UserError
 
 __all__ = ["TrainConfig", "Trainer", "TrainResult", "resolve_device", "autocast", "set_seed"]
 
@@ -174,23 +170,6 @@ class TrainResult:
     # Why training ended early, when it did: "max_steps" or "max_minutes" (a requested stop,
     # with a resumable checkpoint and a usable best/), None after the last epoch.
     stopped: Optional[str] = None
-
-
-def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": [np.random.get_state()[1].tolist()] + list(np.random.get_state()[2:]), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state(("MT19937", np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _to(batch: Dict[str, torch.Tensor], device: torch.device) -> Dict[str, torch.Tensor]:
@@ -334,62 +313,37 @@ class Trainer:
         return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
 
     def _save_checkpoint(self, state: dict, weights: Dict[str, torch.Tensor], optimizer_state: dict) -> None:
-        def write(folder: Path) -> None:
-            save_weights(weights, folder / "model.safetensors")
-            extra = {"optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(), "rng": _rng_state()}
-            if hasattr(self.collate_fn, "state_dict"):
-                extra["collator"] = self.collate_fn.state_dict()
-            atomic_write(folder / "optimizer.pt", lambda tmp: torch.save(extra, tmp))
-            atomic_write(folder / "trainer_state.json", lambda tmp: Path(tmp).write_text(json.dumps(state, indent=2)))
-
-        # Swapped in whole: at every instant one complete checkpoint exists (core/durable.py).
-        write_folder(self.out_dir / "checkpoint", write, retire=self._retire)
+        extra = {"scheduler": self.scheduler.state_dict()}
+        if hasattr(self.collate_fn, "state_dict"):
+            extra["collator"] = self.collate_fn.state_dict()
+        # Swapped in whole: at every instant one complete checkpoint exists (core/run_state.py).
+        save_checkpoint(self.out_dir / "checkpoint", model_state=weights, optimizer_state=optimizer_state,
+                        trainer_state=state, extra=extra, retire=keep_last(self.out_dir, self.config.keep_last))
 
     def _save_best(self, model: nn.Module) -> None:
         """``best/`` replaced as a unit, so its encoder and head always come from one epoch."""
         write_folder(self.out_dir / "best", lambda folder: self.save_best(model, folder))
 
-    def _retire(self, old: Path) -> None:
-        """Keep the previous checkpoint as ``checkpoint-step{N}`` when ``keep_last`` > 1,
-        dropping the oldest beyond the limit; otherwise delete it."""
-        if self.config.keep_last > 1 and (old / "trainer_state.json").is_file():
-            step = json.loads((old / "trainer_state.json").read_text())["step"]
-            archived = self.out_dir / f"checkpoint-step{step}"
-            shutil.rmtree(archived, ignore_errors=True)
-            os.replace(old, archived)
-            kept = sorted(self.out_dir.glob("checkpoint-step*"), key=lambda p: int(p.name[len("checkpoint-step"):]))
-            for stale in kept[: max(0, len(kept) - (self.config.keep_last - 1))]:
-                shutil.rmtree(stale, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
-
     def _tidy_run_folder(self) -> None:
         """At (re)start: a complete checkpoint and best/ back in place after a crash, then
         the debris of crashed writes removed."""
-        if self.rank != 0 or not self.out_dir.is_dir():
-            return
-        for name in ("checkpoint", "best"):
-            recover_folder(self.out_dir / name)
-        for path in remove_debris(self.out_dir):
-            logger.info("removed %s, left by an interrupted save", path)
+        if self.rank == 0 and self.out_dir.is_dir():
+            for path in tidy_run_folder(self.out_dir):
+                logger.info("removed %s, left by an interrupted save", path)
 
     def _load_checkpoint(self) -> dict:
-        folder = recover_folder(self.out_dir / "checkpoint")
-        if folder is None or not (folder / "trainer_state.json").is_file():
-            raise MissingFileError(f"{self.out_dir}: no checkpoint to resume from")
-        verify_manifest(folder)
-        state = json.loads((folder / "trainer_state.json").read_text())
-        weights = read_weights(folder)
-        extra = read_pickled_state(folder / "optimizer.pt")
+        ckpt = load_checkpoint(self.out_dir / "checkpoint")
+        state, extra = ckpt.trainer_state, ckpt.extra
         if self.sharded:  # every rank read the whole checkpoint and keeps its shard
-            load_full_state(self.model, self.optimizer, weights, extra["optimizer"])
+            load_full_state(self.model, self.optimizer, ckpt.model_state, ckpt.optimizer_state)
         else:
-            self.model.load_state_dict(weights)
-            self.optimizer.load_state_dict(extra["optimizer"])
+            self.model.load_state_dict(ckpt.model_state)
+            self.optimizer.load_state_dict(ckpt.optimizer_state)
         self.scheduler.load_state_dict(extra["scheduler"])
-        _set_rng_state(extra["rng"])
+        restore_rng(ckpt.rng)
         if "collator" in extra and hasattr(self.collate_fn, "load_state_dict"):
             self.collate_fn.load_state_dict(extra["collator"])
-        logger.info("resumed from %s at epoch %d, batch %d (step %d)", folder, state["epoch"], state["batch_in_epoch"], state["step"])
+        logger.info("resumed from %s at epoch %d, batch %d (step %d)", ckpt.folder, state["epoch"], state["batch_in_epoch"], state["step"])
         return state
 
     # -- logging ----------------------------------------------------------------------

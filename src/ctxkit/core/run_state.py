@@ -1,0 +1,182 @@
+"""The training core every loop shares: RNG state, checkpoints, device and precision.
+
+* :func:`capture_rng` / :func:`restore_rng`: every global generator (Python, NumPy, torch
+  CPU, each CUDA device) plus any ``numpy.random.Generator`` a loop owns, in a form that
+  ``torch.save`` writes and ``torch.load(weights_only=True)`` reads back. Restoring what
+  was captured makes the following draws identical, which is what exact resume needs.
+* :func:`save_checkpoint` / :func:`load_checkpoint`: a resumable checkpoint folder
+  (``model.safetensors``, ``optimizer.pt``, ``trainer_state.json``) replaced as a unit with
+  a manifest (:func:`ctxkit.core.durable.write_folder`), recovered after a crash and checked
+  against its manifest before it is read; the optimiser file is read with
+  ``weights_only=True`` (:func:`ctxkit.core.checkpoint.read_pickled_state`).
+* :func:`resolve_device`, :func:`autocast`, :func:`set_seed` (from :mod:`ctxkit.core.device`)
+  and :func:`resolve_precision`, which turns ``"auto"`` / None into what runs.
+
+It sits in ``core`` so that loops below ``training`` (word2vec in ``models``) can use it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, Mapping, Optional
+
+import numpy as np
+import torch
+
+from .checkpoint import read_pickled_state, read_weights, save_weights
+from .device import autocast, resolve_device, set_seed
+from .durable import atomic_write, recover_folder, remove_debris, verify_manifest, write_folder
+from .errors import MissingFileError, UserError
+
+__all__ = ["capture_rng", "restore_rng", "Checkpoint", "save_checkpoint", "load_checkpoint", "keep_last", "tidy_run_folder",
+           "resolve_precision",
+           "resolve_device", "autocast", "set_seed", "MODEL_FILE", "OPTIMIZER_FILE", "STATE_FILE"]
+
+MODEL_FILE, OPTIMIZER_FILE, STATE_FILE = "model.safetensors", "optimizer.pt", "trainer_state.json"
+
+
+def capture_rng(generators: Optional[Mapping[str, np.random.Generator]] = None) -> dict:
+    """The state of every global generator, and of the named NumPy ``generators``.
+
+    Returns:
+        ``{"python", "numpy", "torch"[, "cuda"][, "generators"]}``: lists, ints and tensors
+        only (``weights_only`` loading accepts them).
+    """
+    np_state = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": [np_state[1].tolist()] + list(np_state[2:]), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if generators:
+        state["generators"] = {name: json.dumps(g.bit_generator.state) for name, g in generators.items()}
+    return state
+
+
+def restore_rng(state: Mapping, generators: Optional[Mapping[str, np.random.Generator]] = None) -> None:
+    """Put back what :func:`capture_rng` captured; generators missing from ``state`` (an
+    older checkpoint that saved fewer) are left as they are.
+
+    Raises:
+        UserError: a named NumPy generator that ``state`` does not hold.
+    """
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "numpy" in state:
+        keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state(("MT19937", np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for name, g in (generators or {}).items():
+        saved = state.get("generators", {})
+        if name not in saved:
+            raise UserError(f"the checkpoint holds no state for the random generator {name!r}")
+        g.bit_generator.state = json.loads(saved[name])
+
+
+@dataclass
+class Checkpoint:
+    """What :func:`load_checkpoint` read: the folder, the model's and optimiser's state
+    dicts, the loop's JSON state, and the other entries of ``optimizer.pt`` (``rng``, a
+    scheduler, a collator, ...)."""
+
+    folder: Path
+    model_state: Dict[str, torch.Tensor]
+    optimizer_state: Optional[dict]
+    trainer_state: dict
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def rng(self) -> Optional[dict]:
+        return self.extra.get("rng")
+
+
+def save_checkpoint(folder: os.PathLike, *, model_state: Mapping[str, torch.Tensor], optimizer_state: Optional[dict],
+                    trainer_state: dict, extra: Optional[dict] = None, rng: bool = True,
+                    retire: Optional[Callable[[Path], None]] = None) -> Path:
+    """Write a resumable checkpoint folder as a unit (at every instant one complete copy exists).
+
+    Args:
+        folder: e.g. ``RUN/checkpoint``.
+        model_state: weights (``model.safetensors``; tied tensors must be dropped by the caller).
+        optimizer_state: the optimiser's ``state_dict()``.
+        trainer_state: the loop's position, losses, ... (``trainer_state.json``).
+        extra: further tensors / plain values for ``optimizer.pt`` (scheduler, collator, ...).
+        rng: also store :func:`capture_rng` (``extra["rng"]``, unless ``extra`` has one).
+        retire: what to do with the previous copy (:func:`~ctxkit.core.durable.write_folder`).
+    """
+    blob = {"optimizer": optimizer_state, **({"rng": capture_rng()} if rng else {}), **(extra or {})}
+    text = json.dumps(trainer_state, indent=2)
+
+    def write(new: Path) -> None:
+        save_weights(model_state, new / MODEL_FILE)
+        atomic_write(new / OPTIMIZER_FILE, lambda tmp: torch.save(blob, tmp))
+        atomic_write(new / STATE_FILE, lambda tmp: Path(tmp).write_text(text))
+
+    return write_folder(folder, write, retire=retire)
+
+
+def load_checkpoint(folder: os.PathLike) -> Checkpoint:
+    """Read what :func:`save_checkpoint` wrote, after putting back a copy a crash left aside.
+
+    Raises:
+        MissingFileError: no checkpoint (``"RUN: no checkpoint to resume from"``).
+        IncompleteFolderError: files that differ from the folder's manifest.
+        CheckpointError: an optimiser file refused for safety, or damaged.
+    """
+    folder = Path(folder)
+    found = recover_folder(folder)
+    if found is None or not (found / STATE_FILE).is_file():
+        raise MissingFileError(f"{folder.parent}: no checkpoint to resume from")
+    verify_manifest(found)
+    trainer_state = json.loads((found / STATE_FILE).read_text())
+    model_state = read_weights(found)
+    extra = dict(read_pickled_state(found / OPTIMIZER_FILE))
+    optimizer_state = extra.pop("optimizer", None)
+    return Checkpoint(found, model_state, optimizer_state, trainer_state, extra)
+
+
+def keep_last(run_dir: os.PathLike, n: int) -> Callable[[Path], None]:
+    """A ``retire`` for :func:`save_checkpoint`: with ``n`` > 1 the previous checkpoint becomes
+    ``checkpoint-step{N}`` and the oldest beyond ``n - 1`` of those are deleted; else it is deleted."""
+    run_dir = Path(run_dir)
+
+    def retire(old: Path) -> None:
+        if n > 1 and (old / STATE_FILE).is_file():
+            archived = run_dir / f"checkpoint-step{json.loads((old / STATE_FILE).read_text())['step']}"
+            shutil.rmtree(archived, ignore_errors=True)
+            os.replace(old, archived)
+            kept = sorted(run_dir.glob("checkpoint-step*"), key=lambda p: int(p.name[len("checkpoint-step"):]))
+            for stale in kept[: max(0, len(kept) - (n - 1))]:
+                shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+    return retire
+
+
+def tidy_run_folder(run_dir: os.PathLike, names=("checkpoint", "best")) -> list:
+    """At (re)start: a complete copy of each folder back in place after a crash, then the
+    debris of crashed writes removed (returned)."""
+    for name in names:
+        recover_folder(Path(run_dir) / name)
+    return remove_debris(run_dir, names)
+
+
+def resolve_precision(precision: Optional[str], device: torch.device) -> str:
+    """``"bf16"`` or ``"fp32"``: what runs for ``precision`` on ``device`` (``"auto"`` or
+    None: bf16 on CUDA, fp32 elsewhere).
+
+    Raises:
+        UserError: anything but ``"auto"``, None, ``"bf16"`` or ``"fp32"``.
+    """
+    if precision in (None, "auto"):
+        return "bf16" if device.type == "cuda" else "fp32"
+    if precision not in ("bf16", "fp32"):
+        raise UserError(f"precision must be 'fp32', 'bf16' or 'auto', got {precision!r}")
+    return precision
