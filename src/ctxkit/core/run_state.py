@@ -33,7 +33,7 @@ from .device import autocast, resolve_device, set_seed
 from .durable import atomic_write, recover_folder, remove_debris, verify_manifest, write_folder
 from .errors import MissingFileError, UserError
 
-__all__ = ["capture_rng", "restore_rng", "Checkpoint", "save_checkpoint", "load_checkpoint", "keep_last", "tidy_run_folder",
+__all__ = ["capture_rng", "restore_rng", "Checkpoint", "save_checkpoint", "load_checkpoint", "resume_checkpoint", "keep_last", "tidy_run_folder",
            "resolve_precision",
            "resolve_device", "autocast", "set_seed", "MODEL_FILE", "OPTIMIZER_FILE", "STATE_FILE"]
 
@@ -140,6 +140,20 @@ def load_checkpoint(folder: os.PathLike) -> Checkpoint:
     extra = dict(read_pickled_state(found / OPTIMIZER_FILE))
     optimizer_state = extra.pop("optimizer", None)
     return Checkpoint(found, model_state, optimizer_state, trainer_state, extra)
+
+
+def resume_checkpoint(out: os.PathLike, legacy: Callable[[dict], tuple]) -> Checkpoint:
+    """The checkpoint of run folder ``out`` for ``--resume``: ``out/checkpoint/``, or the
+    single ``checkpoint.pt`` earlier versions of a loop wrote (``legacy(blob)`` splits it into
+    ``(trainer_state, extra)``); then removes what a crashed save left beside it."""
+    out = Path(out)
+    old = out / "checkpoint.pt"
+    if not (out / "checkpoint").exists() and old.is_file():
+        blob = read_pickled_state(old, what="a training checkpoint")
+        return Checkpoint(old, blob["model"], blob["optimizer"], *legacy(blob))
+    ckpt = load_checkpoint(out / "checkpoint")  # no checkpoint: "OUT: no checkpoint to resume from"
+    remove_debris(out, names=("checkpoint",))
+    return ckpt
 
 
 def keep_last(run_dir: os.PathLike, n: int) -> Callable[[Path], None]:

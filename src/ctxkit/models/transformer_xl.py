@@ -17,7 +17,6 @@ softmax; the untied one keeps this module small and uses PyTorch's tested kernel
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -28,13 +27,14 @@ from torch import Tensor, nn
 from ..layers import AddNorm, PositionwiseFFN, causal_mask, sinusoidal_table
 from ..layers.relative_attention import RelativeMultiHeadAttention
 from ..core.errors import UserError
+from .common import PaperNames
 
 __all__ = ["TransformerXLConfig", "TRANSFO_XL_PRESETS", "AdaptiveEmbedding", "TransformerXLLayer", "TransformerXLModel",
            "TransformerXLLMHeadModel", "TransformerXLLMOutput"]
 
 
 @dataclass(frozen=True)
-class TransformerXLConfig:
+class TransformerXLConfig(PaperNames):
     """Architecture and segment lengths of a Transformer-XL language model (Dai et al. 2019).
 
     Attributes:
@@ -76,27 +76,6 @@ class TransformerXLConfig:
     d_embed: int = 0
     same_length: bool = False
 
-    # The common names (ctxkit.models.families): read-only views of the stored fields, whose
-    # names follow the checkpoint format and must not change.
-    @property
-    def hidden_size(self) -> int:
-        return self.d_model
-
-    @property
-    def num_layers(self) -> int:
-        return self.n_layers
-
-    @property
-    def num_heads(self) -> int:
-        return self.n_heads
-
-    @property
-    def ffn_size(self) -> int:
-        return self.d_inner
-
-    def replace(self, **changes) -> "TransformerXLConfig":
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
 
 
 # One line per preset for `ctxkit list-models` (ctxkit.models.families).

@@ -23,7 +23,6 @@ converted to and from ``nn.Linear`` weights on load and save.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -46,6 +45,7 @@ from ..core.checkpoint import (
 from ..layers import AddNorm, PositionwiseFFN, RelativeMultiHeadAttention, rel_shift
 from ..layers.attention import masked_softmax
 from ..core.errors import UserError
+from .common import PaperNames
 
 __all__ = ["XLNetConfig", "XLNET_PRESETS", "XLNetOutput", "XLNetRelativeAttention", "XLNetLayer", "XLNetModel",
            "XLNetLMHeadModel", "PermutationMasks", "bidirectional_position_encoding", "sample_permutation_masks",
@@ -53,7 +53,7 @@ __all__ = ["XLNetConfig", "XLNET_PRESETS", "XLNetOutput", "XLNetRelativeAttentio
 
 
 @dataclass(frozen=True)
-class XLNetConfig:
+class XLNetConfig(PaperNames):
     """Architecture of an XLNet model (Yang et al. 2019): a post-norm Transformer-XL body
     with bidirectional relative positions, relative segment encodings and two-stream attention.
 
@@ -82,27 +82,6 @@ class XLNetConfig:
     clamp_len: int = -1
     mem_len: int = 0
 
-    # The common names (ctxkit.models.families): read-only views of the stored fields, whose
-    # names follow the checkpoint format and must not change.
-    @property
-    def hidden_size(self) -> int:
-        return self.d_model
-
-    @property
-    def num_layers(self) -> int:
-        return self.n_layers
-
-    @property
-    def num_heads(self) -> int:
-        return self.n_heads
-
-    @property
-    def ffn_size(self) -> int:
-        return self.d_inner
-
-    def replace(self, **changes) -> "XLNetConfig":
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
 
 
 # One line per preset for `ctxkit list-models` (ctxkit.models.families).

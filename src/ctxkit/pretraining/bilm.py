@@ -42,9 +42,8 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..core.checkpoint import CheckpointError, atomic_write, load_state_dict_strict, read_pickled_state
-from ..core.durable import remove_debris
-from ..core.run_state import Checkpoint, autocast, load_checkpoint, resolve_device, restore_rng
+from ..core.checkpoint import CheckpointError, atomic_write, load_state_dict_strict
+from ..core.run_state import Checkpoint, autocast, resolve_device, restore_rng, resume_checkpoint
 from ..core.run_state import save_checkpoint as write_checkpoint
 from ..models.elmo import ELMO_PRESETS, ElmoConfig, ElmoLanguageModel
 from ..models.elmo_chars import BOS_TOKEN, EOS_TOKEN, word_to_char_ids
@@ -52,7 +51,7 @@ from ..models.elmo_io import config_to_options, save_elmo_lm, write_bilm_tf
 from ..data.errors import require_rereadable
 from ..tokenizers import read_lines
 from ..training.callbacks import Callback, CallbackList, JsonlWriter
-from ..core.errors import MissingFileError, UnknownNameError, UserError
+from ..core.errors import UnknownNameError, UserError
 
 __all__ = ["UNK_TOKEN", "BiLMTrainConfig", "build_vocab", "corpus_stream", "char_table", "batchify", "evaluate_bilm", "train_bilm"]
 
@@ -210,18 +209,8 @@ def _resolve_model_config(model_config: Union[str, ElmoConfig]) -> ElmoConfig:
 
 def _read_checkpoint(out: Path) -> Checkpoint:
     """``out/checkpoint/``, or the single ``checkpoint.pt`` earlier versions wrote."""
-    legacy = out / "checkpoint.pt"
-    if not (out / "checkpoint").exists() and legacy.is_file():
-        blob = read_pickled_state(legacy, what="a training checkpoint")
-        return Checkpoint(legacy, blob["model"], blob["optimizer"],
-                          {k: blob[k] for k in ("run", "train_config", "model_config")},
-                          {k: blob[k] for k in ("scheduler", "lstm_state", "rng")})
-    try:
-        ckpt = load_checkpoint(out / "checkpoint")
-    except MissingFileError:
-        raise MissingFileError(f"{out}: no checkpoint to resume from") from None
-    remove_debris(out, names=("checkpoint",))  # what a crashed save left beside it
-    return ckpt
+    return resume_checkpoint(out, lambda blob: ({k: blob[k] for k in ("run", "train_config", "model_config")},
+                                                {k: blob[k] for k in ("scheduler", "lstm_state", "rng")}))
 
 
 # Fields that fix the data order or the model: a resume must not change them.

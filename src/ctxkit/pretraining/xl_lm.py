@@ -41,9 +41,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..core.checkpoint import CheckpointError, atomic_write, load_state_dict_strict, read_pickled_state
-from ..core.durable import remove_debris
-from ..core.run_state import Checkpoint, autocast, load_checkpoint, resolve_device, restore_rng
+from ..core.checkpoint import CheckpointError, atomic_write, load_state_dict_strict
+from ..core.run_state import Checkpoint, autocast, resolve_device, restore_rng, resume_checkpoint
 from ..core.run_state import save_checkpoint as write_checkpoint
 from ..layers import causal_mask
 from ..layers.transformer import TransformerEncoder
@@ -52,7 +51,7 @@ from ..models.transformer_xl import (AdaptiveEmbedding, TransformerXLConfig, Tra
 from ..data.errors import require_rereadable
 from ..tokenizers import read_lines
 from ..training.callbacks import Callback, CallbackList, JsonlWriter
-from ..core.errors import MissingFileError, UserError
+from ..core.errors import UserError
 
 __all__ = ["EOS", "UNK", "XLTrainConfig", "build_xl_vocab", "xl_stream", "make_rows", "VanillaTransformerLM", "build_model",
            "lm_forward", "evaluate_xl_lm", "train_xl_lm", "save_xl_lm", "load_xl_lm"]
@@ -416,17 +415,8 @@ def _train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pa
 
 def _read_checkpoint(out: Path) -> Checkpoint:
     """``out/checkpoint/``, or the single ``checkpoint.pt`` earlier versions wrote."""
-    legacy = out / "checkpoint.pt"
-    if not (out / "checkpoint").exists() and legacy.is_file():
-        blob = read_pickled_state(legacy, what="a training checkpoint")
-        return Checkpoint(legacy, blob["model"], blob["optimizer"], {"run": blob["run"], "train_config": blob["train_config"]},
-                          {"mems": blob["mems"], "rng": blob["rng"]})
-    try:
-        ckpt = load_checkpoint(out / "checkpoint")
-    except MissingFileError:
-        raise MissingFileError(f"{out}: no checkpoint to resume from") from None
-    remove_debris(out, names=("checkpoint",))  # what a crashed save left beside it
-    return ckpt
+    return resume_checkpoint(out, lambda blob: ({"run": blob["run"], "train_config": blob["train_config"]},
+                                                {"mems": blob["mems"], "rng": blob["rng"]}))
 
 
 def _write_text(path: Path, text: str) -> None:
