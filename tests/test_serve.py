@@ -42,7 +42,7 @@ from tolerance import assert_paths_agree  # noqa: E402
 
 CONLL_TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
 # Concurrent requests in the load test (32 at a time; the durability issue's 8,000-request run is by hand).
-N_REQUESTS = 1000
+N_REQUESTS = 600  # at concurrency 32: batching, ordering and stats under load, in ~15 s on 2 cores
 # One unit in the last of the 4 decimals predict_lines rounds probabilities and scores to.
 ROUNDING = 1.01e-4
 
@@ -207,7 +207,7 @@ async def _drive(base: str, jobs, concurrency: int, bad_cases):
     return answers, latencies, wall[0], bad, health
 
 
-def test_1000_concurrent_requests_match_offline_predictions_next_to_malformed_ones(cls_loaded, sentences, caplog):
+def test_600_concurrent_requests_match_offline_predictions_next_to_malformed_ones(cls_loaded, sentences, caplog):
     task, model, tokenizer, _ = cls_loaded
     n = len(sentences)
     jobs, lines = [], []

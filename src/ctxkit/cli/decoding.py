@@ -17,6 +17,7 @@ import torch
 
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
+from .train_flags import add_train_flags, train_config_from_args
 
 logger = logging.getLogger("ctxkit")
 
@@ -150,14 +151,11 @@ def add_generate_command(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_translate_train(args: argparse.Namespace) -> int:
-    from ..training import TrainConfig
     from ..tasks.translation import train_translation
 
     logging.getLogger("ctxkit").setLevel(logging.INFO)
     callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")
-    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_ratio=args.warmup_ratio,
-                         weight_decay=args.weight_decay, max_steps=args.max_steps, seed=args.seed, device=args.device,
-                         schedule=args.schedule, progress=not args.no_progress, log_every=args.log_every, max_minutes=args.max_minutes)
+    config = train_config_from_args(args)
     overrides = {"dropout": args.dropout} if args.dropout is not None else {}
     summary = train_translation((args.train_src, args.train_tgt), (args.valid_src, args.valid_tgt), args.out, config,
                                 preset=args.preset, vocab_size=args.vocab_size, max_length=args.max_length,
@@ -206,21 +204,10 @@ def add_translation_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default="transformer_3_256_8")
     p.add_argument("--vocab-size", type=int, default=8000, help="joint BPE vocabulary (default: 8000)")
     p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--epochs", type=float, default=10.0)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--max-minutes", type=float, default=None)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup-ratio", type=float, default=0.05)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--schedule", choices=("inverse_sqrt", "linear", "polynomial"), default="inverse_sqrt")
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     p.add_argument("--eval-beams", type=int, default=1, help="beams for the per-epoch validation BLEU (default: greedy)")
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--no-progress", action="store_true")
+    add_train_flags(p, "translate-train")  # epochs, lr, schedule, ... (cli/train_flags.py)
     add_log_to_argument(p)
     p.set_defaults(func=_cmd_translate_train)
 

@@ -22,9 +22,9 @@ from ..pretraining.bilm import BiLMTrainConfig, char_table, corpus_stream, evalu
 from ..pretraining.corpus import FORMATS
 from ..pretraining.xl_lm import XLTrainConfig, _write_text, evaluate_xl_lm, load_xl_lm, train_xl_lm, xl_stream
 from ..pretraining.xlnet_pretrain import pretrain_xlnet
-from ..training import TrainConfig
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
+from .train_flags import add_train_flags, train_config_from_args
 
 __all__ = ["add_commands"]
 
@@ -137,20 +137,12 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     """Handler of ``pretrain``; prints a JSON summary and returns 0."""
     import logging
 
-    from ..training import TrainConfig
     from ..pretraining.masking import MaskingConfig
     from ..pretraining.train import pretrain
 
     logging.getLogger("ctxkit").setLevel(logging.INFO)
     callbacks = make_callbacks(args.log_to, args.out)  # a missing extra fails before the shards are read
-    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_ratio=args.warmup_ratio,
-                         weight_decay=args.weight_decay, max_steps=args.max_steps, save_every=args.save_every, seed=args.seed,
-                         device=args.device, precision=args.precision, log_every=args.log_every, peak_tflops=args.peak_tflops,
-                         grad_accum=args.grad_accum, progress=not args.no_progress, eval_each_epoch=False, group_factor=args.group_factor,
-                         optimizer=args.optimizer, keep_last=args.keep_last, max_minutes=args.max_minutes, compile=args.compile,
-                         activation_checkpointing=args.activation_checkpointing, schedule=args.schedule,
-                         schedule_power=args.schedule_power, bf16_residual=args.bf16_residual, grad_reduce_dtype=args.grad_reduce_dtype,
-                         overlap_grad_reduce=args.overlap_grad_reduce, parallel=args.parallel)
+    config = train_config_from_args(args, eval_each_epoch=False)
     masking = MaskingConfig(whole_word=args.whole_word, max_predictions=args.max_predictions)
     summary = pretrain(args.data, args.preset, args.out, config, args.tokenizer and _tokenizer_dir(args.tokenizer), masking, args.resume,
                        callbacks=callbacks)
@@ -166,42 +158,10 @@ def add_pretrain_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default="bert_4_256_4", help="architecture (default: bert_4_256_4)")
     p.add_argument("--out", required=True, metavar="RUN_DIR")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder or checkpoint name (default: the one in the shards' meta.json)")
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=None, help="stop after N optimiser steps")
-    p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget; stops with a resumable checkpoint")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup-ratio", type=float, default=0.06)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--optimizer", choices=("adamw", "lamb"), default="adamw", help="LAMB for very large batches")
-    p.add_argument("--schedule", choices=("linear", "polynomial"), default="linear",
-                   help="learning-rate decay after warmup (default: linear)")
-    p.add_argument("--schedule-power", type=float, default=2.0, help="exponent of the polynomial decay (default: 2.0)")
-    p.add_argument("--compile", action="store_true", help="torch.compile each Transformer layer (fused kernels; first steps slower)")
-    p.add_argument("--activation-checkpointing", action="store_true",
-                   help="recompute each layer in the backward pass: less memory for bigger batches, ~1/3 more compute")
-    p.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp",
-                   help="under torchrun only: ddp replicates the model on every rank; fsdp shards weights, gradients and "
-                        "optimiser state over the ranks (FSDP2, less memory per GPU, no CUDA graphs) (default: ddp)")
-    p.add_argument("--bf16-residual", action="store_true",
-                   help="keep the residual stream in bf16 under autocast (faster; one bf16 rounding per sub-layer)")
-    p.add_argument("--grad-reduce-dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="dtype of the multi-GPU gradient all-reduce (bfloat16: half the bytes, rounded average)")
-    p.add_argument("--overlap-grad-reduce", action="store_true",
-                   help="multi-GPU: all-reduce gradient buckets during the backward pass (with --compile: the model compiled as 2 segments)")
-    p.add_argument("--keep-last", type=int, default=1, help="checkpoints to keep (the latest is checkpoint/)")
+    add_train_flags(p, "pretrain")  # epochs, lr, optimizer, schedule, ... (cli/train_flags.py)
     p.add_argument("--whole-word", action="store_true", help="whole-word masking")
     p.add_argument("--max-predictions", type=int, default=20, help="masked positions per sequence at most (BERT: 20 at seq 128)")
-    p.add_argument("--group-factor", type=int, default=50, help="length grouping of batches (0 = plain shuffle)")
-    p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (and at epoch ends)")
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--peak-tflops", type=float, default=None, help="device bf16 peak for MFU in the log (e.g. 811 measured on H100)")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
-    p.add_argument("--no-progress", action="store_true")
     add_log_to_argument(p)
     p.set_defaults(func=cmd_pretrain)
 
@@ -210,14 +170,11 @@ def cmd_lm_train(args: argparse.Namespace) -> int:
     """Handler of ``lm-train``; prints a JSON summary."""
     import logging
 
-    from ..training import TrainConfig
     from ..pretraining.lm import train_lm
 
     logging.getLogger("ctxkit").setLevel(logging.INFO)
     callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")
-    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_ratio=args.warmup_ratio,
-                         weight_decay=args.weight_decay, max_steps=args.max_steps, seed=args.seed, device=args.device,
-                         log_every=args.log_every, progress=not args.no_progress, compile=args.compile, max_minutes=args.max_minutes)
+    config = train_config_from_args(args)
     summary = train_lm(args.train, args.valid, args.preset, args.out, config, tokenizer_dir=args.tokenizer,
                        vocab_size=args.vocab_size, block_size=args.block_size, eval_stride=args.stride, callbacks=callbacks)
     print(json.dumps(summary, indent=2))
@@ -260,18 +217,7 @@ def add_lm_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vocab-size", type=int, default=8000, help="BPE vocabulary to train (default: 8000)")
     p.add_argument("--block-size", type=int, default=128, help="training length = context length (default: 128)")
     p.add_argument("--stride", type=int, default=None, help="perplexity window step (default: block size / 2)")
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--max-minutes", type=float, default=None)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup-ratio", type=float, default=0.05)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--compile", action="store_true")
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--no-progress", action="store_true")
+    add_train_flags(p, "lm-train")  # epochs, lr, ... (cli/train_flags.py)
     add_log_to_argument(p)
     p.set_defaults(func=cmd_lm_train)
 
@@ -352,10 +298,7 @@ def _cmd_xlnet(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("d_model", args.d_model), ("n_layers", args.n_layers), ("n_heads", args.n_heads),
                                    ("d_inner", args.d_inner), ("dropout", args.dropout)) if v is not None}
     arch = XLNET_PRESETS[args.preset].replace(**overrides)
-    config = TrainConfig(epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size, grad_accum=args.grad_accum,
-                         lr=args.lr, warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay, save_every=args.save_every,
-                         log_every=args.log_every, seed=args.seed, device=args.device, precision=args.precision,
-                         progress=not args.no_progress, eval_each_epoch=False)
+    config = train_config_from_args(args, eval_each_epoch=False)
     summary = pretrain_xlnet(args.data, arch, args.out, config, K=args.K, resume=args.resume, callbacks=callbacks)
     print(json.dumps(summary, indent=2))
     return 0
@@ -373,19 +316,7 @@ def _add_xlnet(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     p.add_argument("--out", required=True, metavar="RUN_DIR")
     p.add_argument("--K", type=float, default=6.0, help="predict about 1/K of the tokens (default: 6)")
-    p.add_argument("--epochs", type=float, default=1.0)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--warmup-ratio", type=float, default=0.06)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--save-every", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto")
-    p.add_argument("--no-progress", action="store_true")
+    add_train_flags(p, "pretrain-xlnet")  # epochs, lr, ... (cli/train_flags.py)
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
     add_log_to_argument(p)
     p.set_defaults(func=_cmd_xlnet)

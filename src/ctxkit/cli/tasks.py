@@ -10,10 +10,10 @@ import argparse
 import json
 import logging
 import sys
-from dataclasses import fields
 
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
+from .train_flags import add_train_flags, train_config_from_args
 
 __all__ = ["add_commands"]
 
@@ -42,14 +42,13 @@ def _task_options(args: argparse.Namespace) -> dict:
 
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
-    from ..training import TrainConfig
     from ..tasks import finetune, get_task
 
     logging.getLogger("ctxkit").setLevel(logging.INFO)
     task = get_task(args.task, **_task_options(args))
     # Built before any data is read: a missing --log-to extra costs no training time.
     callbacks = make_callbacks(args.log_to, args.out, eval_name=task.eval_splits[0])
-    config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None})
+    config = train_config_from_args(args)
     summary = finetune(task, args.model, args.data, args.out, config, resume=args.resume,
                        limit_train=args.limit_train, limit_eval=args.limit_eval, eval_data=args.eval_data, callbacks=callbacks)
     print(json.dumps(summary, indent=2))
@@ -118,23 +117,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="all_minilm_l6_v2", help="checkpoint name or HF folder (default: all_minilm_l6_v2)")
     p.add_argument("--data", required=True, help="task data folder (GLUE task folder, CoNLL folder, SQuAD file or folder, or your train/dev files)")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run folder (log.jsonl, curve.png, best/, results.json)")
-    p.add_argument("--epochs", type=float, help="passes over the training data (default: 3)")
-    p.add_argument("--lr", type=float, help="peak learning rate (default: 5e-5)")
-    p.add_argument("--batch-size", dest="batch_size", type=int, help="examples per optimiser step (default: 32)")
-    p.add_argument("--eval-batch-size", dest="eval_batch_size", type=int, help="examples per evaluation batch (default: 128)")
-    p.add_argument("--grad-accum", dest="grad_accum", type=int, help="micro-batches per step (default: 1)")
-    p.add_argument("--warmup-ratio", dest="warmup_ratio", type=float, help="share of warmup steps (default: 0.1)")
-    p.add_argument("--weight-decay", dest="weight_decay", type=float, help="AdamW weight decay (default: 0.01)")
-    p.add_argument("--max-grad-norm", dest="max_grad_norm", type=float, help="gradient clipping, 0 = off (default: 1.0)")
+    add_train_flags(p, "finetune")  # epochs, lr, batch sizes, ... (cli/train_flags.py)
     p.add_argument("--max-length", dest="max_length", type=int, help="tokens per example / QA window")
     p.add_argument("--doc-stride", dest="doc_stride", type=int, help="QA: step between windows in context tokens (default: 128)")
-    p.add_argument("--seed", type=int, help="random seed (default: 42)")
-    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), help="auto = bf16 on GPU, fp32 on CPU")
-    p.add_argument("--device", help="auto, cpu, cuda, cuda:1 ... (default: auto)")
-    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
-    p.add_argument("--max-steps", dest="max_steps", type=int, help="stop after N optimiser steps (resume later with --resume)")
-    p.add_argument("--save-every", dest="save_every", type=int, help="checkpoint every N steps as well as each epoch")
-    p.add_argument("--log-every", dest="log_every", type=int, help="log the mean training loss every N steps to log.jsonl (default: 50)")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
     p.add_argument("--limit-train", type=int, help="use only the first N training examples")
     p.add_argument("--limit-eval", type=int, help="use only the first N evaluation examples (recorded; evaluate applies it too)")
@@ -149,7 +134,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                         "outside it is an error")
     p.add_argument("--allow-unknown-tags", dest="allow_unknown_tags", action="store_true",
                    help="conll2003: score evaluation tags outside the label set as missed entities instead of refusing them")
-    p.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="hide progress bars")
     add_log_to_argument(p)
     p.set_defaults(func=_cmd_finetune)
 

@@ -1,0 +1,216 @@
+"""The training flags of every verb that trains with :class:`~ctxkit.training.TrainConfig`,
+generated from the dataclass: one table of one-line helps, one table of the verbs' defaults.
+
+A flag is a :class:`TrainConfig` field with a line in :data:`HELP`: its name is the field's
+(``max_grad_norm`` -> ``--max-grad-norm``), its type the field's annotation (``Optional[int]``
+-> ``int``; a ``str`` field takes no type, a ``bool`` field is a switch), its choices those of
+:data:`CHOICES`, its default :class:`TrainConfig`'s unless the verb's row of :data:`VERBS`
+says otherwise. :func:`add_train_flags` adds a verb's flags to its parser and
+:func:`train_config_from_args` builds the :class:`TrainConfig` back from the parsed arguments.
+
+Two styles of verb:
+
+* ``finetune`` *defers*: every flag's argparse default is None (a switch: None too), and
+  a flag left out leaves :class:`TrainConfig`'s own default; ``--no-progress`` stores False
+  in ``progress``.
+* every other verb states its defaults: the argparse default is the verb's (from
+  :data:`VERBS`, else :class:`TrainConfig`'s), a switch defaults to False, and
+  ``--no-progress`` stores True in ``no_progress``.
+
+The verbs' defaults as they were written by hand on each verb (kept, so no command line
+changes meaning; "-" = no such flag, the verb uses TrainConfig's value or fixes its own)::
+
+    field             TrainConfig  finetune   translate-train  pretrain   lm-train  pretrain-xlnet
+    epochs            3.0          (3.0)      10.0             1.0        1.0       1.0
+    batch_size        32           (32)       128              256        64        32
+    eval_batch_size   128          (128)      -                -          -         -
+    lr                5e-5         (5e-5)     1e-3             1e-3       1e-3      1e-4
+    weight_decay      0.01         (0.01)     0.0              0.01       0.01      0.01
+    warmup_ratio      0.1          (0.1)      0.05             0.06       0.05      0.06
+    grad_accum        1            (1)        -                1          -         1
+    max_grad_norm     1.0          (1.0)      -                -          -         -
+    schedule          linear       -          inverse_sqrt     linear     -         -
+                                              (+inverse_sqrt)  (linear, polynomial only)
+    group_factor      None         -          -                50         -         -
+    eval_each_epoch   True         -          -                False*     -         False*
+    seed 42, device auto, log_every 50, max_steps None, save_every 0, precision auto,
+    max_minutes None, compile False, progress True: the same wherever they are flags.
+    pretrain alone: optimizer, schedule_power, keep_last, peak_tflops, parallel,
+    activation_checkpointing, bf16_residual, grad_reduce_dtype, overlap_grad_reduce
+    (TrainConfig's defaults).
+
+    (x) = deferred to TrainConfig; * = fixed by the verb (``train_config_from_args(args,
+    eval_each_epoch=False)``), not a flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+from ..training import TrainConfig
+
+__all__ = ["HELP", "CHOICES", "VERBS", "VerbFlags", "add_train_flags", "train_config_from_args", "flag_specs"]
+
+# One line per TrainConfig field that is a command-line flag (the field docs of TrainConfig
+# say more). "(default: ...)" is added with the verb's own default.
+HELP: Dict[str, str] = {
+    "epochs": "passes over the training data",
+    "max_steps": "stop after N optimiser steps (resume later with --resume)",
+    "max_minutes": "wall-clock budget; stops with a resumable checkpoint",
+    "batch_size": "examples per optimiser step",
+    "eval_batch_size": "examples per evaluation batch",
+    "grad_accum": "micro-batches per optimiser step",
+    "lr": "peak learning rate",
+    "warmup_ratio": "share of warmup steps",
+    "weight_decay": "AdamW weight decay",
+    "max_grad_norm": "gradient clipping, 0 = off",
+    "optimizer": "LAMB for very large batches",
+    "schedule": "learning-rate decay after warmup",
+    "schedule_power": "exponent of the polynomial decay",
+    "compile": "torch.compile the model (each Transformer layer; fused kernels, first steps slower)",
+    "activation_checkpointing": "recompute each layer in the backward pass: less memory for bigger batches, ~1/3 more compute",
+    "parallel": "under torchrun only: ddp replicates the model on every rank; fsdp shards weights, gradients and "
+                "optimiser state over the ranks (FSDP2, less memory per GPU, no CUDA graphs)",
+    "bf16_residual": "keep the residual stream in bf16 under autocast (faster; one bf16 rounding per sub-layer)",
+    "grad_reduce_dtype": "dtype of the multi-GPU gradient all-reduce (bfloat16: half the bytes, rounded average)",
+    "overlap_grad_reduce": "multi-GPU: all-reduce gradient buckets during the backward pass "
+                           "(with --compile: the model compiled as 2 segments)",
+    "keep_last": "checkpoints to keep (the latest is checkpoint/)",
+    "group_factor": "length grouping of batches (0 = plain shuffle)",
+    "save_every": "checkpoint every N steps as well as each epoch",
+    "log_every": "log the mean training loss every N steps to log.jsonl",
+    "peak_tflops": "device bf16 peak for MFU in the log (e.g. 811 measured on H100)",
+    "seed": "random seed",
+    "device": "auto, cpu, cuda, cuda:1 ...",
+    "precision": "auto = bf16 on GPU, fp32 on CPU",
+    "progress": "hide progress bars",
+}
+
+# The values a str field accepts (a verb may narrow them in its VerbFlags.choices).
+CHOICES: Dict[str, Tuple[str, ...]] = {
+    "precision": ("auto", "bf16", "fp32"),
+    "optimizer": ("adamw", "lamb"),
+    "schedule": ("inverse_sqrt", "linear", "polynomial"),
+    "parallel": ("ddp", "fsdp"),
+    "grad_reduce_dtype": ("float32", "bfloat16"),
+}
+
+
+@dataclass(frozen=True)
+class VerbFlags:
+    """One verb's training flags: which fields, in which order, and where it departs
+    from :class:`TrainConfig` (``defaults``, ``choices``); ``defer``: see the module doc."""
+
+    include: Tuple[str, ...]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    choices: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
+    defer: bool = False
+
+
+# The one place the verbs' defaults live (the table in the module doc, as data).
+VERBS: Dict[str, VerbFlags] = {
+    "finetune": VerbFlags(
+        include=("epochs", "lr", "batch_size", "eval_batch_size", "grad_accum", "warmup_ratio", "weight_decay", "max_grad_norm",
+                 "seed", "precision", "device", "compile", "max_steps", "save_every", "log_every", "progress"),
+        defer=True),
+    "translate-train": VerbFlags(
+        include=("epochs", "max_steps", "max_minutes", "batch_size", "lr", "warmup_ratio", "weight_decay", "schedule",
+                 "log_every", "seed", "device", "progress"),
+        defaults={"epochs": 10.0, "batch_size": 128, "lr": 1e-3, "warmup_ratio": 0.05, "weight_decay": 0.0,
+                  "schedule": "inverse_sqrt"}),
+    "pretrain": VerbFlags(
+        include=("epochs", "max_steps", "max_minutes", "batch_size", "grad_accum", "lr", "warmup_ratio", "weight_decay",
+                 "optimizer", "schedule", "schedule_power", "compile", "activation_checkpointing", "parallel", "bf16_residual",
+                 "grad_reduce_dtype", "overlap_grad_reduce", "keep_last", "group_factor", "save_every", "log_every",
+                 "peak_tflops", "seed", "device", "precision", "progress"),
+        defaults={"epochs": 1.0, "batch_size": 256, "lr": 1e-3, "warmup_ratio": 0.06, "group_factor": 50},
+        choices={"schedule": ("linear", "polynomial")}),
+    "lm-train": VerbFlags(
+        include=("epochs", "max_steps", "max_minutes", "batch_size", "lr", "warmup_ratio", "weight_decay", "compile",
+                 "log_every", "seed", "device", "progress"),
+        defaults={"epochs": 1.0, "batch_size": 64, "lr": 1e-3, "warmup_ratio": 0.05}),
+    "pretrain-xlnet": VerbFlags(
+        include=("epochs", "max_steps", "batch_size", "grad_accum", "lr", "warmup_ratio", "weight_decay", "save_every",
+                 "log_every", "seed", "device", "precision", "progress"),
+        defaults={"epochs": 1.0, "lr": 1e-4, "warmup_ratio": 0.06}),
+}
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_HINTS = typing.get_type_hints(TrainConfig)
+
+
+def _field_type(name: str):
+    """The annotation without ``Optional``: ``int``, ``float``, ``str`` or ``bool``."""
+    hint = _HINTS[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
+
+
+def _default_text(value: Any) -> str:
+    return "off" if value is None else str(value)
+
+
+def flag_specs(verb: str, include: Optional[Sequence[str]] = None,
+               overrides: Optional[Mapping[str, Any]] = None) -> list:
+    """``(option strings, add_argument keywords)`` of a verb's training flags, in order."""
+    table = VERBS[verb]
+    defaults = {**table.defaults, **(overrides or {})}
+    specs = []
+    for name in include if include is not None else table.include:
+        if name not in _FIELDS or name not in HELP:
+            raise ValueError(f"{name!r} is not a TrainConfig field with a command-line flag")
+        kind = _field_type(name)
+        default = defaults.get(name, _FIELDS[name].default)
+        flag = "--" + name.replace("_", "-")
+        kw: Dict[str, Any] = {"dest": name}
+        if kind is bool:
+            if default:  # a switch that turns a default-on setting off: --no-progress
+                flag = "--no-" + name.replace("_", "-")
+                if table.defer:  # stores False in the field itself
+                    kw.update(action="store_false", default=None)
+                else:  # stores True in no_<field>
+                    kw.update(action="store_true", dest="no_" + name, default=False)
+                kw["help"] = HELP[name]
+            else:
+                kw.update(action="store_true", default=None if table.defer else False, help=HELP[name])
+        else:
+            if kind is not str:
+                kw["type"] = kind
+            choices = table.choices.get(name, CHOICES.get(name))
+            if choices:
+                kw["choices"] = choices
+            kw["default"] = None if table.defer else default
+            kw["help"] = f"{HELP[name]} (default: {_default_text(default)})"
+        specs.append(((flag,), kw))
+    return specs
+
+
+def add_train_flags(parser: argparse.ArgumentParser, verb: str, include: Optional[Sequence[str]] = None,
+                    overrides: Optional[Mapping[str, Any]] = None) -> None:
+    """Add ``verb``'s training flags (its row of :data:`VERBS`) to its parser.
+
+    Args:
+        include: the fields to add, in order (default: the verb's row).
+        overrides: defaults that replace the row's (and TrainConfig's), by field name.
+    """
+    for flags, kw in flag_specs(verb, include, overrides):
+        parser.add_argument(*flags, **kw)
+
+
+def train_config_from_args(args: argparse.Namespace, **fixed: Any) -> TrainConfig:
+    """The :class:`TrainConfig` of parsed arguments: every field the namespace holds (a
+    None leaves TrainConfig's default; ``no_<field>`` sets ``<field>`` to its negation),
+    then ``fixed`` (settings the verb does not offer as flags, e.g. ``eval_each_epoch``)."""
+    values = {}
+    for name in _FIELDS:
+        value = getattr(args, name, None)
+        if value is None and isinstance(getattr(args, "no_" + name, None), bool):
+            value = not getattr(args, "no_" + name)
+        if value is not None:
+            values[name] = value
+    values.update(fixed)
+    return TrainConfig(**values)
