@@ -150,3 +150,20 @@ def tiny_bert_dir(shared_data, tmp_path_factory) -> Path:
     model = BertModel(BertConfig(num_layers=2, hidden_size=32, num_heads=2, ffn_size=64,
                                  vocab_size=tokenizer.vocab_size, max_position=128))
     return save_bert(model, tmp_path_factory.mktemp("tiny_bert"), tokenizer)
+
+
+@pytest.fixture(scope="module")
+def sst_table(shared_data, tmp_path_factory) -> Path:
+    """48 training and 24 dev rows of SST-2 as the user's own CSV files (6 steps of 8, one
+    epoch): the fastest real fine-tuning input, for tests of the pipeline around training."""
+    import csv
+
+    with open(shared_data / "glue" / "SST-2" / "train.tsv", encoding="utf-8") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
+    folder = tmp_path_factory.mktemp("table")
+    for name, part in (("train.csv", rows[:48]), ("dev.csv", rows[1000:1024])):
+        with open(folder / name, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(["text", "label"])
+            writer.writerows([[text.strip(), "pos" if label == "1" else "neg"] for text, label in part])
+    return folder

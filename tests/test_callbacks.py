@@ -5,7 +5,6 @@ that record every call (the real packages are optional extras). The fine-tuning 
 the randomly initialised 2-layer, 32-wide BERT (``tiny_bert_dir``): a step costs milliseconds.
 """
 
-import csv
 import importlib.util
 import json
 import sys
@@ -21,20 +20,6 @@ from torch import nn
 from ctxkit.cli import main
 from ctxkit.training import TrainConfig, Trainer
 from ctxkit.training.callbacks import Callback, CallbackList, JsonlWriter, make_callbacks
-
-
-@pytest.fixture(scope="module")
-def sst_table(shared_data, tmp_path_factory) -> Path:
-    """48 training and 24 dev rows of SST-2 as the user's own CSV files (6 steps of 8, one epoch)."""
-    with open(shared_data / "glue" / "SST-2" / "train.tsv", encoding="utf-8") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
-    folder = tmp_path_factory.mktemp("table")
-    for name, part in (("train.csv", rows[:48]), ("dev.csv", rows[1000:1024])):
-        with open(folder / name, "w", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
-            writer.writerow(["text", "label"])
-            writer.writerows([[text.strip(), "pos" if label == "1" else "neg"] for text, label in part])
-    return folder
 
 
 def _finetune(model_dir, data, out, *extra):

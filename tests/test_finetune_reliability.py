@@ -6,7 +6,6 @@ The model is a randomly initialised 2-layer, 32-wide BERT (``tiny_bert_dir``): t
 are about the pipeline, so a step costs milliseconds.
 """
 
-import csv
 import json
 from pathlib import Path
 
@@ -19,20 +18,6 @@ from ctxkit.cli import main
 pytestmark = pytest.mark.usefixtures("tiny_bert_dir")
 
 STEPS_PER_EPOCH = 6  # 48 training rows, batch 8
-
-
-@pytest.fixture(scope="module")
-def sst_table(shared_data, tmp_path_factory) -> Path:
-    """48 training and 24 dev rows of SST-2 as the user's own CSV files."""
-    with open(shared_data / "glue" / "SST-2" / "train.tsv", encoding="utf-8") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:]
-    folder = tmp_path_factory.mktemp("table")
-    for name, part in (("train.csv", rows[:48]), ("dev.csv", rows[1000:1024])):
-        with open(folder / name, "w", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
-            writer.writerow(["text", "label"])
-            writer.writerows([[text.strip(), "pos" if label == "1" else "neg"] for text, label in part])
-    return folder
 
 
 def _finetune(model_dir, data, out, *extra, epochs="2"):
