@@ -5,7 +5,7 @@
     python benchmarks/serve_load.py --rounds 3 --busy 0 1 2 --settings default omp1 omp2   # the recorded run (~13 min)
 
 For each thread setting, ``ctxkit serve`` starts as a subprocess on a free loopback port
-(``python -m ctxkit.inference.serve``, the CLI's code), gets 64 warm-up requests, then
+(``python -m ctxkit serve``, the CLI's code), gets 64 warm-up requests, then
 ``--requests`` requests from ``--concurrency`` connections of one httpx.AsyncClient: the
 mix of tests/test_serve.py (80% one SST-2 sentence, 10% a list of 3, 10% a sentence pair;
 real dev and train sentences of 4 to 14 words). Recorded per setting: errors (non-2xx
@@ -149,14 +149,14 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def server(run: Path, args: list, omp, log_path: Path):
-    """``python -m ctxkit.inference.serve RUN`` on a free loopback port; yields (base URL, Popen)."""
+    """``python -m ctxkit serve RUN`` on a free loopback port; yields (base URL, Popen)."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     if omp is not None:
         env["OMP_NUM_THREADS"] = omp
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
     with open(log_path, "wb") as log:  # a file, not a pipe: a full pipe would stall the server's log lines
-        proc = subprocess.Popen([sys.executable, "-m", "ctxkit.inference.serve", str(run), "--port", str(port), "--device", "cpu",
+        proc = subprocess.Popen([sys.executable, "-m", "ctxkit", "serve", str(run), "--port", str(port), "--device", "cpu",
                                  *args], stdout=subprocess.DEVNULL, stderr=log, env=env)
         try:
             yield f"http://127.0.0.1:{port}", proc

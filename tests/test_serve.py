@@ -358,7 +358,7 @@ def test_sigterm_finishes_in_flight_requests_then_exits_cleanly(cls_run, cls_loa
     offline = task.predict_lines(model, tokenizer, texts, 64, "cpu")
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "ctxkit.inference.serve", str(cls_run), "--port", str(port), "--device", "cpu",
+    proc = subprocess.Popen([sys.executable, "-m", "ctxkit", "serve", str(cls_run), "--port", str(port), "--device", "cpu",
                              "--max-wait-ms", "1500", "--max-batch", "64"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     base = f"http://127.0.0.1:{port}"

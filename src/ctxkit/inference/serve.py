@@ -562,17 +562,3 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, graceful_timeout: 
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",
                             timeout_graceful_shutdown=graceful_timeout)
     _server_class()(config).run()
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    """``python -m ctxkit.inference.serve RUN_DIR ...``, the same as ``ctxkit serve``."""
-    import sys
-
-    # Upward on purpose: this entry point only hands its arguments to the one parser tree.
-    from ..cli import main as cli_main
-
-    return cli_main(["serve", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
