@@ -124,6 +124,15 @@ def main(argv=None) -> int:
             same[name] = float((hf_out == ours_out).float().mean())
         tps = {k: batch * args.new / v for k, v in rows.items()}
         print(f"batch {batch}: " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in tps.items()), flush=True)
+        if not peers:  # --no-peer: a ctxkit-only record, so before/after comparisons still see it
+            records.append({
+                "benchmark": "generate", "case": f"{args.preset} random weights, prompt {args.prompt}, {args.new} new tokens, greedy, "
+                                                 f"batch {batch}, {'bf16' if dtype == torch.bfloat16 else 'fp32'}",
+                "metric": "new tokens per second", "unit": "tokens/s", "ctxkit": round(tps["ctxkit"], 1),
+                "peer_name": None, "peer": None, "speedup": None, "ctxkit_variant": best,
+                "ctxkit_variants": {k: round(batch * args.new / v, 1) for k, v in ours_rows.items()},
+                "device": device_name, "date": datetime.date.today().isoformat(), "command": command,
+            })
         for name in peers:
             records.append({
                 "benchmark": "generate", "case": f"{args.preset} random weights, prompt {args.prompt}, {args.new} new tokens, greedy, "

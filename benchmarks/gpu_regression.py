@@ -14,17 +14,42 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 LOWER_IS_BETTER = ("ms", "s", "seconds", "milliseconds", "us")
 
 
+GENERATE_LINE = re.compile(r"^batch (\d+): ctxkit (\d+) tok/s$", re.M)
+
+
+def _generate_from_log(folder: Path) -> dict:
+    """Runs of generate.py --no-peer made before it wrote ctxkit-only records: read its log."""
+    log = folder / "generate.log"
+    if not log.exists():
+        return {}
+    known = [r for p in folder.glob("*.json") for r in _load(p) if r.get("device")]
+    device, date = (known[0]["device"], known[0].get("date")) if known else (None, None)
+    out = {}
+    for batch, tps in GENERATE_LINE.findall(log.read_text(encoding="utf-8")):
+        case = f"gpt2_117m random weights, prompt 32, 256 new tokens, greedy, batch {batch}, bf16 (best ctxkit variant)"
+        out[("generate", case, "new tokens per second")] = {"benchmark": "generate", "case": case, "metric": "new tokens per second",
+                                                            "unit": "tokens/s", "ctxkit": float(tps), "device": device, "date": date}
+    return out
+
+
+def _load(path: Path) -> list:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return data if isinstance(data, list) else data.get("records", [])
+
+
 def _records(folder: Path) -> dict:
     out = {}
+    if not any(r.get("benchmark") == "generate" for p in folder.glob("*.json") for r in _load(p)):
+        out.update(_generate_from_log(folder))
     for path in sorted(folder.glob("*.json")):
-        data = json.loads(path.read_text(encoding="utf-8"))
-        for r in data if isinstance(data, list) else data.get("records", []):
+        for r in _load(path):
             if "ctxkit" in r and isinstance(r.get("ctxkit"), (int, float)):
                 out[(r["benchmark"], r["case"], r["metric"])] = r
     return out

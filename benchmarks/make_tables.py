@@ -436,7 +436,27 @@ def performance_page() -> str:
                    "per layer plus the norms, GELU and attention) is ~0.79 ms per layer against ~0.86 ms for bf16 with the "
                    "GELU epilogue: ~8 %; not done.")
     out.extend(xl_performance_section())
+    out.extend(regression_section())
     return "\n".join(out) + "\n"
+
+
+def regression_section() -> list[str]:
+    """Before/after figures of a structural change (benchmarks/gpu_regression.sh and .py)."""
+    rows = _load("refactor_regression.json")
+    if not rows:
+        return []
+    out = ["\n## No regression from structural changes (issue 19)\n",
+           "`benchmarks/gpu_regression.sh` runs the four GPU benchmarks (pretrain_throughput, inference_gpu, generate, "
+           "finetune_vs_hf) on the tree before a change and on the tree after it, back to back on one card; "
+           "`benchmarks/gpu_regression.py` compares ctxkit's figures and fails when one is more than 3 % worse. "
+           f"Change: {rows[0].get('change', '')}.\n",
+           "| benchmark | case | metric | before | after | unit | after vs before | device | date |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['benchmark']} | {r['case']} | {r['metric']} | {_fmt(r['peer'])} | {_fmt(r['ctxkit'])} | {r['unit']} | "
+                   f"x{r['speedup']:.3f} | {r['device']} | {r['date']} |")
+    out.append("\nCommand: `" + rows[0]["command"] + "`.")
+    return out
 
 
 def main() -> None:
