@@ -35,3 +35,48 @@ def test_import_contracts_hold():
 def test_no_top_level_module_but_init_main_and_zoo():
     modules = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert modules == ["__init__.py", "__main__.py", "zoo.py"], modules
+
+
+def _function_level_ctxkit_imports():
+    """``(file, line, module, source line)`` of every ctxkit import made inside a function."""
+    import ast
+
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.ImportFrom):
+                    module = "." * sub.level + (sub.module or "")
+                elif isinstance(sub, ast.Import):
+                    module = sub.names[0].name
+                else:
+                    continue
+                if module.startswith(".") or module.split(".")[0] == "ctxkit":
+                    found.append((path.relative_to(ROOT).as_posix(), sub.lineno, module, lines[sub.lineno - 1]))
+    return sorted(set(found))
+
+
+def test_imports_inside_functions_say_why():
+    """An import of ctxkit inside a function hides the real dependency graph (and once hid a
+    package circle), so it is allowed only for an optional dependency and says which, in a
+    ``# lazy:`` comment on its line."""
+    found = _function_level_ctxkit_imports()
+    silent = [f"{f}:{n}: {m}" for f, n, m, line in found if "# lazy:" not in line]
+    assert not silent, "imports inside functions without a '# lazy: <why>' comment:\n" + "\n".join(silent)
+    # the known lazy ones: matplotlib (core.plots) only
+    assert {m.split(".")[-1] for _, _, m, _ in found} <= {"plots"}, found
+
+
+def test_version_in_one_place():
+    import re
+
+    from ctxkit import __version__
+    from ctxkit.core.version import __version__ as core_version
+
+    # [project] is the first table with a version key (tomllib is Python >= 3.11 only)
+    declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M).group(1)
+    assert __version__ == core_version == declared

@@ -132,7 +132,11 @@ def test_plot_functions_accept_tensors(tmp_path):
     _assert_png(p)
     with pytest.raises(ValueError, match="tokens"):
         plot_attention(w, list("abc"), tmp_path / "b.png", title="t")
-    _assert_png(plot_positional_encoding(max_len=50, dim=32, path=tmp_path / "pe.png"))
+    from ctxkit.layers.position import sinusoidal_table
+
+    _assert_png(plot_positional_encoding(sinusoidal_table(50, 32), path=tmp_path / "pe.png"))
+    with pytest.raises(ValueError, match="max_len, dim"):
+        plot_positional_encoding(torch.zeros(3), path=tmp_path / "bad.png")
 
 
 def test_bad_arguments(tmp_path):

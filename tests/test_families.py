@@ -58,7 +58,10 @@ def test_every_family_is_registered_once_with_described_presets():
         get_family("no_such_family")
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED - {"transformer_xl"}))
+WORDS = [f"w{i}" for i in range(40)]  # a word-level Transformer-XL's vocabulary is part of the model
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_build_save_detect_load_round_trip(name, tmp_path):
     family = FAMILIES[name]
     torch.manual_seed(0)
@@ -73,12 +76,12 @@ def test_build_save_detect_load_round_trip(name, tmp_path):
                 p.normal_()
             if name == "elmo":  # the padding character's embedding is zero by construction (bilm-tf stores no row for it)
                 model.char_cnn.char_embedding.weight[0].zero_()
-    out = family.save(model, tmp_path / name)
+    out = family.save(model, tmp_path / name, WORDS) if name == "transformer_xl" else family.save(model, tmp_path / name)
     detected = [f.name for f in FAMILIES.values() if f.detect(out)]
     assert detected == [name]  # exclusive
     assert family_of(out) is family and family_of(str(out)) is family
     loaded, tokenizer = family.load(out)
-    assert tokenizer is None and family_of(loaded) is family
+    assert tokenizer == (WORDS if name == "transformer_xl" else None) and family_of(loaded) is family
     before, after = _state(model), _state(loaded)
     assert list(before) == list(after)
     for key in before:
@@ -93,9 +96,23 @@ def test_build_save_detect_load_round_trip(name, tmp_path):
             assert before[key] == after[key], key
 
 
-def test_transformer_xl_builds_and_has_no_folder_format():
+def test_transformer_xl_folders_ctxkit_and_earlier(tmp_path):
+    """ctxkit's own Transformer-XL folders (train-transformer-xl's final/) go through the family;
+    saving needs the word list; final/ folders of earlier versions (no model_type) still load."""
+    import json
+
     family = FAMILIES["transformer_xl"]
-    assert family.save is None and family_of(family.build(TINY["transformer_xl"])) is family
+    model = family.build(TINY["transformer_xl"])
+    with pytest.raises(UserError, match="needs its vocabulary"):
+        family.save(model, tmp_path / "x")
+    out = family.save(model, tmp_path / "x", WORDS)
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["model_type"] == "ctxkit-transformer-xl" and meta["kind"] == "xl"
+    del meta["model_type"]  # the layout written before the family had a save
+    (out / "config.json").write_text(json.dumps(meta))
+    assert family_of(out) is family
+    loaded, words = family.load(out)
+    assert words == WORDS and all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
 
 
 def test_detection_is_exclusive_and_unknown_folders_are_reported(tmp_path):
@@ -122,7 +139,7 @@ def test_list_models_is_generated_from_the_registry(monkeypatch, capsys):
     fake = Family(name="fake", description="a family added in a test", list_kind="preset (fake)", config_class=dict,
                   presets={"fake_1_2_3": Preset("fake_1_2_3", {}, "a fake preset, one line")}, build=lambda c: None,
                   load=lambda folder: (None, None), save=None, detect=lambda folder: False)
-    monkeypatch.setattr(families, "FAMILIES", {**FAMILIES, "fake": fake})
+    monkeypatch.setitem(FAMILIES, "fake", fake)  # the one registry dict, however a module imported it
     assert main(["list-models"]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines()[1:]}

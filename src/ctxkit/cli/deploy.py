@@ -17,14 +17,14 @@ from ..core.errors import UserError
 from ..inference import serve
 from ..inference.backends import add_backend_arguments
 from ..inference.serve_limits import at_least_one
+from ..core.deps import require_all
+from ..inference.export import DEPLOY_NEEDS, export_onnx, folder_size_mb, quantize_onnx, quantize_run, verify_onnx
+from ..tasks import load_run
 
 serve_log = logging.getLogger("ctxkit.serve")
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Handler of ``ctxkit export``: ONNX file(s) of a fine-tuned run, checked against PyTorch."""
-    from ..tasks import load_run
-    from ..core.deps import require_all
-    from ..inference.export import DEPLOY_NEEDS, export_onnx, folder_size_mb, quantize_onnx, verify_onnx
 
     require_all(DEPLOY_NEEDS, "ctxkit export")  # before the run loads
     _, model, _, info = load_run(args.run_dir, device="cpu")
@@ -42,7 +42,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_quantize(args: argparse.Namespace) -> int:
     """Handler of ``ctxkit quantize``: an int8 run folder that predict/evaluate/serve load."""
-    from ..inference.export import quantize_run
 
     result = quantize_run(args.run_dir, args.out)
     print(f"int8 model: {result['int8_mb']} MB on disk vs {result['fp32_mb']} MB fp32 ({result['ratio']:.2f}x); "

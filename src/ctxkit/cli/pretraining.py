@@ -24,7 +24,18 @@ from ..pretraining.xl_lm import XLTrainConfig, _write_text, evaluate_xl_lm, load
 from ..pretraining.xlnet_pretrain import pretrain_xlnet
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
+from .models import add_wordpiece_flags, check_vocab_size
 from .train_flags import add_train_flags, train_config_from_args
+from ..data.errors import check_input, require_rereadable
+from ..models.elmo_io import load_elmo_lm
+from ..models.gpt2 import load_gpt2
+from ..pretraining.corpus import write_word_corpus
+from ..pretraining.lm import corpus_ids, perplexity, train_lm
+from ..pretraining.masking import MaskingConfig
+from ..pretraining.shards import build_shards, train_vocab
+from ..pretraining.train import pretrain
+from ..tokenizers import ByteLevelBPETokenizer, read_lines
+from ..zoo import resolve_checkpoint
 
 __all__ = ["add_commands"]
 
@@ -34,7 +45,6 @@ def _tokenizer_dir(name: str) -> Path:
     path = Path(name)
     if path.is_dir():
         return path
-    from ..zoo import resolve_checkpoint
 
     # Only the vocabulary is needed: skip hashing the weights.
     folder, _ = resolve_checkpoint(name, verify=False)
@@ -42,15 +52,12 @@ def _tokenizer_dir(name: str) -> Path:
 
 
 def _check_inputs(files) -> None:
-    from ..data.errors import check_input
-
     for f in files:
         check_input(f)  # a file, a FIFO or <(...)
 
 
 def cmd_pretrain_data(args: argparse.Namespace) -> int:
     """Handler of ``pretrain-data``; prints a JSON summary and returns 0."""
-    from ..pretraining.shards import build_shards
 
     _check_inputs(args.corpus)
     if args.limit_docs is not None and args.limit_docs < 1:
@@ -69,11 +76,8 @@ def cmd_pretrain_data(args: argparse.Namespace) -> int:
 
 def cmd_pretrain_vocab(args: argparse.Namespace) -> int:
     """Handler of ``pretrain-vocab``; returns 0."""
-    from ..pretraining.shards import train_vocab
-
     _check_inputs(args.corpus)
-    if args.vocab_size < 10:
-        raise UserError(f"--vocab-size must be at least 10, got {args.vocab_size}")
+    check_vocab_size(args.vocab_size)
     tok = train_vocab(args.corpus, args.vocab_size, args.out, format=args.format, min_frequency=args.min_frequency,
                       lowercase=not args.cased, limit_docs=args.limit_docs, show_progress=not args.no_progress)
     print(f"wrote a WordPiece vocabulary of {tok.vocab_size} tokens to {args.out}")
@@ -82,7 +86,6 @@ def cmd_pretrain_vocab(args: argparse.Namespace) -> int:
 
 def cmd_lm_corpus(args: argparse.Namespace) -> int:
     """Handler of ``lm-corpus``; prints a JSON summary and returns 0."""
-    from ..pretraining.corpus import write_word_corpus
 
     _check_inputs(args.corpus)
     print(json.dumps(write_word_corpus(args.corpus, args.out, args.format, args.lower, not args.no_progress), indent=2))
@@ -113,10 +116,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pretrain-vocab", help="train a WordPiece vocabulary on a pretraining corpus",
                        description="Train a WordPiece vocabulary on corpus documents (WikiExtractor markup removed).")
     p.add_argument("corpus", nargs="+", metavar="CORPUS", help="text files (plain or .xz)")
-    p.add_argument("--vocab-size", type=int, required=True, help="target vocabulary size incl. special tokens")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder for vocab.txt, tokenizer.json, tokenizer_config.json")
-    p.add_argument("--min-frequency", type=int, default=2, help="minimum pair count for a merge (default: 2)")
-    p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
+    add_wordpiece_flags(p)
     p.add_argument("--format", choices=FORMATS, default="auto", help=fmt_help)
     p.add_argument("--limit-docs", type=int, default=None, metavar="N", help="use only the first N documents")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -137,8 +137,6 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     """Handler of ``pretrain``; prints a JSON summary and returns 0."""
     import logging
 
-    from ..pretraining.masking import MaskingConfig
-    from ..pretraining.train import pretrain
 
     logging.getLogger("ctxkit").setLevel(logging.INFO)
     callbacks = make_callbacks(args.log_to, args.out)  # a missing extra fails before the shards are read
@@ -170,7 +168,6 @@ def cmd_lm_train(args: argparse.Namespace) -> int:
     """Handler of ``lm-train``; prints a JSON summary."""
     import logging
 
-    from ..pretraining.lm import train_lm
 
     logging.getLogger("ctxkit").setLevel(logging.INFO)
     callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")
@@ -183,11 +180,6 @@ def cmd_lm_train(args: argparse.Namespace) -> int:
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
     """Handler of ``perplexity``; prints a JSON line."""
-    from ..models.gpt2 import load_gpt2
-    from ..tokenizers import ByteLevelBPETokenizer, read_lines
-    from ..pretraining.lm import corpus_ids, perplexity
-
-    from ..data.errors import require_rereadable
 
     for path in args.data:  # read twice below: tokens, then words
         require_rereadable(path, "perplexity")
@@ -247,7 +239,6 @@ def _cmd_elmo(args: argparse.Namespace) -> int:
     cfg = BiLMTrainConfig(**{k: v for k, v in vars(args).items() if k in fields}, progress=not args.no_progress)
     summary = train_bilm(args.train, args.valid, args.out, arch, cfg, resume=args.resume, callbacks=callbacks)
     if args.test:
-        from ..models.elmo_io import load_elmo_lm
 
         lm, vocab = load_elmo_lm(Path(args.out) / "final")
         lm.to(resolve_device(cfg.device))

@@ -23,6 +23,10 @@ from pathlib import Path
 from ctxkit.data.glue import read_sst2
 from ctxkit.models.static_io import FORMATS
 from ctxkit.training.callbacks import add_log_to_argument, make_callbacks
+from ..data.errors import check_input
+from ..models.bag_of_embeddings import train_bag_classifier
+from ..models.static import WordVectors, train_word2vec
+from ..models.static_io import guess_format
 
 __all__ = ["add_static_parsers"]
 
@@ -30,24 +34,17 @@ SST2_TASKS = ("sst-2",)
 
 
 def _require_files(paths) -> None:
-    from ..data.errors import check_input
-
     for path in paths:
         check_input(path)  # readers that need two passes refuse a pipe themselves
 
 
 def _load(args: argparse.Namespace):
-    from ctxkit.models.static import WordVectors
-
     _require_files([args.vectors])
     return WordVectors.load(args.vectors, format=args.format, progress=not args.no_progress,
                             max_words=args.max_words)
 
 
 def _cmd_word2vec_train(args: argparse.Namespace) -> int:
-    from ctxkit.models.static import train_word2vec
-    from ctxkit.models.static_io import guess_format
-
     # The vectors are one file, so the writers' files go into a folder beside it.
     callbacks = make_callbacks(args.log_to, args.log_dir or Path(args.out).with_suffix(".logs"))
     _require_files(args.corpus)
@@ -98,8 +95,6 @@ def _cmd_analogy(args: argparse.Namespace) -> int:
 
 
 def _cmd_bag_classifier(args: argparse.Namespace) -> int:
-    from ctxkit.models.bag_of_embeddings import train_bag_classifier
-
     data = Path(args.data)
     train_texts, train_labels = read_sst2(data / "train.tsv")
     dev_texts, dev_labels = read_sst2(data / "dev.tsv")

@@ -14,6 +14,9 @@ import sys
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
 from .train_flags import add_train_flags, train_config_from_args
+from ..data.lines import decode_lines, read_lines
+from ..inference.backends import add_backend_arguments, with_backend
+from ..tasks import evaluate_run, finetune, get_task, load_run, load_task
 
 __all__ = ["add_commands"]
 
@@ -42,8 +45,6 @@ def _task_options(args: argparse.Namespace) -> dict:
 
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
-    from ..tasks import finetune, get_task
-
     logging.getLogger("ctxkit").setLevel(logging.INFO)
     task = get_task(args.task, **_task_options(args))
     # Built before any data is read: a missing --log-to extra costs no training time.
@@ -59,8 +60,6 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from ..tasks import evaluate_run
-
     kw = {} if args.limit_eval is None else {"limit_eval": args.limit_eval}
     if args.allow_unknown_tags:
         kw["unknown_tags"] = "score"
@@ -71,15 +70,12 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _input_lines(source: str):
     """``(line number, text)`` of the non-empty lines of a file or stdin (``-``)."""
-    from ..data.lines import decode_lines, read_lines
 
     lines = decode_lines(sys.stdin.buffer, "<stdin>") if source == "-" else read_lines(source)
     return [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from ..tasks import load_run, load_task
-
     # The input is checked against the task's format before any weights are loaded.
     task, _ = load_task(args.run_dir)
     source = "<stdin>" if args.input == "-" else args.input
@@ -88,7 +84,6 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         raise UserError(f"{source}: no input lines to predict")
     lines = task.clean_input(numbered, source, args.extra_columns)
     task, model, tokenizer, _ = load_run(args.run_dir, args.device)
-    from ..inference.backends import with_backend
 
     model, description = with_backend(model, args.backend, args.precision, run_dir=args.run_dir)  # auto decides once per run folder
     print(f"backend: {description}", file=sys.stderr)
@@ -163,7 +158,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="a line with more tab-separated columns than the task reads: error (default) or drop them with a warning")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default="auto")
-    from ..inference.backends import add_backend_arguments
 
     add_backend_arguments(p, "auto", "runtime")
     p.set_defaults(func=_cmd_predict)

@@ -84,28 +84,29 @@ def _heatmap(w: np.ndarray, x_labels, y_labels, x_title: str, y_title: str, titl
 
 
 def plot_positional_encoding(
-    max_len: int = 100,
-    dim: int = 64,
+    table,
     path: PathLike = "positional_encoding.png",
     dims_to_plot: Sequence[int] = (4, 5, 12, 20, 40),
 ) -> Path:
-    """Shows the sinusoidal position table as an image and a few columns as curves.
+    """Shows a sinusoidal position table as an image and a few columns as curves.
 
     ``P[i, 2j] = sin(i / 10000^(2j/d))``, ``P[i, 2j+1] = cos(...)``: low dimensions
-    oscillate fast, high ones slowly, which is what the image makes visible.
+    oscillate fast, high ones slowly, which is what the image makes visible. The caller
+    passes the table (for example ``ctxkit.layers.position.sinusoidal_table(100, 64)``), so
+    this drawing module needs no model code.
 
     Args:
-        max_len: Positions (rows of the table).
-        dim: Encoding size ``d``.
+        table: The position table, ``(max_len, dim)`` (a tensor or an array).
         path: Output PNG path (parent folders are created).
         dims_to_plot: Columns drawn as curves; those ``>= dim`` are skipped.
 
     Returns:
         ``path`` as a :class:`pathlib.Path`.
     """
-    from ctxkit.layers.position import sinusoidal_table
-
-    table = _to_numpy(sinusoidal_table(max_len, dim))  # (max_len, dim)
+    table = _to_numpy(table)  # (max_len, dim)
+    if table.ndim != 2:
+        raise ValueError(f"table must be (max_len, dim), got shape {table.shape}")
+    max_len, dim = table.shape
     path = _prepare(path)
     fig, (ax_img, ax_curve) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1.2, 1]})
     try:

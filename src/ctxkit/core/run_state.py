@@ -9,6 +9,8 @@
   a manifest (:func:`ctxkit.core.durable.write_folder`), recovered after a crash and checked
   against its manifest before it is read; the optimiser file is read with
   ``weights_only=True`` (:func:`ctxkit.core.checkpoint.read_pickled_state`).
+* :class:`LossBuffer`: per-step losses kept on the device and read back in batches, so
+  that a loop does not wait for the GPU at every step.
 * :func:`resolve_device`, :func:`autocast`, :func:`set_seed` (from :mod:`ctxkit.core.device`)
   and :func:`resolve_precision`, which turns ``"auto"`` / None into what runs.
 
@@ -23,7 +25,7 @@ import random
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Mapping, Optional
+from typing import Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 import torch
@@ -34,7 +36,7 @@ from .durable import atomic_write, recover_folder, remove_debris, verify_manifes
 from .errors import MissingFileError, UserError
 
 __all__ = ["capture_rng", "restore_rng", "Checkpoint", "save_checkpoint", "load_checkpoint", "resume_checkpoint", "keep_last", "tidy_run_folder",
-           "resolve_precision",
+           "LossBuffer", "resolve_precision",
            "resolve_device", "autocast", "set_seed", "MODEL_FILE", "OPTIMIZER_FILE", "STATE_FILE"]
 
 MODEL_FILE, OPTIMIZER_FILE, STATE_FILE = "model.safetensors", "optimizer.pt", "trainer_state.json"
@@ -180,6 +182,42 @@ def tidy_run_folder(run_dir: os.PathLike, names=("checkpoint", "best")) -> list:
     for name in names:
         recover_folder(Path(run_dir) / name)
     return remove_debris(run_dir, names)
+
+
+class LossBuffer:
+    """Per-step loss tensors held on the device until the loop needs them as numbers.
+
+    Reading a loss with ``.item()`` makes the host wait for the device, and doing that at
+    every step stalls the pipeline of queued kernels. A loop appends each step's loss here
+    and calls :meth:`flush_into` only where it needs the numbers (a log line, before a
+    checkpoint), which waits once for all of them.
+
+    Example::
+
+        pending = LossBuffer()
+        for step, batch in enumerate(batches, 1):
+            pending.append(train_step(batch))
+            if step % log_every == 0:
+                pending.flush_into(run["losses"])
+    """
+
+    def __init__(self) -> None:
+        self._pending: List[torch.Tensor] = []
+
+    def append(self, loss: torch.Tensor) -> None:
+        """Keep one step's scalar loss (detached, so that its graph can be freed)."""
+        self._pending.append(loss.detach())
+
+    def flush_into(self, losses: List[float]) -> None:
+        """Move the losses held so far, in order, to the end of ``losses`` as Python floats
+        (through float32, whatever the loss dtype); nothing happens when none are held.
+
+        Args:
+            losses: the run's list of recorded losses (a checkpoint saves it).
+        """
+        if self._pending:
+            losses.extend(torch.stack(self._pending).float().tolist())
+            self._pending.clear()
 
 
 def resolve_precision(precision: Optional[str], device: torch.device) -> str:

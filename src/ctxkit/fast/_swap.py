@@ -10,7 +10,7 @@ references held elsewhere keep working; only ``forward`` (and its helpers) chang
 from __future__ import annotations
 
 import sys
-from typing import Dict, Tuple
+from typing import Any, Dict, Tuple
 
 from torch import nn
 
@@ -55,3 +55,23 @@ def unswap(module: nn.Module, fast: type) -> bool:
         return False
     module.__class__ = plain_class(fast, type(module))
     return True
+
+
+def set_swapped(module: nn.Module, fast: type, attr: str, value: Any) -> None:
+    """Put ``module`` in ``fast``'s form with ``value`` as its setting ``attr``, or, for
+    ``None``, back in its teaching class without that setting.
+
+    Args:
+        module: the module to set, in place.
+        fast: the fast variant, whose class attribute ``attr`` is the off default.
+        attr: the name of the setting the fast variant reads.
+        value: the setting, or ``None`` for the plain layer.
+    """
+    if value is None:
+        unswap(module, fast)
+        # Drop the instance's copy too, so that the module is as it was before any swap
+        # and a later swap starts from the class default.
+        module.__dict__.pop(attr, None)
+    else:
+        swap(module, fast)
+        setattr(module, attr, value)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from ..layers.transformer import TransformerEncoder
-from ._swap import swap, unswap
+from ._swap import set_swapped
 
 __all__ = ["SegmentedEncoder", "segment_encoders"]
 
@@ -50,10 +50,6 @@ def segment_encoders(model: nn.Module, segments: int) -> int:
     for encoder in encoders:
         n = len(encoder.layers)
         breaks = frozenset(round(k * n / segments) - 1 for k in range(1, min(segments, n)))
-        if not breaks:
-            unswap(encoder, SegmentedEncoder)
-            encoder.__dict__.pop("compile_breaks", None)
-        else:
-            swap(encoder, SegmentedEncoder)
-            encoder.compile_breaks = breaks
+        # No breaks (one segment, or one layer) means the plain encoder.
+        set_swapped(encoder, SegmentedEncoder, "compile_breaks", breaks or None)
     return len(encoders)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ..layers.embeddings import TransformerEmbeddings
 from ..layers.transformer import AddNorm
-from ._swap import swap, unswap
+from ._swap import set_swapped
 
 __all__ = ["StreamDtypeAddNorm", "StreamDtypeEmbeddings", "set_stream_dtype", "to_stream_dtype"]
 
@@ -58,10 +58,5 @@ def set_stream_dtype(model: nn.Module, dtype: Optional[torch.dtype] = torch.bflo
     blocks = [m for m in model.modules() if isinstance(m, (AddNorm, TransformerEmbeddings))]
     for block in blocks:
         fast = StreamDtypeAddNorm if isinstance(block, AddNorm) else StreamDtypeEmbeddings
-        if dtype is None:
-            unswap(block, fast)
-            block.__dict__.pop("stream_dtype", None)
-        else:
-            swap(block, fast)
-            block.stream_dtype = dtype
+        set_swapped(block, fast, "stream_dtype", dtype)
     return len(blocks)

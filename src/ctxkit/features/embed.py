@@ -19,7 +19,6 @@ import os
 import math
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layers.attention import PackedSequences
-from ..models.bert import BertModel
 
 __all__ = ["SequenceClassificationHead", "TokenClassificationHead", "EncoderWithHead", "IGNORE_INDEX"]
 
@@ -101,7 +100,7 @@ class EncoderWithHead(nn.Module):
     def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None, labels: Optional[Tensor] = None, **_) -> Dict[str, Tensor]:
         """Returns ``{"logits": ..., "loss": ...}`` (loss only when labels are given)."""
         extra = {}
-        if self.cls_only and isinstance(self.encoder, BertModel) and not isinstance(attention_mask, PackedSequences):
+        if self.cls_only and getattr(self.encoder, "supports_output_positions", False) and not isinstance(attention_mask, PackedSequences):
             extra["output_positions"] = input_ids.new_zeros(input_ids.size(0), 1)
         out = self.encoder(input_ids, token_type_ids, attention_mask, **extra)
         logits = self.head(out, attention_mask)

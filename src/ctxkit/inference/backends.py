@@ -18,8 +18,15 @@ autocast), which :func:`ctxkit.training.predict` honours.
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import json
 import logging
+import platform
+import shutil
+import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -28,7 +35,12 @@ from torch import nn
 
 from ..core.deps import missing, require_all
 from ..core.errors import UserError
-from .export import DEPLOY_NEEDS
+from ..core.checkpoint import atomic_write, write_json
+from ..core.version import __version__
+from ..models.families import find_family
+from .cpu_compile import CompiledCPUModel
+from .export import DEPLOY_NEEDS, OrtTaskModel, _example_batch, _vocab_size, export_onnx, verify_onnx
+from .gpu import GPUTaskModel
 
 __all__ = ["BACKENDS", "with_backend", "choose_backend", "median_ms", "PrecisionModel", "AUTO_CHOICE_DIR"]
 
@@ -88,8 +100,6 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
     Raises:
         UserError: an unknown backend or precision, or one that cannot run this model.
     """
-    from .export import OrtTaskModel
-
     if backend not in BACKENDS:
         raise UserError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if precision not in (None,) + PRECISIONS:
@@ -107,15 +117,12 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
         raise UserError(f"{precision} is a precision of the gpu backend (GPU GEMM kernels); use --backend gpu")
     device = next(model.parameters()).device
     if backend == "gpu":
-        import torch
 
         if not torch.cuda.is_available():
             raise UserError("the gpu backend needs a CUDA device; on CPU use pytorch, onnxruntime or compiled")
         if not _is_bert(model):
             raise UserError(f"the gpu backend runs BERT-family encoders (packed batches go through BertModel); this run's "
                              f"encoder is {type(model.encoder).__name__}: use --backend pytorch on the GPU")
-        from .gpu import GPUTaskModel
-
         precision = precision or "bf16"
         gpu = GPUTaskModel(model, dtype=torch.float32 if precision == "fp32" else torch.bfloat16, fp8=precision == "fp8",
                            gelu_epilogue=precision == "bf16-gelu-tanh")
@@ -138,8 +145,6 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
         # The session holds the graph in memory, so the export is not kept on disk.
         with tempfile.TemporaryDirectory(prefix="ctxkit-onnx-") as folder:
             return _onnxruntime(model, Path(folder) / "model.onnx")
-    from .cpu_compile import CompiledCPUModel
-
     return CompiledCPUModel(model, precision), f"compiled PyTorch ({precision}, frozen weights, Inductor C++ GEMMs)"
 
 
@@ -186,8 +191,6 @@ class PrecisionModel(nn.Module):
 
 def _onnxruntime(model: nn.Module, path: Path) -> Tuple[nn.Module, str]:
     """Export ``model`` to ``path``, check it against PyTorch (1e-4) and load it in ONNX Runtime."""
-    from .export import OrtTaskModel, export_onnx, verify_onnx
-
     export_onnx(model, path)
     diff = verify_onnx(model, path)
     return OrtTaskModel(path), f"ONNX Runtime (fp32 export, max |ORT - PyTorch| {diff:.1e})"
@@ -196,8 +199,6 @@ def _onnxruntime(model: nn.Module, path: Path) -> Tuple[nn.Module, str]:
 def median_ms(fn, reps: int = 5, warmup: int = 1) -> float:
     """Median wall time of ``fn()`` in milliseconds over ``reps`` calls, after ``warmup``
     calls (ONNX Runtime plans its memory on the first run)."""
-    import statistics
-    import time
 
     for _ in range(warmup):
         fn()
@@ -228,8 +229,6 @@ def choose_backend(model: nn.Module, precision: Optional[str] = None, run_dir: O
     onnxruntime versions. Delete the folder to decide again. A folder that cannot be
     written (read-only) still works: the choice is made each time, with a warning.
     """
-    from .export import OrtTaskModel, _example_batch, _vocab_size
-
     if isinstance(model, OrtTaskModel):
         return with_backend(model, "onnxruntime")
     if torch.cuda.is_available() and next(model.parameters()).device.type == "cuda":
@@ -272,7 +271,6 @@ def choose_backend(model: nn.Module, precision: Optional[str] = None, run_dir: O
 
 def _cpu_name() -> str:
     """The CPU's model name (``/proc/cpuinfo`` on Linux), else what ``platform`` knows."""
-    import platform
 
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
@@ -287,10 +285,6 @@ def _cpu_name() -> str:
 def _choice_key(model: nn.Module, run_dir: Path, precision: Optional[str]) -> Optional[dict]:
     """What the auto decision for ``run_dir`` depends on; None when the weights cannot be named
     (no ``run_dir/best`` folder), so nothing is kept."""
-    import platform
-
-    from .. import __version__
-
     best = run_dir / "best"
     try:
         files = sorted(p for p in best.iterdir() if p.is_file())
@@ -299,7 +293,7 @@ def _choice_key(model: nn.Module, run_dir: Path, precision: Optional[str]) -> Op
     if not files:
         return None
     try:
-        import onnxruntime
+        import onnxruntime  # lazy: optional (the deploy extra)
 
         ort_version = onnxruntime.__version__
     except ImportError:
@@ -323,8 +317,6 @@ class _ChoiceStore:
     """``run_dir/auto_backend/``: the auto decision for a run folder, read back while its key holds."""
 
     def __init__(self, run_dir: Path, key: Optional[dict]):
-        import hashlib
-        import json
 
         self.folder = run_dir / AUTO_CHOICE_DIR
         self.path = self.folder / "choice.json"
@@ -336,7 +328,6 @@ class _ChoiceStore:
 
     def load(self, model: nn.Module, precision: Optional[str]) -> Optional[Tuple[nn.Module, str]]:
         """The kept ``(model, description)``, or None when there is none or its key no longer holds."""
-        import json
 
         if self.key is None:
             return None
@@ -351,8 +342,6 @@ class _ChoiceStore:
             chosen = model if precision is None else PrecisionModel(model, precision)
             return chosen, f"{when}: {record.get('description', 'PyTorch (cpu, fp32)')}"
         if record.get("backend") == "onnxruntime" and record.get("onnx") == self.onnx_name:
-            from .export import OrtTaskModel
-
             try:
                 return OrtTaskModel(self.folder / self.onnx_name), f"{when}: {record.get('description', 'ONNX Runtime')}"
             except Exception as err:  # noqa: BLE001 - a missing or damaged export: decide again
@@ -363,11 +352,6 @@ class _ChoiceStore:
     def save(self, backend: str, description: str, ms: dict, export: Path) -> Optional[Path]:
         """Keep the decision (and the export, when ONNX Runtime won); returns the file, or None
         (with a warning) when the run folder cannot be written."""
-        import datetime
-        import shutil
-
-        from ..core.checkpoint import atomic_write, write_json
-
         if self.key is None:
             return None
         record = {"backend": backend, "description": description, "key": self.key,
@@ -395,8 +379,6 @@ class _ChoiceStore:
 def _is_bert(model) -> bool:
     """Whether a task model's encoder is of the BERT family (what the GPU encoder packs), as the
     family registry (:mod:`ctxkit.models.families`) tells."""
-    from ..models.families import find_family
-
     encoder = getattr(model, "encoder", None)
     family = find_family(encoder) if encoder is not None else None
     return family is not None and family.name == "bert"

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..core.deps import require_all
 from ..core.errors import UserError
+from ..core.version import __version__
 from . import serve_schema as schema
 from .serve_limits import (QueueFull, RequestGuard, TokenCheck, available_cores, choose_threads,
                            set_model_thread, torch_threads)
@@ -330,8 +331,6 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
             await b.close()
         executor[0].shutdown(wait=True)
         log_event("shutdown", stats={n: b.stats for n, b in batchers.items()})
-
-    from .. import __version__
 
     app = FastAPI(title=f"ctxkit serve: {task.name}", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json",

@@ -10,7 +10,6 @@ checkpoint key names differ (:data:`HF_KEYS`).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from ..layers import (
     get_activation,
     padding_mask,
 )
-from .common import Preset
+from .common import Preset, Replaceable
 from ..core.errors import UnknownNameError, UserError
 
 __all__ = [
@@ -57,7 +56,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class BertConfig:
+class BertConfig(Replaceable):
     """Architecture of a BERT-family encoder.
 
     Attributes:
@@ -96,10 +95,6 @@ class BertConfig:
     # (Task checkpoints such as HF's BertForTokenClassification carry no pooler.)
     CHECKPOINT_FIELDS = ("vocab_size", "max_position", "type_vocab_size", "dropout", "attention_dropout", "pad_token_id", "pooler")
     ARCHITECTURE_FIELDS = ("num_layers", "hidden_size", "num_heads", "ffn_size", "activation", "family")
-
-    def replace(self, **changes) -> "BertConfig":
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
 
     def with_checkpoint(self, other: "BertConfig", preset_name: str = "preset") -> "BertConfig":
         """This architecture with a checkpoint's vocabulary/position settings.
@@ -188,6 +183,11 @@ class BertModel(nn.Module):
     Args:
         config: the architecture (see :mod:`ctxkit.models.presets`).
     """
+
+    # forward(output_positions=...) runs the last layer's queries at those positions only; a
+    # sentence head asks for [CLS] alone (ctxkit.heads.EncoderWithHead checks this flag, so
+    # the heads need not know the family).
+    supports_output_positions = True
 
     def __init__(self, config: BertConfig):
         super().__init__()

@@ -18,7 +18,6 @@ are those of the released options files (13.6M / 28.0M / 93.6M parameters).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -27,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .common import Replaceable
 from .elmo_chars import MAX_CHARS, N_CHARACTERS, batch_to_char_ids
 from .sampled_softmax import sampled_softmax_nll
 from ..core.errors import UserError
@@ -54,7 +54,7 @@ _FILTERS_2048 = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 10
 
 
 @dataclass(frozen=True)
-class ElmoConfig:
+class ElmoConfig(Replaceable):
     """Architecture of an ELMo biLM (the fields of bilm-tf's options JSON).
 
     Attributes:
@@ -108,9 +108,6 @@ class ElmoConfig:
     def hidden_size(self) -> int:
         """The common name (ctxkit.models.families) for the width of every layer: :attr:`output_dim`."""
         return self.output_dim
-
-    def replace(self, **changes) -> "ElmoConfig":
-        return dataclasses.replace(self, **changes)
 
 
 # One line per preset for `ctxkit list-models` (ctxkit.models.families).

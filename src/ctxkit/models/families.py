@@ -37,8 +37,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
+import numpy as np
+
 from ..core.errors import UnknownNameError, UserError
+from ..tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer
+from .bert import PRESETS as BERT_PRESETS
+from .bert import BertConfig, BertForPreTraining, BertModel, load_bert, save_bert
 from .common import Preset
+from .elmo import ELMO_DESCRIPTIONS, ELMO_PRESETS, ElmoBiLM, ElmoConfig, ElmoLanguageModel
+from .elmo_io import load_bilm, save_elmo_lm, write_bilm_tf
+from .gpt2 import GPT2_DESCRIPTIONS, GPT2_PRESETS, GPT2Config, GPT2LMHeadModel, GPT2Model, load_gpt2, save_gpt2
+from .seq2seq import (RNN_SEQ2SEQ_DESCRIPTIONS, RNN_SEQ2SEQ_PRESETS, SEQ2SEQ_DESCRIPTIONS, SEQ2SEQ_PRESETS, RNNSeq2Seq,
+                      RNNSeq2SeqConfig, Seq2SeqConfig, TransformerSeq2Seq, load_seq2seq, save_seq2seq)
+from .static import WordVectors
+from .static_io import _SUFFIX_FORMATS, _base_suffix, STATIC_DESCRIPTIONS, STATIC_PRESETS, StaticVectorsConfig
+from .transformer_xl import (TRANSFO_XL_DESCRIPTIONS, TRANSFO_XL_PRESETS, TransformerXLConfig, TransformerXLLMHeadModel,
+                             TransformerXLModel)
+from .transformer_xl_io import is_ctxkit_transformer_xl, load_transformer_xl, load_transformer_xl_lm, save_transformer_xl_lm
+from .xlnet import XLNET_DESCRIPTIONS, XLNET_PRESETS, XLNetConfig, XLNetLMHeadModel, XLNetModel, save_xlnet
+from .xlnet_encoder import XLNetEncoder
 
 __all__ = ["Family", "FAMILIES", "family_of", "find_family", "get_family", "preset_family"]
 
@@ -103,84 +120,72 @@ def _has_any(folder: Path, *names: str) -> bool:
 
 
 def _bert_family() -> Family:
-    from .bert import PRESETS, BertConfig, BertForPreTraining, BertModel, load_bert, save_bert
-
     def load(folder: Path):
-        from ..tokenizers import WordPieceTokenizer
-
         tok = WordPieceTokenizer.from_dir(folder) if _has_any(folder, "vocab.txt", "tokenizer.json") else None
         return load_bert(folder), tok
 
     return Family(
         name="bert", description="BERT and DistilBERT encoders (HF layout, WordPiece)", list_kind="preset",
-        config_class=BertConfig, presets=dict(PRESETS), build=BertModel, load=load, save=save_bert,
+        config_class=BertConfig, presets=dict(BERT_PRESETS), build=BertModel, load=load, save=save_bert,
         # HF's config.json without a model_type is read as BERT (config_from_hf's default).
-        detect=lambda folder: _model_type(folder) in ("bert", "distilbert", ""),
+        detect=lambda folder: _model_type(folder) in ("bert", "distilbert") or (
+            _model_type(folder) == "" and not is_ctxkit_transformer_xl(folder)),
         model_classes=(BertModel, BertForPreTraining))
+
+
+# ---------------------------------------------------------------------------- GPT-2 and seq2seq: BPE folders
+
+
+def _with_bpe(load_model: Callable[[Path], Any]) -> Callable[[Path], Tuple[Any, Any]]:
+    """A family ``load``: the model, and the byte-level BPE tokenizer when the folder has one."""
+    def load(folder: Path):
+        tok = ByteLevelBPETokenizer.from_dir(folder) if _has_any(folder, "tokenizer.json", "vocab.json") else None
+        return load_model(folder), tok
+
+    return load
+
+
+def _saving_tokenizer(save_model: Callable[[Any, PathLike], Path]) -> Callable[..., Path]:
+    """A family ``save``: the model's files, then the tokenizer's beside them when one is given."""
+    def save(model, folder: PathLike, tokenizer=None) -> Path:
+        out = save_model(model, folder)
+        if tokenizer is not None:
+            tokenizer.save(out)
+        return out
+
+    return save
 
 
 # ---------------------------------------------------------------------------- GPT-2
 
 
 def _gpt2_family() -> Family:
-    from .gpt2 import GPT2_DESCRIPTIONS, GPT2_PRESETS, GPT2Config, GPT2LMHeadModel, GPT2Model, load_gpt2, save_gpt2
-
-    def load(folder: Path):
-        from ..tokenizers import ByteLevelBPETokenizer
-
-        tok = ByteLevelBPETokenizer.from_dir(folder) if _has_any(folder, "tokenizer.json", "vocab.json") else None
-        return load_gpt2(folder), tok
-
-    def save(model, folder: PathLike, tokenizer=None) -> Path:
-        out = save_gpt2(model, folder)
-        if tokenizer is not None:
-            tokenizer.save(out)
-        return out
-
     return Family(
         name="gpt2", description="GPT-2 decoder-only language models (HF layout, byte-level BPE)", list_kind="preset (GPT-2)",
-        config_class=GPT2Config, presets=_presets(GPT2_PRESETS, GPT2_DESCRIPTIONS), build=GPT2LMHeadModel, load=load,
-        save=save, detect=lambda folder: _model_type(folder) == "gpt2", model_classes=(GPT2LMHeadModel, GPT2Model))
+        config_class=GPT2Config, presets=_presets(GPT2_PRESETS, GPT2_DESCRIPTIONS), build=GPT2LMHeadModel,
+        load=_with_bpe(load_gpt2), save=_saving_tokenizer(save_gpt2), detect=lambda folder: _model_type(folder) == "gpt2",
+        model_classes=(GPT2LMHeadModel, GPT2Model))
 
 
 # ---------------------------------------------------------------------------- seq2seq (Transformer, RNN)
 
 
-def _seq2seq_load(folder: Path):
-    from ..tokenizers import ByteLevelBPETokenizer
-    from .seq2seq import load_seq2seq
-
-    tok = ByteLevelBPETokenizer.from_dir(folder) if _has_any(folder, "tokenizer.json", "vocab.json") else None
-    return load_seq2seq(folder), tok
-
-
-def _seq2seq_save(model, folder: PathLike, tokenizer=None) -> Path:
-    from .seq2seq import save_seq2seq
-
-    out = save_seq2seq(model, folder)
-    if tokenizer is not None:
-        tokenizer.save(out)
-    return out
-
-
 def _seq2seq_family() -> Family:
-    from .seq2seq import SEQ2SEQ_DESCRIPTIONS, SEQ2SEQ_PRESETS, Seq2SeqConfig, TransformerSeq2Seq
-
     return Family(
         name="seq2seq", description="Transformer encoder-decoder translators (Vaswani et al. 2017)", list_kind="preset (seq2seq)",
         config_class=Seq2SeqConfig, presets=_presets(SEQ2SEQ_PRESETS, SEQ2SEQ_DESCRIPTIONS), build=TransformerSeq2Seq,
-        load=_seq2seq_load, save=_seq2seq_save, detect=lambda folder: _model_type(folder) == "ctxkit-seq2seq",
+        load=_with_bpe(load_seq2seq), save=_saving_tokenizer(save_seq2seq),
+        detect=lambda folder: _model_type(folder) == "ctxkit-seq2seq",
         model_classes=(TransformerSeq2Seq,))
 
 
 def _rnn_seq2seq_family() -> Family:
-    from .seq2seq import RNN_SEQ2SEQ_DESCRIPTIONS, RNN_SEQ2SEQ_PRESETS, RNNSeq2Seq, RNNSeq2SeqConfig
-
     return Family(
         name="rnn_seq2seq", description="RNN encoder-decoder translators with additive attention (Bahdanau et al. 2015)",
         list_kind="preset (seq2seq)", config_class=RNNSeq2SeqConfig,
-        presets=_presets(RNN_SEQ2SEQ_PRESETS, RNN_SEQ2SEQ_DESCRIPTIONS), build=RNNSeq2Seq, load=_seq2seq_load,
-        save=_seq2seq_save, detect=lambda folder: _model_type(folder) == "ctxkit-rnn-seq2seq", model_classes=(RNNSeq2Seq,))
+        presets=_presets(RNN_SEQ2SEQ_PRESETS, RNN_SEQ2SEQ_DESCRIPTIONS), build=RNNSeq2Seq, load=_with_bpe(load_seq2seq),
+        save=_saving_tokenizer(save_seq2seq), detect=lambda folder: _model_type(folder) == "ctxkit-rnn-seq2seq",
+        model_classes=(RNNSeq2Seq,))
 
 
 # ---------------------------------------------------------------------------- ELMo
@@ -199,17 +204,12 @@ def elmo_detect(folder: Path) -> bool:
 
 
 def _elmo_family() -> Family:
-    from .elmo import ELMO_DESCRIPTIONS, ELMO_PRESETS, ElmoBiLM, ElmoConfig, ElmoLanguageModel
-
     def load(folder: Path):
-        from .elmo_io import load_bilm
-
         return load_bilm(folder)[0], None
 
     def save(model, folder: PathLike, tokenizer=None) -> Path:
         """A biLM as bilm-tf ``options.json`` + ``weights.hdf5``; a whole LM with its vocabulary
         (``tokenizer``: the word list) through :func:`~ctxkit.models.elmo_io.save_elmo_lm`."""
-        from .elmo_io import save_elmo_lm, write_bilm_tf
 
         folder = Path(folder)
         if isinstance(model, ElmoLanguageModel):
@@ -236,18 +236,12 @@ def _static_detect(path: Path) -> bool:
     path = Path(path)
     if path.is_dir():
         return (path / STATIC_FILE).is_file() and not (path / "config.json").is_file()
-    from .static_io import _SUFFIX_FORMATS, _base_suffix
 
     return path.is_file() and _base_suffix(path) in _SUFFIX_FORMATS  # .txt .vec .bin .npz, compressed or not
 
 
 def _static_family() -> Family:
-    from .static import WordVectors
-    from .static_io import STATIC_DESCRIPTIONS, STATIC_PRESETS, StaticVectorsConfig
-
     def build(config: StaticVectorsConfig) -> WordVectors:
-        import numpy as np
-
         return WordVectors([], np.zeros((0, config.dim), dtype=np.float32), meta={"config": config.__dict__})
 
     def load(path: Path):
@@ -270,41 +264,41 @@ def _static_family() -> Family:
 
 
 def _transformer_xl_family() -> Family:
-    from .transformer_xl import (TRANSFO_XL_DESCRIPTIONS, TRANSFO_XL_PRESETS, TransformerXLConfig, TransformerXLLMHeadModel,
-                                 TransformerXLModel)
-
     def load(folder: Path):
-        from .transformer_xl_io import load_transformer_xl
+        """ctxkit's own folders (``train-transformer-xl``'s ``final/``): the model and its word
+        list; HF folders: the model only (HF's vocabulary file is a pickle, never loaded here)."""
+        if is_ctxkit_transformer_xl(folder):
+            return load_transformer_xl_lm(folder)
+        return load_transformer_xl(folder), None
 
-        return load_transformer_xl(folder), None  # word-level: HF's vocabulary file is a pickle, never loaded here
+    def save(model, folder: PathLike, tokenizer=None) -> Path:
+        """ctxkit's format (safetensors + config.json + vocab.txt); ``tokenizer``: the word list."""
+        if tokenizer is None:
+            raise UserError("saving a word-level Transformer-XL needs its vocabulary (tokenizer=list of words)")
+        return save_transformer_xl_lm(model, folder, list(tokenizer))
 
     return Family(
         name="transformer_xl", description="Transformer-XL language models with segment memory (Dai et al. 2019)",
         list_kind="preset (Transformer-XL)", config_class=TransformerXLConfig,
-        presets=_presets(TRANSFO_XL_PRESETS, TRANSFO_XL_DESCRIPTIONS), build=TransformerXLLMHeadModel, load=load, save=None,
-        detect=lambda folder: _model_type(folder) == "transfo-xl", model_classes=(TransformerXLLMHeadModel, TransformerXLModel))
+        presets=_presets(TRANSFO_XL_PRESETS, TRANSFO_XL_DESCRIPTIONS), build=TransformerXLLMHeadModel, load=load, save=save,
+        detect=lambda folder: _model_type(folder) == "transfo-xl" or is_ctxkit_transformer_xl(folder),
+        model_classes=(TransformerXLLMHeadModel, TransformerXLModel))
 
 
 # ---------------------------------------------------------------------------- XLNet
 
 
 def _xlnet_family() -> Family:
-    from .xlnet import XLNET_DESCRIPTIONS, XLNET_PRESETS, XLNetConfig, XLNetLMHeadModel, XLNetModel
-    from .xlnet_encoder import XLNetEncoder
-
     def build(config: XLNetConfig) -> XLNetEncoder:
         return XLNetEncoder(XLNetModel(config))
 
     def load(folder: Path):
         """The task encoder (:class:`XLNetEncoder`), with its WordPiece vocabulary when saved."""
-        from ..tokenizers import WordPieceTokenizer
-
         tok = WordPieceTokenizer.from_dir(folder) if _has_any(folder, "vocab.txt", "tokenizer.json") else None
         return XLNetEncoder.from_dir(folder), tok
 
     def save(model, folder: PathLike, tokenizer=None) -> Path:
         if isinstance(model, XLNetLMHeadModel):
-            from .xlnet import save_xlnet
 
             out = save_xlnet(model, folder)
             if tokenizer is not None:

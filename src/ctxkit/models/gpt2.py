@@ -13,7 +13,6 @@ projections into one ``c_attn`` matrix.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -25,13 +24,14 @@ from torch import Tensor, nn
 
 from ..core.checkpoint import CheckpointError, KeyMap, load_state_dict_strict, read_config, read_weights, save_weights
 from ..layers import KVCache, TransformerEncoder, causal_mask, padding_mask
+from .common import Replaceable
 from ..core.errors import UserError
 
 __all__ = ["GPT2Config", "GPT2_PRESETS", "GPT2Model", "GPT2LMHeadModel", "load_gpt2", "save_gpt2", "gpt2_config_from_hf"]
 
 
 @dataclass(frozen=True)
-class GPT2Config:
+class GPT2Config(Replaceable):
     """Architecture of a GPT-2 model.
 
     Attributes:
@@ -55,10 +55,6 @@ class GPT2Config:
     attention_dropout: float = 0.1
     activation: str = "gelu_new"
     layer_norm_eps: float = 1e-5
-
-    def replace(self, **changes) -> "GPT2Config":
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
 
 
 def _gpt2(layers: int, hidden: int, heads: int) -> GPT2Config:

@@ -24,12 +24,13 @@ from torch import Tensor, nn
 
 from ..core.checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights, save_weights
 from ..layers import AdditiveAttention, KVCache, SinusoidalPositionalEncoding, TransformerDecoder, TransformerEncoder, padding_mask
+from .common import Replaceable
 
 __all__ = ["Seq2SeqConfig", "SEQ2SEQ_PRESETS", "RNNSeq2SeqConfig", "RNN_SEQ2SEQ_PRESETS", "TransformerSeq2Seq", "RNNSeq2Seq", "RNNState", "BoundDecoder", "save_seq2seq", "load_seq2seq"]
 
 
 @dataclass(frozen=True)
-class Seq2SeqConfig:
+class Seq2SeqConfig(Replaceable):
     """Architecture of a Transformer encoder-decoder (Vaswani et al. 2017).
 
     Attributes:
@@ -62,10 +63,6 @@ class Seq2SeqConfig:
     bos_id: int = 1
     eos_id: int = 2
 
-    def replace(self, **changes) -> "Seq2SeqConfig":
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
-
 
 SEQ2SEQ_PRESETS: Dict[str, Seq2SeqConfig] = {
     "transformer_base": Seq2SeqConfig(6, 6, 512, 8, 2048, vocab_size=37000, norm_first=False),  # the paper's base model
@@ -76,7 +73,7 @@ SEQ2SEQ_PRESETS: Dict[str, Seq2SeqConfig] = {
 
 
 @dataclass(frozen=True)
-class RNNSeq2SeqConfig:
+class RNNSeq2SeqConfig(Replaceable):
     """Architecture of the RNN encoder-decoder with additive attention (Bahdanau et al. 2015).
 
     Attributes:
@@ -100,10 +97,6 @@ class RNNSeq2SeqConfig:
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
-
-    def replace(self, **changes) -> "RNNSeq2SeqConfig":
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
 
 
 RNN_SEQ2SEQ_PRESETS: Dict[str, RNNSeq2SeqConfig] = {

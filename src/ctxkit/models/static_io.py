@@ -23,7 +23,6 @@ works too (an ``npz`` from a pipe is read into memory first, since ``np.load`` s
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gzip
 import io
 import lzma
@@ -42,6 +41,7 @@ from ctxkit.data.errors import DataError, is_rereadable, open_input, raw_lines, 
 from ctxkit.data.lines import decode_lines
 
 from ..core.errors import UserError
+from .common import Replaceable
 
 __all__ = ["StaticVectorsConfig", "STATIC_PRESETS", "FORMATS", "guess_format", "open_file", "read_corpus", "read_vectors", "write_vectors"]
 
@@ -434,7 +434,7 @@ def write_vectors(path: PathLike, words: Sequence[str], matrix: np.ndarray, form
 
 
 @dataclass(frozen=True)
-class StaticVectorsConfig:
+class StaticVectorsConfig(Replaceable):
     """Settings of a static word-vector model (:func:`ctxkit.models.static.train_word2vec`).
 
     Attributes:
@@ -458,10 +458,6 @@ class StaticVectorsConfig:
     @property
     def hidden_size(self) -> int:
         return self.dim
-
-    def replace(self, **changes) -> "StaticVectorsConfig":
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
 
 
 STATIC_PRESETS: Dict[str, StaticVectorsConfig] = {

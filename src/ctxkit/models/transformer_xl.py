@@ -25,12 +25,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layers import AddNorm, PositionwiseFFN, causal_mask, sinusoidal_table
+from ..layers.transformer import TransformerEncoder
 from ..layers.relative_attention import RelativeMultiHeadAttention
 from ..core.errors import UserError
 from .common import PaperNames
 
 __all__ = ["TransformerXLConfig", "TRANSFO_XL_PRESETS", "AdaptiveEmbedding", "TransformerXLLayer", "TransformerXLModel",
-           "TransformerXLLMHeadModel", "TransformerXLLMOutput"]
+           "TransformerXLLMHeadModel", "TransformerXLLMOutput", "VanillaBody", "VanillaTransformerLM", "build_transformer_xl_lm"]
 
 
 @dataclass(frozen=True)
@@ -396,3 +397,44 @@ class TransformerXLLMHeadModel(nn.Module):
                 flat_lp = self.crit.log_prob(flat) if self.crit is not None else F.log_softmax(self.out(flat), dim=-1)
             log_probs = flat_lp.view(*hidden.shape[:2], -1)
         return TransformerXLLMOutput(loss=loss, nll=nll, log_probs=log_probs, mems=new_mems, hidden=hidden)
+
+
+# ---------------------------------------------------------------------------- the vanilla baseline
+
+
+class VanillaBody(nn.Module):
+    """Adaptive embeddings + learned absolute positions + a causal Transformer; no memory."""
+
+    def __init__(self, config: TransformerXLConfig, max_position: int):
+        super().__init__()
+        d = config.d_model
+        self.config, self.max_position, self.mem_len, self.clamp_len = config, max_position, 0, -1
+        self.word_emb = AdaptiveEmbedding(config.vocab_size, config.d_embed or d, d, config.cutoffs, config.div_val)
+        self.pos_emb = nn.Embedding(max_position, d)
+        self.drop = nn.Dropout(config.dropout)
+        self.encoder = TransformerEncoder(config.n_layers, d, config.n_heads, config.d_inner, dropout=config.dropout,
+                                          attention_dropout=config.dropatt, activation="relu", norm_first=config.pre_lnorm)
+        self.apply(TransformerXLModel._init_weights)
+
+    def forward(self, input_ids: Tensor, mems=None) -> Tuple[Tensor, None]:
+        seq = input_ids.size(1)
+        if seq > self.max_position:
+            raise UserError(f"segment of {seq} tokens exceeds the {self.max_position} learned positions")
+        h = self.drop(self.word_emb(input_ids) + self.pos_emb(torch.arange(seq, device=input_ids.device)))
+        h = self.encoder(h, mask=causal_mask(seq, seq, device=input_ids.device)).last_hidden_state
+        return self.drop(h), None
+
+
+class VanillaTransformerLM(TransformerXLLMHeadModel):
+    """The Transformer-XL LM with its body swapped for :class:`VanillaBody` (same head; ``mems`` ignored)."""
+
+    def __init__(self, config: TransformerXLConfig, max_position: int):
+        super().__init__(config)
+        self.transformer = VanillaBody(config, max_position)
+
+
+def build_transformer_xl_lm(kind: str, config: TransformerXLConfig, max_position: int = 0) -> TransformerXLLMHeadModel:
+    """``"xl"``: :class:`TransformerXLLMHeadModel`; ``"vanilla"``: :class:`VanillaTransformerLM`."""
+    if kind not in ("xl", "vanilla"):
+        raise UserError(f"model must be 'xl' or 'vanilla', got {kind!r}")
+    return TransformerXLLMHeadModel(config) if kind == "xl" else VanillaTransformerLM(config, max_position or config.tgt_len)

@@ -17,18 +17,25 @@ The layouts differ in four places, each converted here:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
+from safetensors.torch import load_file, save_model
 from torch import Tensor
 
 from ..core.checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights
-from .transformer_xl import TransformerXLConfig
-from .transformer_xl import TransformerXLLMHeadModel
+from ..core.durable import atomic_write
+from .transformer_xl import TransformerXLConfig, TransformerXLLMHeadModel, TransformerXLModel, build_transformer_xl_lm
 
-__all__ = ["transformer_xl_config_from_hf", "load_transformer_xl"]
+__all__ = ["transformer_xl_config_from_hf", "load_transformer_xl", "save_transformer_xl_lm", "load_transformer_xl_lm",
+           "is_ctxkit_transformer_xl", "CTXKIT_MODEL_TYPE"]
+
+# config.json's model_type of ctxkit's own Transformer-XL (and vanilla baseline) folders.
+CTXKIT_MODEL_TYPE = "ctxkit-transformer-xl"
 
 
 def transformer_xl_config_from_hf(hf: dict) -> TransformerXLConfig:
@@ -188,3 +195,63 @@ def load_transformer_xl(directory: os.PathLike) -> TransformerXLLMHeadModel:
         model.load_note = "no adaptive softmax in the checkpoint (a bare TransfoXLModel): the output layer is untrained"
     load_state_dict_strict(model, state, source=str(directory))
     return model.eval()
+
+
+# ---------------------------------------------------------------------------- ctxkit's own format
+
+
+def _write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def is_ctxkit_transformer_xl(folder: os.PathLike) -> bool:
+    """A folder written by :func:`save_transformer_xl_lm` (or by ``train-transformer-xl``'s
+    ``final/`` of earlier versions, whose config.json has ``kind`` and ``config`` only)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        return False
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(meta, dict):
+        return False
+    return meta.get("model_type") == CTXKIT_MODEL_TYPE or ("model_type" not in meta and meta.get("kind") in ("xl", "vanilla")
+                                                          and isinstance(meta.get("config"), dict))
+
+
+def save_transformer_xl_lm(model: TransformerXLLMHeadModel, directory: os.PathLike, vocab: Sequence[str]) -> Path:
+    """``model.safetensors`` + ``config.json`` (model_type, kind, architecture) + ``vocab.txt``,
+    each written atomically (a crash leaves the previous file whole).
+
+    Args:
+        model: A Transformer-XL LM or its vanilla baseline (:class:`VanillaTransformerLM`).
+        directory: Output folder (created).
+        vocab: The word list, id order (word-level models: the vocabulary is part of the model).
+    """
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    body = model.transformer
+    kind = "xl" if isinstance(body, TransformerXLModel) else "vanilla"
+    meta = {"model_type": CTXKIT_MODEL_TYPE, "kind": kind, "config": dataclasses.asdict(model.config),
+            "max_position": getattr(body, "max_position", 0)}
+    atomic_write(out / "model.safetensors", lambda tmp: save_model(model, tmp))
+    _write_text(out / "config.json", json.dumps(meta, indent=2) + "\n")
+    _write_text(out / "vocab.txt", "".join(w + "\n" for w in vocab))
+    return out
+
+
+def load_transformer_xl_lm(directory: os.PathLike) -> Tuple[TransformerXLLMHeadModel, List[str]]:
+    """Inverse of :func:`save_transformer_xl_lm`: ``(model, vocab)``.
+
+    Raises:
+        CheckpointError: not such a folder, or weights that do not fit the config (keys listed).
+    """
+    folder = Path(directory)
+    if not is_ctxkit_transformer_xl(folder):
+        raise CheckpointError(f"{folder}: no ctxkit Transformer-XL folder (config.json with model_type {CTXKIT_MODEL_TYPE!r})")
+    meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config = TransformerXLConfig(**{**meta["config"], "cutoffs": tuple(meta["config"]["cutoffs"])})
+    model = build_transformer_xl_lm(meta["kind"], config, meta["max_position"])
+    load_state_dict_strict(model, load_file(str(folder / "model.safetensors")), source=str(folder / "model.safetensors"))
+    return model, (folder / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]

@@ -43,7 +43,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.checkpoint import CheckpointError, atomic_write, load_state_dict_strict
-from ..core.run_state import Checkpoint, autocast, resolve_device, restore_rng, resume_checkpoint
+from ..core.run_state import Checkpoint, LossBuffer, autocast, resolve_device, restore_rng, resume_checkpoint
 from ..core.run_state import save_checkpoint as write_checkpoint
 from ..models.elmo import ELMO_PRESETS, ElmoConfig, ElmoLanguageModel
 from ..models.elmo_chars import BOS_TOKEN, EOS_TOKEN, word_to_char_ids
@@ -303,15 +303,10 @@ def _train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
 
     run_log.on_train_begin({"config": {**dataclasses.asdict(cfg), "model": config_to_options(arch)}, "parameters": params,
                             **({"resumed_at_step": run["step"]} if ckpt is not None else {})})
-    pending: List[Tensor] = []
-
-    def flush_losses() -> None:
-        if pending:
-            run["losses"].extend(torch.stack(pending).float().tolist())
-            pending.clear()
+    pending = LossBuffer()
 
     def save_checkpoint() -> None:
-        flush_losses()
+        pending.flush_into(run["losses"])  # the checkpoint holds every step's loss
         write_checkpoint(out / "checkpoint", model_state=lm.state_dict(), optimizer_state=opt.state_dict(),
                          trainer_state={"run": run, "train_config": dataclasses.asdict(cfg), "model_config": config_to_options(arch)},
                          extra={"scheduler": sched.state_dict(),
@@ -358,14 +353,14 @@ def _train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
             if cfg.state_reset_prob > 0:
                 keep = torch.rand(1, 2, fi.shape[0], 1, device=device) >= cfg.state_reset_prob
                 lstm_state = tuple(t * keep for t in lstm_state)
-            pending.append(result["loss"].detach())
+            pending.append(result["loss"])
             run["step"] += 1
             run["chunk"] += 1
             steps_this_call += 1
             tokens_this_call += fi.numel()
             bar.update(1)
             if run["step"] % cfg.log_every == 0:
-                flush_losses()
+                pending.flush_into(run["losses"])
                 elapsed = time.monotonic() - start
                 tok_s = tokens_this_call / max(elapsed, 1e-9)
                 bar.set_postfix(loss=f"{run['losses'][-1]:.3f}", tok_s=f"{tok_s:,.0f}")
@@ -386,7 +381,7 @@ def _train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
     run["train_time_s"] = run.get("train_time_s", 0.0) + elapsed
     if run["step"] != last_saved or steps_this_call == 0:
         save_checkpoint()
-    flush_losses()
+    pending.flush_into(run["losses"])
     valid = run["history"][-1] if run["history"] and run["history"][-1]["step"] == run["step"] else evaluate()
     final = save_elmo_lm(lm, out / "final", vocab)
     try:

@@ -20,7 +20,8 @@
   ``checkpoint/`` (:func:`ctxkit.core.run_state.save_checkpoint`: replaced whole, manifest
   checked on resume) holds model, optimiser, memory, RNG and data position: a resumed run
   repeats an uninterrupted one's losses (a ``checkpoint.pt`` of earlier versions is still
-  read). ``final/``: :func:`load_xl_lm`.
+  read). ``final/``: :func:`load_xl_lm` (:func:`ctxkit.models.transformer_xl_io.load_transformer_xl_lm`; the
+  baseline and the I/O live beside the model in :mod:`ctxkit.models`).
 """
 
 from __future__ import annotations
@@ -38,16 +39,16 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.checkpoint import CheckpointError, atomic_write, load_state_dict_strict
-from ..core.run_state import Checkpoint, autocast, resolve_device, restore_rng, resume_checkpoint
+from ..core.run_state import Checkpoint, LossBuffer, autocast, resolve_device, restore_rng, resume_checkpoint
 from ..core.run_state import save_checkpoint as write_checkpoint
-from ..layers import causal_mask
-from ..layers.transformer import TransformerEncoder
-from ..models.transformer_xl import (AdaptiveEmbedding, TransformerXLConfig, TransformerXLLMHeadModel,
-                                     TransformerXLModel)
+from ..models.transformer_xl import TransformerXLConfig, TransformerXLLMHeadModel, TransformerXLModel, VanillaTransformerLM
+from ..models.transformer_xl import build_transformer_xl_lm as build_model
+from ..models.transformer_xl_io import load_transformer_xl_lm as load_xl_lm
+from ..models.transformer_xl_io import save_transformer_xl_lm as save_xl_lm
 from ..data.errors import require_rereadable
 from ..tokenizers import read_lines
 from ..training.callbacks import Callback, CallbackList, JsonlWriter
@@ -113,44 +114,6 @@ def make_rows(stream: Tensor, batch_size: int, pad: bool = False) -> Tuple[Tenso
     targets = padded[1 : batch_size * cols + 1].view(batch_size, cols)
     weights = (torch.arange(batch_size * cols) < n).view(batch_size, cols).float()
     return inputs, targets, weights
-
-
-class _VanillaBody(nn.Module):
-    """Adaptive embeddings + learned absolute positions + a causal Transformer; no memory."""
-
-    def __init__(self, config: TransformerXLConfig, max_position: int):
-        super().__init__()
-        d = config.d_model
-        self.config, self.max_position, self.mem_len, self.clamp_len = config, max_position, 0, -1
-        self.word_emb = AdaptiveEmbedding(config.vocab_size, config.d_embed or d, d, config.cutoffs, config.div_val)
-        self.pos_emb = nn.Embedding(max_position, d)
-        self.drop = nn.Dropout(config.dropout)
-        self.encoder = TransformerEncoder(config.n_layers, d, config.n_heads, config.d_inner, dropout=config.dropout,
-                                          attention_dropout=config.dropatt, activation="relu", norm_first=config.pre_lnorm)
-        self.apply(TransformerXLModel._init_weights)
-
-    def forward(self, input_ids: Tensor, mems=None) -> Tuple[Tensor, None]:
-        seq = input_ids.size(1)
-        if seq > self.max_position:
-            raise UserError(f"segment of {seq} tokens exceeds the {self.max_position} learned positions")
-        h = self.drop(self.word_emb(input_ids) + self.pos_emb(torch.arange(seq, device=input_ids.device)))
-        h = self.encoder(h, mask=causal_mask(seq, seq, device=input_ids.device)).last_hidden_state
-        return self.drop(h), None
-
-
-class VanillaTransformerLM(TransformerXLLMHeadModel):
-    """The Transformer-XL LM with its body swapped for :class:`_VanillaBody` (same head; ``mems`` ignored)."""
-
-    def __init__(self, config: TransformerXLConfig, max_position: int):
-        super().__init__(config)
-        self.transformer = _VanillaBody(config, max_position)
-
-
-def build_model(kind: str, config: TransformerXLConfig, max_position: int = 0) -> TransformerXLLMHeadModel:
-    """``"xl"``: :class:`TransformerXLLMHeadModel`; ``"vanilla"``: :class:`VanillaTransformerLM`."""
-    if kind not in ("xl", "vanilla"):
-        raise UserError(f"model must be 'xl' or 'vanilla', got {kind!r}")
-    return TransformerXLLMHeadModel(config) if kind == "xl" else VanillaTransformerLM(config, max_position or config.tgt_len)
 
 
 def lm_forward(model: TransformerXLLMHeadModel, inputs: Tensor, targets: Tensor, mems, device: torch.device,
@@ -244,33 +207,6 @@ def _lr_factor(cfg: XLTrainConfig, step: int, train_time: float) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def save_xl_lm(model: TransformerXLLMHeadModel, directory: os.PathLike, vocab: Sequence[str]) -> Path:
-    """``model.safetensors`` + ``config.json`` (kind, architecture) + ``vocab.txt``, each atomic."""
-    from safetensors.torch import save_model
-
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    body = model.transformer
-    kind = "xl" if isinstance(body, TransformerXLModel) else "vanilla"
-    meta = {"kind": kind, "config": dataclasses.asdict(model.config), "max_position": getattr(body, "max_position", 0)}
-    atomic_write(out / "model.safetensors", lambda tmp: save_model(model, tmp))
-    _write_text(out / "config.json", json.dumps(meta, indent=2) + "\n")
-    _write_text(out / "vocab.txt", "".join(w + "\n" for w in vocab))
-    return out
-
-
-def load_xl_lm(directory: os.PathLike) -> Tuple[TransformerXLLMHeadModel, List[str]]:
-    """Inverse of :func:`save_xl_lm`: ``(model, vocab)``."""
-    from safetensors.torch import load_model
-
-    folder = Path(directory)
-    meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    config = TransformerXLConfig(**{**meta["config"], "cutoffs": tuple(meta["config"]["cutoffs"])})
-    model = build_model(meta["kind"], config, meta["max_position"])
-    load_model(model, folder / "model.safetensors")
-    return model, (folder / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
-
-
 def train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.PathLike], out_dir: os.PathLike,
                 config: TransformerXLConfig, train_cfg: Optional[XLTrainConfig] = None, resume: bool = False,
                 callbacks: Optional[Sequence[Callback]] = None) -> dict:
@@ -331,15 +267,10 @@ def _train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pa
                 len(vocab), len(train_stream), segments)
     run_log.on_train_begin({"config": {**dataclasses.asdict(cfg), "architecture": dataclasses.asdict(arch)}, "parameters": params,
                             **({"resumed_at_step": run["step"]} if ckpt is not None else {})})
-    pending: List[Tensor] = []
-
-    def flush() -> None:
-        if pending:
-            run["losses"].extend(torch.stack(pending).float().tolist())
-            pending.clear()
+    pending = LossBuffer()
 
     def save_checkpoint() -> None:
-        flush()
+        pending.flush_into(run["losses"])  # the checkpoint holds every step's loss
         write_checkpoint(out / "checkpoint", model_state=model.state_dict(), optimizer_state=opt.state_dict(),
                          trainer_state={"run": run, "train_config": dataclasses.asdict(cfg)},
                          extra={"mems": None if mems is None else [m.cpu() for m in mems]})
@@ -377,13 +308,13 @@ def _train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pa
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        pending.append(loss.detach())
+        pending.append(loss)
         run["step"], run["segment"] = run["step"] + 1, run["segment"] + 1
         tokens_now += inputs.size(0) * min(cfg.tgt_len, inputs.size(1) - s)
         run["train_time_s"] = base_time + time.monotonic() - t0 - eval_time
         bar.update(1)
         if run["step"] % cfg.log_every == 0:
-            flush()
+            pending.flush_into(run["losses"])
             tok_s = tokens_now / max(time.monotonic() - t0 - eval_time, 1e-9)
             bar.set_postfix(loss=f"{run['losses'][-1]:.3f}", tok_s=f"{tok_s:,.0f}")
             run_log.on_log(run["step"], {"step": run["step"], "epoch": run["epoch"], "loss": run["losses"][-1], "lr": lr,
@@ -395,7 +326,7 @@ def _train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pa
         if run["step"] % cfg.save_every == 0:
             save_checkpoint()
     bar.close()
-    flush()  # waits for the device
+    pending.flush_into(run["losses"])  # waits for the device
     train_elapsed = time.monotonic() - t0 - eval_time
     run["train_time_s"] = base_time + train_elapsed
     save_checkpoint()

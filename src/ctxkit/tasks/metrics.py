@@ -279,20 +279,33 @@ def exact_match_score(prediction: str, ground_truth: str) -> float:
     return float(normalize_answer(prediction) == normalize_answer(ground_truth))
 
 
+def _token_f1(prediction_tokens: List[str], ground_truth_tokens: List[str]) -> float:
+    """Token-level F1 from the multiset overlap, 0-1: the arithmetic both official scripts share.
+
+    Args:
+        prediction_tokens: the predicted answer's normalised tokens.
+        ground_truth_tokens: the gold answer's normalised tokens.
+
+    Returns:
+        The harmonic mean of precision and recall, or 0.0 when no token is shared (which
+        includes either side being empty, so nothing is divided by zero).
+    """
+    common = collections.Counter(prediction_tokens) & collections.Counter(ground_truth_tokens)
+    num_same = sum(common.values())
+    if num_same == 0:
+        return 0.0
+    # The official scripts' exact expressions, so that scores match them to the bit.
+    precision = 1.0 * num_same / len(prediction_tokens)
+    recall = 1.0 * num_same / len(ground_truth_tokens)
+    return (2 * precision * recall) / (precision + recall)
+
+
 def f1_score(prediction: str, ground_truth: str) -> float:
     """Token-level F1 of normalised answers with multiset overlap, 0-1 (v1.1).
 
     As in the official v1.1 script, two answers that both normalise to nothing score 0.
     """
-    prediction_tokens = normalize_answer(prediction).split()
-    ground_truth_tokens = normalize_answer(ground_truth).split()
-    common = collections.Counter(prediction_tokens) & collections.Counter(ground_truth_tokens)
-    num_same = sum(common.values())
-    if num_same == 0:
-        return 0.0
-    precision = 1.0 * num_same / len(prediction_tokens)
-    recall = 1.0 * num_same / len(ground_truth_tokens)
-    return (2 * precision * recall) / (precision + recall)
+    return _token_f1(normalize_answer(prediction).split(), normalize_answer(ground_truth).split())
 
 
 def metric_max_over_ground_truths(
@@ -386,15 +399,11 @@ def compute_f1(a_gold: str, a_pred: str) -> float:
     """Token-level F1, 0-1 (v2.0): if either side has no tokens, 1 if both have none, else 0."""
     gold_toks = get_tokens(a_gold)
     pred_toks = get_tokens(a_pred)
-    common = collections.Counter(gold_toks) & collections.Counter(pred_toks)
-    num_same = sum(common.values())
+    # v2.0's rule for no-answer questions (unlike v1.1): an empty prediction for an empty
+    # gold answer is right; checked first, as the official script does.
     if len(gold_toks) == 0 or len(pred_toks) == 0:
         return float(gold_toks == pred_toks)
-    if num_same == 0:
-        return 0.0
-    precision = 1.0 * num_same / len(pred_toks)
-    recall = 1.0 * num_same / len(gold_toks)
-    return (2 * precision * recall) / (precision + recall)
+    return _token_f1(pred_toks, gold_toks)
 
 
 def _best_thresh_count(

@@ -155,7 +155,44 @@ class TensorBoardWriter(Callback):
             self._writer = None
 
 
-class MLflowWriter(Callback):
+class _ScalarWriter(Callback):
+    """The hooks that MLflow and W&B runs share: each record as step scalars, and whether
+    training ended normally.
+
+    Subclasses open their run in ``on_train_begin``, send scalars in :meth:`_add` and end
+    the run in ``close``, as finished when ``_finished`` is set and as failed otherwise
+    (``on_train_end`` does not come after a failure).
+
+    Args:
+        out_dir: the run folder the writer puts its files in.
+        eval_name: prefix of evaluation scalars (``dev``, ``valid``).
+    """
+
+    def __init__(self, out_dir: os.PathLike, eval_name: str = "dev"):
+        self.out_dir = Path(out_dir)
+        self.eval_name = eval_name
+        self._finished = False
+
+    @staticmethod
+    def _named(prefix: str, metrics: dict) -> Dict[str, float]:
+        """The plottable numbers of ``metrics``, keyed ``<prefix>/<key>``."""
+        return {f"{prefix}/{k}": v for k, v in _scalars(metrics).items()}
+
+    def _add(self, prefix: str, step: int, metrics: dict) -> None:
+        """Send the plottable numbers of ``metrics`` as ``<prefix>/<key>`` at ``step``."""
+        raise NotImplementedError
+
+    def on_log(self, step: int, metrics: dict) -> None:
+        self._add("train", step, metrics)
+
+    def on_eval(self, step: int, metrics: dict) -> None:
+        self._add(self.eval_name, step, metrics)
+
+    def on_train_end(self, summary: dict) -> None:
+        self._finished = True
+
+
+class MLflowWriter(_ScalarWriter):
     """An MLflow run: the config as parameters, the records as step metrics.
 
     ``MLFLOW_TRACKING_URI`` (and ``MLFLOW_EXPERIMENT_NAME``) are honoured; without a
@@ -168,9 +205,8 @@ class MLflowWriter(Callback):
 
     def __init__(self, out_dir: os.PathLike, eval_name: str = "dev"):
         self._mlflow = require("mlflow", "--log-to mlflow")
-        self.out_dir = Path(out_dir)
-        self.eval_name = eval_name
-        self._active, self._finished = False, False
+        super().__init__(out_dir, eval_name)
+        self._active = False
 
     def on_train_begin(self, run_info: dict) -> None:
         mlflow = self._mlflow
@@ -185,18 +221,9 @@ class MLflowWriter(Callback):
             mlflow.log_params({k: str(v)[:500] for k, v in _flat(run_info.get("config", {})).items()})
 
     def _add(self, prefix: str, step: int, metrics: dict) -> None:
-        values = {f"{prefix}/{k}": v for k, v in _scalars(metrics).items()}
+        values = self._named(prefix, metrics)
         if values:
             self._mlflow.log_metrics(values, step=step)
-
-    def on_log(self, step: int, metrics: dict) -> None:
-        self._add("train", step, metrics)
-
-    def on_eval(self, step: int, metrics: dict) -> None:
-        self._add(self.eval_name, step, metrics)
-
-    def on_train_end(self, summary: dict) -> None:
-        self._finished = True
 
     def close(self) -> None:
         if self._active:
@@ -204,7 +231,7 @@ class MLflowWriter(Callback):
             self._mlflow.end_run(status="FINISHED" if self._finished else "FAILED")
 
 
-class WandbWriter(Callback):
+class WandbWriter(_ScalarWriter):
     """A Weights & Biases run in ``RUN/wandb/``: the config, the records as step metrics.
 
     ``WANDB_MODE`` (``offline``, ``disabled``), ``WANDB_PROJECT`` (default ``ctxkit``) and
@@ -216,9 +243,8 @@ class WandbWriter(Callback):
 
     def __init__(self, out_dir: os.PathLike, eval_name: str = "dev"):
         self._wandb = require("wandb", "--log-to wandb")
-        self.out_dir = Path(out_dir)
-        self.eval_name = eval_name
-        self._run, self._finished = None, False
+        super().__init__(out_dir, eval_name)
+        self._run = None
 
     def on_train_begin(self, run_info: dict) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)  # wandb.init wants its dir to exist
@@ -230,16 +256,7 @@ class WandbWriter(Callback):
         _remember(self.out_dir, "wandb_run_id", self._run.id)
 
     def _add(self, prefix: str, step: int, metrics: dict) -> None:
-        self._run.log({f"{prefix}/{k}": v for k, v in _scalars(metrics).items()}, step=step)
-
-    def on_log(self, step: int, metrics: dict) -> None:
-        self._add("train", step, metrics)
-
-    def on_eval(self, step: int, metrics: dict) -> None:
-        self._add(self.eval_name, step, metrics)
-
-    def on_train_end(self, summary: dict) -> None:
-        self._finished = True
+        self._run.log(self._named(prefix, metrics), step=step)
 
     def close(self) -> None:
         if self._run is not None:

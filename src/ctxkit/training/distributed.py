@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..layers.transformer import TransformerDecoderLayer, TransformerEncoderLayer
+
 __all__ = ["setup", "rank_and_world", "is_main", "all_reduce_mean", "broadcast_parameters", "agree",
            "shard_model", "full_model_state", "full_optimizer_state", "load_full_state", "cpu_copy"]
 
@@ -103,8 +105,6 @@ def shard_model(model: nn.Module, device: torch.device) -> int:
     optimiser afterwards.
     """
     from torch.distributed.device_mesh import init_device_mesh
-
-    from ..layers.transformer import TransformerDecoderLayer, TransformerEncoderLayer
 
     fully_shard = _fully_shard()
     broadcast_parameters(model)  # fully_shard keeps each rank's own values: start from rank 0's

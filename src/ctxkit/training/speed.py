@@ -23,6 +23,7 @@ from torch import nn
 from ..fast import apply_fast_paths, segment_encoders, set_stream_dtype
 from ..layers.transformer import TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
 from ..core.errors import UserError
+from .reducer import OverlappedGradReducer
 
 __all__ = ["compile_blocks", "compile_model", "enable_activation_checkpointing", "set_stream_dtype", "apply_speed_options",
            "graph_grad_sync", "FlatGradAllReduce", "all_reduce_gradients"]
@@ -108,8 +109,6 @@ def graph_grad_sync(model: nn.Module, config):
         raise UserError(f"grad_reduce_dtype must be 'float32' or 'bfloat16', got {config.grad_reduce_dtype!r}")
     reduce_dtype = torch.bfloat16 if config.grad_reduce_dtype == "bfloat16" else None
     if config.overlap_grad_reduce:
-        from .reducer import OverlappedGradReducer
-
         return OverlappedGradReducer(model, reduce_dtype=reduce_dtype)
     return FlatGradAllReduce(model, reduce_dtype)
 

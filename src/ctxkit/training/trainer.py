@@ -596,7 +596,7 @@ class Trainer:
                 _say("curve.png not drawn: matplotlib is not installed (pip install 'ctxkit[plots]')")
                 self._said_no_curve = True
             return
-        from ..core.plots import plot_training_curve  # matplotlib only when a curve is drawn
+        from ..core.plots import plot_training_curve  # lazy: matplotlib (the plots extra) only when a curve is drawn
 
         plot_training_curve([(i + 1, float(v)) for i, v in enumerate(losses)], state["history"], self.main_metric,
                             self.out_dir / "curve.png", title=self.out_dir.name)
