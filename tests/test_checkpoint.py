@@ -144,7 +144,9 @@ def test_get_model_packaged_checkpoint_by_preset_and_by_name(minilm_dir):
 
 
 def test_get_model_random_and_unknown_names():
-    model, tok = ctxkit.get_model("bert_2_128_2")
+    with pytest.raises(ValueError, match="pretrained=False"):
+        ctxkit.get_model("bert_2_128_2")  # a preset gives random weights only when asked
+    model, tok = ctxkit.get_model("bert_2_128_2", pretrained=False)
     assert tok is None and model.config.hidden_size == 128
     with pytest.raises(KeyError, match="unknown model 'bert_3_3_3'"):
         ctxkit.get_model("bert_3_3_3")

@@ -62,10 +62,18 @@ def test_embed_help_documents_formats(capsys):
 def test_list_models(capsys):
     assert main(["list-models"]) == 0
     out = capsys.readouterr().out
-    rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
-    assert rows["bert_6_384_12"][1:3] == ["preset", "yes"]
-    assert rows["all_minilm_l6_v2"][1:3] == ["checkpoint", "yes"]
-    assert out.splitlines()[0].split() == ["NAME", "KIND", "AVAILABLE", "DESCRIPTION"]
+    presets, checkpoints = out.split("CHECKPOINTS:")
+    assert presets.startswith("PRESETS:") and "pretrained=False" in presets.splitlines()[0]
+    preset_rows = {line.split()[0]: line.split() for line in presets.splitlines()[3:] if line.strip()}
+    assert preset_rows["bert_6_384_12"][1] == "preset"
+    lines = checkpoints.splitlines()
+    assert lines[2].split() == ["NAME", "SOURCE", "STATUS", "PRESET", "DESCRIPTION"]
+    rows = {line.split()[0]: line for line in lines[3:] if line.strip()}
+    assert rows["all_minilm_l6_v2"].split()[1:3] == ["ctxkit", "installed"]
+    assert "bert_6_384_12" not in rows and "google-bert/bert-base-uncased" in rows
+    statuses = {"installed", "in the HF cache", "downloadable", "needs a local copy"}
+    for row in rows.values():  # every checkpoint says where it stands on this machine
+        assert any(f"  {s}  " in row for s in statuses), row
 
 
 def test_embed_pooled_npy_equals_api(text_file, tmp_path, capsys):

@@ -111,7 +111,7 @@ def test_zoo_builds_gpt2_presets_and_loads_gpt2_folders(tmp_path, capsys):
 
     names = {r["name"]: r for r in list_models()}
     assert names["gpt2_117m"]["kind"] == "preset (GPT-2)" and "transformer_base" in names and "rnn_attention_256_512" in names
-    model, tok = get_model("gpt2_2_128_2")
+    model, tok = get_model("gpt2_2_128_2", pretrained=False)
     assert isinstance(model, GPT2LMHeadModel) and tok is None and model.config.num_layers == 2
     tokenizer = ByteLevelBPETokenizer.train(iter(["a small corpus for a small vocabulary"] * 20), vocab_size=300, show_progress=False)
     torch.manual_seed(0)

@@ -127,3 +127,19 @@ def test_non_zero_softmax_biases_are_refused_by_name(legacy_transformers, tmp_pa
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=r"crit\.out_layers\.1\.bias"):
         load_transformer_xl(tmp_path)
+
+
+def test_loaded_by_hub_id_from_the_hf_cache(legacy_transformers, tmp_path, monkeypatch):
+    """``get_model("transfo-xl-wt103")`` reads the Hugging Face cache (offline here): the same
+    model as the folder the parity test above checks against transformers."""
+    from test_zoo_names import put_in_cache
+
+    _reference(legacy_transformers, tmp_path / "ckpt", 1)
+    cache = tmp_path / "hf"
+    put_in_cache(cache, "transfo-xl/transfo-xl-wt103", tmp_path / "ckpt")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model, tokenizer = get_model("transfo-xl-wt103")
+    expected = load_transformer_xl(tmp_path / "ckpt").state_dict()
+    assert tokenizer is None and list(model.state_dict()) == list(expected)
+    assert all(torch.equal(v, expected[k]) for k, v in model.state_dict().items())

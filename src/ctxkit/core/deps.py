@@ -11,7 +11,7 @@ extra          packages                                        needed for
 ``plots``      matplotlib                                      ``ctxkit demo``, ``curve.png``, heatmaps
 ``deploy``     onnx, onnxruntime                               ``ctxkit export`` / ``quantize``, ``--backend onnx``
 ``serve``      fastapi, uvicorn, pydantic, starlette           ``ctxkit serve``
-``elmo``       h5py                                            the released ELMo hdf5 weights
+``elmo``       h5py, pooch                                     the released ELMo hdf5 weights, fetched by URL
 ``tensorboard`` / ``mlflow`` / ``wandb``                        ``--log-to`` writers
 ``all``        all of the above but mlflow and wandb
 =============  ==============================================  ================================
@@ -45,6 +45,7 @@ EXTRA = {
     "pydantic": ("pydantic", "serve"),
     "starlette": ("starlette", "serve"),
     "h5py": ("h5py", "elmo"),
+    "pooch": ("pooch", "elmo"),
     "tensorboard": ("tensorboard", "tensorboard"),
     "mlflow": ("mlflow", "mlflow"),
     "wandb": ("wandb", "wandb"),

@@ -35,7 +35,7 @@ from ..layers import (
     get_activation,
     padding_mask,
 )
-from .common import Preset, Replaceable
+from .common import IndexableOutput, Preset, Replaceable
 from ..core.errors import UnknownNameError, UserError
 
 __all__ = [
@@ -148,8 +148,11 @@ logger = logging.getLogger("ctxkit")
 
 
 @dataclass
-class BertOutput:
-    """What :class:`BertModel` returns.
+class BertOutput(IndexableOutput):
+    """What :class:`BertModel` returns. It also reads like transformers' output
+    (:class:`~ctxkit.models.common.IndexableOutput`): ``out[0]`` is ``last_hidden_state``,
+    ``out[1]`` the next non-None field (``pooler_output`` if there is a pooler), and
+    ``hidden, pooled = out`` or ``out["last_hidden_state"]`` work.
 
     Attributes:
         last_hidden_state: ``(batch, seq, hidden)``.

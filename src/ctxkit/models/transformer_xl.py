@@ -28,7 +28,7 @@ from ..layers import AddNorm, PositionwiseFFN, causal_mask, sinusoidal_table
 from ..layers.transformer import TransformerEncoder
 from ..layers.relative_attention import RelativeMultiHeadAttention
 from ..core.errors import UserError
-from .common import PaperNames
+from .common import IndexableOutput, PaperNames
 
 __all__ = ["TransformerXLConfig", "TRANSFO_XL_PRESETS", "AdaptiveEmbedding", "TransformerXLLayer", "TransformerXLModel",
            "TransformerXLLMHeadModel", "TransformerXLLMOutput", "VanillaBody", "VanillaTransformerLM", "build_transformer_xl_lm"]
@@ -321,8 +321,10 @@ class TransformerXLModel(nn.Module):
 
 
 @dataclass
-class TransformerXLLMOutput:
-    """What :class:`TransformerXLLMHeadModel` returns.
+class TransformerXLLMOutput(IndexableOutput):
+    """What :class:`TransformerXLLMHeadModel` returns. Indexed in field order, skipping None
+    (:class:`~ctxkit.models.common.IndexableOutput`): with ``labels``, ``loss, nll, mems, hidden =
+    out``; without, ``out[0]`` is ``log_probs``.
 
     Attributes:
         loss: mean negative log-likelihood over the segment's targets (with ``labels``).

@@ -45,7 +45,7 @@ from ..core.checkpoint import (
 from ..layers import AddNorm, PositionwiseFFN, RelativeMultiHeadAttention, rel_shift
 from ..layers.attention import masked_softmax
 from ..core.errors import UserError
-from .common import PaperNames
+from .common import IndexableOutput, PaperNames
 
 __all__ = ["XLNetConfig", "XLNET_PRESETS", "XLNetOutput", "XLNetRelativeAttention", "XLNetLayer", "XLNetModel",
            "XLNetLMHeadModel", "PermutationMasks", "bidirectional_position_encoding", "sample_permutation_masks",
@@ -200,10 +200,16 @@ class XLNetLayer(nn.Module):
 
 
 @dataclass
-class XLNetOutput:
+class XLNetOutput(IndexableOutput):
     """``content``: ``(batch, seq, d)``; ``query``: ``(batch, num_predict, d)`` when a
     ``target_mapping`` was given, else None; ``mems``: per layer, the states to pass as
-    ``mems`` with the next segment ``(batch, mlen, d)``."""
+    ``mems`` with the next segment ``(batch, mlen, d)``.
+
+    Indexed as transformers' ``XLNetModelOutput`` (:class:`~ctxkit.models.common.IndexableOutput`):
+    ``out[0]`` is :attr:`last_hidden_state`, ``out[1]`` ``mems``; ``content`` and ``query``
+    are attributes only."""
+
+    _tuple_names = ("last_hidden_state", "mems")
 
     content: Tensor
     query: Optional[Tensor]

@@ -15,8 +15,8 @@ from typing import Iterable, List, Optional, Sequence, Union
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from .wordpiece import (_check_text, _raise_unencodable, _text_batches, decode_lines, load_tokenizer_json,
-                        read_json_object)
+from .batch import Encoding, TransformersStyle, _check_text, _raise_unencodable
+from .wordpiece import _text_batches, decode_lines, load_tokenizer_json, logger, read_json_object
 from ..core.errors import MissingFileError, UserError
 from ..data.errors import check_input, open_input
 
@@ -47,21 +47,45 @@ def _build(model: models.BPE) -> Tokenizer:
     return tok
 
 
-class ByteLevelBPETokenizer:
+class ByteLevelBPETokenizer(TransformersStyle):
     """GPT-2 style tokenizer.
+
+    Called like a transformers tokenizer (``tok(texts, padding=True, truncation=True,
+    return_tensors="pt")``, ``tokenize``, ``convert_tokens_to_ids``, ``vocab``: see
+    :class:`~ctxkit.tokenizers.batch.TransformersStyle`), it gives GPT2TokenizerFast's
+    ``input_ids`` and ``attention_mask``. As there, there is no pad token until one is set
+    (``tok.pad_token = tok.eos_token``), and padding without one is an error; ``<|endoftext|>``
+    is the BOS, EOS and "unknown" token (what ``convert_tokens_to_ids`` gives a string outside
+    the vocabulary).
 
     Args:
         tokenizer: a ``tokenizers.Tokenizer`` with a byte-level BPE model.
-        max_length: the model's context length (for callers that truncate or window).
+        max_length: the model's context length (for callers that truncate or window; the
+            default ``max_length`` of a call).
+        pad_token: the padding token of calls with ``padding``; None: no padding.
     """
 
-    def __init__(self, tokenizer: Tokenizer, max_length: int = 1024):
+    bos_token = eos_token = unk_token = END_OF_TEXT
+
+    def __init__(self, tokenizer: Tokenizer, max_length: int = 1024, pad_token: Optional[str] = None):
         self._tok = tokenizer
         self.max_length = max_length
         eot = tokenizer.token_to_id(END_OF_TEXT)
         if eot is None:
             raise UserError(f"the vocabulary has no {END_OF_TEXT} token")
         self.eos_id = eot  # GPT-2 uses <|endoftext|> as BOS, EOS and padding
+        self.pad_token = pad_token
+
+    @property
+    def pad_token(self) -> Optional[str]:
+        """The token that pads a call's batch (None: padding is an error, as in transformers)."""
+        return self._pad_token
+
+    @pad_token.setter
+    def pad_token(self, token: Optional[str]) -> None:
+        if token is not None and self._tok.token_to_id(token) is None:
+            raise UserError(f"pad_token {token!r} is not in the vocabulary (GPT-2 pads with {END_OF_TEXT!r})")
+        self._pad_token = token
 
     @classmethod
     def from_files(cls, vocab_json: PathLike, merges_txt: PathLike, max_length: int = 1024) -> "ByteLevelBPETokenizer":
@@ -108,12 +132,17 @@ class ByteLevelBPETokenizer:
         if (path / "tokenizer.json").is_file():
             file = path / "tokenizer.json"
             try:
-                return cls(load_tokenizer_json(file), max_length)
+                tok = cls(load_tokenizer_json(file), max_length)
             except UserError as exc:
                 if str(exc).startswith(str(file)):
                     raise
                 raise UserError(f"{file}: {exc}") from None  # e.g. no <|endoftext|> token
-        return cls.from_files(path / "vocab.json", path / "merges.txt", max_length)
+        else:
+            tok = cls.from_files(path / "vocab.json", path / "merges.txt", max_length)
+        if (path / "special_tokens_map.json").is_file():  # a pad token, as transformers saves one
+            pad = read_json_object(path / "special_tokens_map.json").get("pad_token")
+            tok.pad_token = pad.get("content") if isinstance(pad, dict) else pad
+        return tok
 
     @classmethod
     def train(cls, files_or_iterator, vocab_size: int = 50257, min_frequency: int = 2, show_progress: bool = True,
@@ -144,6 +173,8 @@ class ByteLevelBPETokenizer:
         merges = [m if isinstance(m, str) else " ".join(m) for m in state["model"]["merges"]]
         (directory / "merges.txt").write_text("#version: 0.2\n" + "".join(m + "\n" for m in merges), encoding="utf-8")
         self._tok.save(str(directory / "tokenizer.json"))
+        if self.pad_token is not None:
+            (directory / "special_tokens_map.json").write_text(json.dumps({"pad_token": self.pad_token}), encoding="utf-8")
         return directory
 
     @property
@@ -151,8 +182,9 @@ class ByteLevelBPETokenizer:
         """Number of ids, special tokens included."""
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> List[int]:
-        """Token ids of ``text`` (no special tokens added).
+    def encode(self, text: str, add_special_tokens: bool = True) -> List[int]:
+        """Token ids of ``text``. GPT-2 adds no special tokens, so ``add_special_tokens``
+        (accepted for transformers' habit) changes nothing, as in GPT2TokenizerFast.
 
         Raises:
             TypeError: ``text`` is not a str.
@@ -190,3 +222,23 @@ class ByteLevelBPETokenizer:
     def token_to_id(self, token: str) -> Optional[int]:
         """Id of a token string, or None."""
         return self._tok.token_to_id(token)
+
+    def _call_encode(self, texts, pairs, add_special_tokens, max_length, truncation) -> List[Encoding]:
+        """:meth:`__call__`'s encoder: single texts, cut on the right to ``max_length``."""
+        if pairs is not None:
+            raise UserError("ByteLevelBPETokenizer encodes single texts, not pairs (GPT-2 has no pair template); "
+                            "join the two texts yourself")
+        if truncation == "only_second":
+            raise UserError("truncation='only_second' needs text pairs")
+        try:
+            rows = [Encoding.from_backend(e) for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+        except TypeError:  # what tokenizers raises for a str it cannot encode as UTF-8
+            _raise_unencodable(texts, len(texts))
+            raise
+        if max_length is None:
+            return rows
+        cut = [r.cut(max_length) for r in rows]
+        if any(r.truncated for r in cut):  # never silent (as WordPieceTokenizer)
+            logger.warning("truncated %d of %d inputs to max_length=%d; %d tokens removed in total",
+                           sum(r.truncated for r in cut), len(cut), max_length, sum(r.num_truncated for r in cut))
+        return cut

@@ -11,9 +11,8 @@ import json
 import logging
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Iterable, Iterator, List, Optional, Sequence, Union
 
 from tokenizers import (
     Tokenizer,
@@ -25,6 +24,7 @@ from tokenizers import (
 )
 from tokenizers.models import WordPiece
 
+from .batch import NO_LIMIT, Encoding, TransformersStyle, _as_list, _check_text, _raise_unencodable
 from ..core.errors import MissingFileError, UserError
 from ..data.errors import check_input, open_input, require_rereadable
 from ..data.errors import raw_lines as _file_lines
@@ -70,41 +70,6 @@ def load_tokenizer_json(path: PathLike) -> Tokenizer:
         raise UserError(f"{path}: not a tokenizers file ({str(exc)[:200]})") from None
 
 
-@dataclass
-class Encoding:
-    """One encoded example (a single text or a text pair).
-
-    Attributes:
-        input_ids: Token ids, including [CLS]/[SEP] when special tokens are added.
-        token_type_ids: Segment ids (0 for the first text, 1 for the second).
-        attention_mask: 1 for real tokens, 0 for padding.
-        offsets: ``(start, end)`` character offsets into the original text of the
-            token's own segment; ``(0, 0)`` for special and padding tokens.
-        tokens: Token strings.
-        word_ids: Index (within its segment) of the pre-tokenized word each token
-            came from; ``None`` for special and padding tokens.
-        sequence_ids: 0/1 for tokens of the first/second text, else ``None``.
-        num_truncated: How many tokens truncation removed (0 if none).
-    """
-
-    input_ids: List[int]
-    token_type_ids: List[int]
-    attention_mask: List[int]
-    offsets: List[Tuple[int, int]]
-    tokens: List[str]
-    word_ids: List[Optional[int]]
-    sequence_ids: List[Optional[int]]
-    num_truncated: int = 0
-
-    @property
-    def truncated(self) -> bool:
-        """Whether truncation removed any token."""
-        return self.num_truncated > 0
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-
 def _build_tokenizer(vocab, lowercase, strip_accents, tokenize_chinese_chars, clean_text) -> Tokenizer:
     """Assemble the same component pipeline that BertTokenizerFast uses."""
     tok = Tokenizer(WordPiece(vocab, unk_token=UNK, continuing_subword_prefix="##", max_input_chars_per_word=100))
@@ -139,12 +104,17 @@ def _text_batches(source, batch_size: int) -> Iterator[List[str]]:
         yield batch
 
 
-class WordPieceTokenizer:
+class WordPieceTokenizer(TransformersStyle):
     """BERT WordPiece tokenizer whose ids, offsets and truncation match HF's BertTokenizerFast.
 
     Build one with :meth:`from_vocab`, :meth:`from_dir` or :meth:`train`. Empty or
     whitespace-only text is valid input and encodes to just ``[CLS] [SEP]``. The
     special tokens are always BERT's ``[PAD] [UNK] [CLS] [SEP] [MASK]``.
+
+    Called like a transformers tokenizer (``tok(texts, padding=True, truncation=True,
+    return_tensors="pt")``, with ``tokenize``, ``convert_tokens_to_ids``, ``vocab``: see
+    :class:`~ctxkit.tokenizers.batch.TransformersStyle`), it gives BertTokenizerFast's
+    ``input_ids``, ``token_type_ids`` and ``attention_mask``.
 
     Args:
         tokenizer: A ``tokenizers.Tokenizer`` with a WordPiece model and BertNormalizer;
@@ -316,13 +286,6 @@ class WordPieceTokenizer:
     tokenize_chinese_chars = property(lambda self: self._tok.normalizer.handle_chinese_chars)
     clean_text = property(lambda self: self._tok.normalizer.clean_text)
 
-    def __len__(self) -> int:
-        return self.vocab_size
-
-    def get_vocab(self) -> dict:
-        """Token -> id mapping, special tokens included."""
-        return self._tok.get_vocab(with_added_tokens=True)
-
     def token_to_id(self, token: str) -> Optional[int]:
         """Id of ``token``, or ``None`` if it is not in the vocabulary."""
         return self._tok.token_to_id(token)
@@ -331,33 +294,37 @@ class WordPieceTokenizer:
         """Token string for ``id``, or ``None`` if out of range."""
         return self._tok.id_to_token(int(id))
 
-    def convert_ids_to_tokens(self, ids: Sequence[int]) -> List[str]:
-        """Map ids (a list or 1-D tensor) to token strings; unknown ids raise ValueError."""
-        out = [self._tok.id_to_token(int(i)) for i in _as_list(ids)]
-        if None in out:
-            bad = _as_list(ids)[out.index(None)]
-            raise UserError(f"id {bad} is outside the vocabulary (size {self.vocab_size})")
-        return out
-
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Turn ids (a list or 1-D tensor) back into text, joining ``##`` continuations."""
         return self._tok.decode([int(i) for i in _as_list(ids)], skip_special_tokens=skip_special_tokens)
 
     def encode(self, text: str, text_pair: Optional[str] = None, max_length: Optional[int] = None,
-               truncation: Optional[str] = "longest_first", add_special_tokens: bool = True) -> Encoding:
+               truncation: Union[str, bool, None] = "longest_first", add_special_tokens: bool = True) -> Encoding:
         """Encode one text or text pair.
+
+        The result is ctxkit's rich :class:`Encoding` (ids, segments, offsets, word ids, what was
+        truncated), which every ctxkit caller reads by attribute, and it is also the list of its
+        ``input_ids``: ``len(e)``, ``for i in e``, ``e[0]``, ``e + [0] * k`` (a plain list) and
+        ``e == [101, ...]`` act on the ids. So transformers' habit ``ids = tok.encode(text,
+        add_special_tokens=True)`` followed by list arithmetic (padding by hand, ``len(ids)``,
+        ``np.array``, ``torch.tensor``) works unchanged, while no ctxkit caller gets anything
+        new: one return type, rather than a second method (which the habit would not call) or
+        a flag that changes the type (which every reader of the call would have to check).
+        Where the difference shows: ``isinstance(e, list)`` is False, and ``e.append`` does
+        not exist (``list(e)`` or ``e.input_ids`` is the plain list).
 
         Args:
             text: The (first) text. Empty/whitespace-only text gives ``[CLS] [SEP]``.
             text_pair: Optional second text (segment 1).
             max_length: Length limit including special tokens; defaults to
                 :attr:`max_length`.
-            truncation: ``"longest_first"``, ``"only_first"``, ``"only_second"``
-                (HF semantics), or ``"error"``/``None`` to raise instead of cutting.
+            truncation: ``"longest_first"`` (or ``True``), ``"only_first"``, ``"only_second"``
+                (HF semantics), ``"error"``/``None`` to raise instead of cutting, or ``False``
+                for no limit at all (``max_length`` ignored).
             add_special_tokens: Add ``[CLS]``/``[SEP]``.
 
         Returns:
-            An :class:`Encoding`; its ``num_truncated`` says how much was cut.
+            An :class:`Encoding` (``len`` tokens); its ``num_truncated`` says how much was cut.
 
         Raises:
             TypeError: ``text`` or ``text_pair`` is not a str.
@@ -367,6 +334,10 @@ class WordPieceTokenizer:
         _check_text(text, "text")
         if text_pair is not None:
             _check_text(text_pair, "text_pair")
+        if truncation is True:
+            truncation = "longest_first"
+        elif truncation is False:
+            max_length, truncation = NO_LIMIT, None
         pairs = None if text_pair is None else [text_pair]
         return self._encode_many([text], pairs, max_length, truncation, add_special_tokens)[0]
 
@@ -412,7 +383,7 @@ class WordPieceTokenizer:
             target = self._limit(max_length) if padding == "max_length" else max(len(e) for e, _ in raw)
             for enc, _ in raw:
                 enc.pad(target, direction="right", pad_id=self.pad_id, pad_type_id=0, pad_token=PAD)
-        out = [_to_encoding(enc, n) for enc, n in raw]
+        out = [Encoding.from_backend(enc, n) for enc, n in raw]
         if return_tensors is None:
             return out
         if len({len(e) for e in out}) > 1:
@@ -424,6 +395,14 @@ class WordPieceTokenizer:
 
         return {"input_ids": stack("input_ids"), "token_type_ids": stack("token_type_ids"),
                 "attention_mask": stack("attention_mask"), "encodings": out}
+
+    model_input_names = ("input_ids", "token_type_ids", "attention_mask")
+
+    def _call_encode(self, texts, pairs, add_special_tokens, max_length, truncation) -> List[Encoding]:
+        """:meth:`__call__`'s encoder: ``truncation=None`` is no limit at all, as in transformers."""
+        if truncation is None:
+            max_length = NO_LIMIT
+        return self._encode_many(texts, pairs, max_length, truncation, add_special_tokens)
 
     def _limit(self, max_length: Optional[int]) -> int:
         return self._max_length if max_length is None else int(max_length)
@@ -480,7 +459,7 @@ class WordPieceTokenizer:
                     len(long_idx), len(inputs), limit, truncation, sum(full[i] - len(encs[i]) for i in long_idx),
                 )
         raw = [(enc, n - len(enc)) for enc, n in zip(encs, full)]
-        return raw if keep_raw else [_to_encoding(enc, n) for enc, n in raw]
+        return raw if keep_raw else [Encoding.from_backend(enc, n) for enc, n in raw]
 
     def _run(self, inputs, add_special_tokens, texts, pairs):
         try:
@@ -494,32 +473,5 @@ class WordPieceTokenizer:
             raise
 
 
-def _to_encoding(enc, num_truncated: int) -> Encoding:
-    return Encoding(input_ids=enc.ids, token_type_ids=enc.type_ids, attention_mask=enc.attention_mask,
-                    offsets=enc.offsets, tokens=enc.tokens, word_ids=enc.word_ids,
-                    sequence_ids=enc.sequence_ids, num_truncated=num_truncated)
-
-
 def _as_args(item):  # encode() takes a pair as two arguments, encode_batch() as a tuple
     return item if isinstance(item, tuple) else (item,)
-
-
-def _as_list(ids):  # accept tensors and numpy arrays as well as lists
-    return ids.tolist() if hasattr(ids, "tolist") else list(ids)
-
-
-def _check_text(text, name: str) -> None:
-    if not isinstance(text, str):
-        raise TypeError(f"{name} must be str, got {type(text).__name__}")
-
-
-def _raise_unencodable(texts: Sequence[str], n_first: int) -> None:
-    for i, t in enumerate(texts):
-        try:
-            t.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            name = f"text {i}" if i < n_first else f"text_pair {i - n_first}"
-            raise UserError(
-                f"{name} cannot be encoded as UTF-8: U+{ord(t[exc.start]):04X} at index {exc.start} is a lone "
-                f"surrogate (was the text decoded with errors='surrogateescape'?)"
-            ) from None

@@ -1,0 +1,209 @@
+"""Checkpoints from the Hugging Face Hub, through ``huggingface_hub`` and its cache.
+
+:func:`hub_snapshot` gives the local folder of a Hub model repository:
+
+* the cache is shared with transformers (``HF_HOME`` / ``HF_HUB_CACHE``), so a model that
+  transformers (or ``hf download``) already fetched loads with no network;
+* only what ctxkit reads is fetched: ``config.json``, the vocabulary / merges / tokenizer
+  files, and the weights as safetensors, or as PyTorch pickles (read with
+  ``weights_only=True``) when a repository has no safetensors;
+* a pinned revision (a commit hash) is used when cached; otherwise a cached copy of the
+  repository's default branch is accepted (said in the log) before anything is downloaded;
+* downloads show progress bars; a dropped connection is resumed within the call
+  (``huggingface_hub`` asks for the rest with an HTTP ``Range``, from the last whole
+  10 MiB chunk it received); a failed call leaves the files already complete in the cache,
+  so running it again fetches only the others (a file cut off part-way starts over:
+  ``huggingface_hub`` 2.x deletes partial downloads rather than keeping them between calls);
+* every weight file that the Hub stores by its SHA-256 (LFS files: the blob is named by
+  it) is hashed after download; a mismatch removes the file from the cache and fails;
+* ``HF_HUB_OFFLINE=1``: the cache only; a repository not in it is one clear error naming the
+  id, the cache folder and how to get the files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError, OfflineModeIsEnabled,
+                                    RepositoryNotFoundError, RevisionNotFoundError)
+from tqdm.auto import tqdm
+
+from .errors import UserError
+
+__all__ = ["HubDownloadError", "HubNotCachedError", "CONFIG_AND_VOCAB", "hub_cache_dir", "hub_snapshot", "is_hub_id",
+           "is_offline", "cached_snapshot"]
+
+logger = logging.getLogger("ctxkit")
+
+# What ctxkit reads from a model repository besides the weights.
+CONFIG_AND_VOCAB = (
+    "config.json",
+    "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",  # WordPiece (BERT, DistilBERT)
+    "vocab.json", "merges.txt",  # byte-level BPE (GPT-2)
+)
+SAFETENSORS = ("model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json")
+PICKLES = ("pytorch_model.bin", "pytorch_model-*-of-*.bin", "pytorch_model.bin.index.json")
+_WEIGHT_FILE = re.compile(r"^(model(-\d+-of-\d+)?\.safetensors|pytorch_model(-\d+-of-\d+)?\.bin)$")
+_SHA256_NAME = re.compile(r"^[0-9a-f]{64}$")
+# A Hub repository id: "name" (legacy top-level models such as gpt2) or "org/name".
+_HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
+
+
+class HubNotCachedError(UserError):
+    """The repository is not in the local cache and the Hub cannot be asked (offline)."""
+
+
+class HubDownloadError(UserError):
+    """The Hub refused or failed the download (unknown repository, gated, interrupted, corrupted)."""
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` can be a Hub repository id (``gpt2``, ``google-bert/bert-base-cased``)."""
+    return bool(_HUB_ID.match(name)) and ".." not in name and not name.endswith((".", "-"))
+
+
+def is_offline() -> bool:
+    """``HF_HUB_OFFLINE`` (read now, so tests and users can set it after import)."""
+    value = os.environ.get("HF_HUB_OFFLINE", "")
+    return value.upper() in ("1", "ON", "YES", "TRUE") or bool(getattr(hf_constants, "HF_HUB_OFFLINE", False))
+
+
+def hub_cache_dir() -> Path:
+    """The Hub cache transformers uses too: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+    ``~/.cache/huggingface/hub`` (read now, not at import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hub"
+    return Path(hf_constants.HF_HUB_CACHE)
+
+
+def _has_weights(folder: Path) -> bool:
+    return any(_WEIGHT_FILE.match(p.name) for p in folder.iterdir())
+
+
+def _snapshot(repo_id: str, revision: Optional[str], patterns: Sequence[str], local_only: bool, progress: bool) -> Path:
+    kwargs = dict(revision=revision, allow_patterns=list(patterns), local_files_only=local_only, cache_dir=hub_cache_dir())
+    if not progress:
+        kwargs["tqdm_class"] = _Silent
+    return Path(snapshot_download(repo_id, **kwargs))
+
+
+def cached_snapshot(repo_id: str, revision: Optional[str] = None) -> Optional[Path]:
+    """The cached folder of ``repo_id`` (at ``revision``, else at any cached revision of the
+    default branch) holding a config and weights, or None. Never touches the network."""
+    # One weight format at a time, as hub_snapshot downloads them: huggingface_hub checks a cached
+    # snapshot against the file listing it cached, and a repository with both formats never has
+    # its pickles fetched, so asking for both would call every such snapshot incomplete.
+    for rev in ([revision] if revision else []) + [None]:
+        for weights in (SAFETENSORS, PICKLES):
+            try:
+                folder = _snapshot(repo_id, rev, CONFIG_AND_VOCAB + weights, local_only=True, progress=False)
+            except (LocalEntryNotFoundError, OfflineModeIsEnabled, EntryNotFoundError, RevisionNotFoundError,
+                    ValueError):
+                continue
+            if (folder / "config.json").is_file() and _has_weights(folder):
+                if revision and rev is None and folder.name != revision:
+                    logger.info("%s: using the cached revision %s (the pinned %s is not cached)", repo_id, folder.name,
+                                revision)
+                return folder
+    return None
+
+
+def hub_snapshot(repo_id: str, revision: Optional[str] = None, progress: bool = True) -> Path:
+    """The local folder of a Hub model repository, downloading what ctxkit needs if required.
+
+    Args:
+        repo_id: ``org/name`` or a legacy top-level id (``gpt2``).
+        revision: a commit hash (pinned), branch or tag; None: the default branch.
+        progress: show download progress bars.
+
+    Returns:
+        The snapshot folder in the Hub cache (config, vocabulary files and weights).
+
+    Raises:
+        HubNotCachedError: offline and not cached (the message says how to get it).
+        HubDownloadError: unknown or gated repository, unknown revision, a failed or
+            interrupted download (run again to resume), or a file whose SHA-256 does not
+            match the Hub's record (the file is removed from the cache).
+    """
+    folder = cached_snapshot(repo_id, revision)
+    if folder is not None:
+        return folder
+    if is_offline():
+        where = f"at revision {revision} " if revision else ""
+        raise HubNotCachedError(
+            f"{repo_id} {where}is not in the Hugging Face cache ({hub_cache_dir()}) and HF_HUB_OFFLINE is set: "
+            f"download it where the Hub is reachable (ctxkit download {repo_id}, or hf download {repo_id}), "
+            "copy the cache folder here (HF_HOME), or pass the path of a local model folder")
+    try:
+        folder = _snapshot(repo_id, revision, CONFIG_AND_VOCAB + SAFETENSORS, local_only=False, progress=progress)
+        if not _has_weights(folder):  # an older repository: PyTorch pickles only (read with weights_only=True)
+            folder = _snapshot(repo_id, revision, CONFIG_AND_VOCAB + PICKLES, local_only=False, progress=progress)
+    except GatedRepoError:
+        raise HubDownloadError(f"{repo_id} is gated on the Hub: accept its terms on huggingface.co and log in "
+                               "(hf auth login), then run again") from None
+    except RepositoryNotFoundError:
+        raise HubDownloadError(f"{repo_id}: no such model repository on the Hub ({_endpoint()})") from None
+    except RevisionNotFoundError:
+        raise HubDownloadError(f"{repo_id} has no revision {revision!r} on the Hub") from None
+    except UserError:
+        raise
+    except Exception as err:  # connection reset, timeout, HTTP errors: each huggingface_hub version has its own types
+        raise HubDownloadError(f"downloading {repo_id} failed ({type(err).__name__}: {str(err)[:300]}); run the same "
+                               "command again to resume (the files already complete are kept; a file cut off part-way "
+                               "starts over), or set HF_HUB_OFFLINE=1 to use only the cache") from None
+    if not (folder / "config.json").is_file() or not _has_weights(folder):
+        raise HubDownloadError(f"{repo_id} has no config.json with safetensors or pytorch_model.bin weights: "
+                               "not a model ctxkit can load")
+    verify_snapshot(folder)
+    return folder
+
+
+def verify_snapshot(folder: Path) -> List[str]:
+    """Hash every weight file whose cache blob is named by its SHA-256 (the Hub's record of
+    an LFS file) and compare. A mismatch removes the file and its blob from the cache, so
+    the next call downloads it again, and raises.
+
+    Returns:
+        The names of the files checked.
+    """
+    checked, bad = [], []
+    for path in sorted(folder.iterdir()):
+        if not _WEIGHT_FILE.match(path.name) or not path.is_symlink():
+            continue  # a copied (not linked) cache carries no digest to compare with
+        blob = path.resolve()
+        if not _SHA256_NAME.match(blob.name):
+            continue
+        digest = hashlib.sha256()
+        with open(blob, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        checked.append(path.name)
+        if digest.hexdigest() != blob.name:
+            bad.append(f"{path.name}: sha256 {digest.hexdigest()}, the Hub records {blob.name}")
+            blob.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
+    if bad:
+        raise HubDownloadError(f"{folder}: downloaded files do not match their checksums (removed from the cache; "
+                               "run again to download them afresh): " + "; ".join(bad))
+    return checked
+
+
+def _endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
+class _Silent(tqdm):
+    """A tqdm that draws nothing (``progress=False``)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["disable"] = True
+        super().__init__(*args, **kwargs)
