@@ -42,7 +42,7 @@ from .core.errors import UnknownNameError, UserError
 from .tokenizers import WordPieceTokenizer
 
 __all__ = ["CheckpointEntry", "CHECKPOINTS", "WheelSource", "cache_dir", "checkpoints_of", "download_checkpoint", "get_model",
-           "get_tokenizer", "list_models", "register_checkpoint", "resolve_checkpoint"]
+           "checkpoint_folder", "get_tokenizer", "list_models", "register_checkpoint", "resolve_checkpoint"]
 
 _HASHED_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "vocab.txt", "tokenizer.json", "tokenizer_config.json")
 
@@ -381,6 +381,25 @@ def _fetch(name: str, revision: Optional[str], progress: bool) -> Optional[Path]
     return None
 
 
+def checkpoint_folder(name: str, revision: Optional[str] = None, verify: bool = True, progress: bool = True) -> Path:
+    """The local folder of a checkpoint name (registered, Hub id, URL model) or path, fetched
+    when needed: for commands that read files of a checkpoint (its vocabulary) without the model.
+
+    Raises:
+        UnknownNameError: none of those.
+    """
+    entries = _all_entries()
+    if name in entries:
+        return resolve_checkpoint(name, verify=verify)[0]
+    if Path(name).exists():
+        return Path(name)
+    folder = _fetch(name, revision, progress)
+    if folder is None:
+        raise UnknownNameError(f"unknown checkpoint {name!r}: not a registered name ({', '.join(entries)}), a folder, "
+                               "a Hub id or a URL model; see ctxkit list-models")
+    return folder
+
+
 def get_tokenizer(name: str, revision: Optional[str] = None):
     """The tokenizer of a checkpoint (any name :func:`get_model` takes, or a tokenizer folder),
     without building the model where that can be avoided.
@@ -390,11 +409,7 @@ def get_tokenizer(name: str, revision: Optional[str] = None):
     """
     if preset_family(name) is not None:
         raise UserError(f"{name!r} is an untrained preset without a vocabulary; name a checkpoint such as all_minilm_l6_v2")
-    entries = _all_entries()
-    folder = resolve_checkpoint(name, verify=False)[0] if name in entries else Path(name) if Path(name).exists() \
-        else _fetch(name, revision, progress=True)
-    if folder is None:
-        raise UnknownNameError(f"unknown model {name!r}; see ctxkit list-models")
+    folder = checkpoint_folder(name, revision, verify=False)
     family = find_family(folder)
     wordpiece = (Path(folder) / "vocab.txt").is_file() or (Path(folder) / "tokenizer.json").is_file()
     if wordpiece and (family is None or family.name == "bert"):  # a BERT checkpoint or a train-tokenizer folder

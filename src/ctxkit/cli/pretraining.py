@@ -35,20 +35,15 @@ from ..pretraining.masking import MaskingConfig
 from ..pretraining.shards import build_shards, train_vocab
 from ..pretraining.train import pretrain
 from ..tokenizers import ByteLevelBPETokenizer, read_lines
-from ..zoo import resolve_checkpoint
+from ..zoo import checkpoint_folder
 
 __all__ = ["add_commands"]
 
 
 def _tokenizer_dir(name: str) -> Path:
-    """A tokenizer folder, or the folder of a registered checkpoint such as ``all_minilm_l6_v2``."""
-    path = Path(name)
-    if path.is_dir():
-        return path
-
-    # Only the vocabulary is needed: skip hashing the weights.
-    folder, _ = resolve_checkpoint(name, verify=False)
-    return folder
+    """A tokenizer folder, or the folder of a checkpoint (``all_minilm_l6_v2``, a Hub id such as
+    ``bert-base-uncased``). Only the vocabulary is needed: the weights are not hashed."""
+    return checkpoint_folder(name, verify=False)
 
 
 def _check_inputs(files) -> None:
@@ -99,7 +94,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        description="Split documents into sentences, tokenize, build BERT sentence pairs and write shards.")
     p.add_argument("corpus", nargs="+", metavar="CORPUS", help="text files (plain or .xz)")
     p.add_argument("--tokenizer", required=True, metavar="DIR_OR_CHECKPOINT",
-                   help="tokenizer folder or checkpoint name (e.g. all_minilm_l6_v2)")
+                   help="tokenizer folder or checkpoint name (all_minilm_l6_v2, a Hub id such as bert-base-uncased)")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder for shard_*.npy and meta.json")
     p.add_argument("--max-seq-len", type=int, default=128, help="tokens per instance incl. [CLS]/[SEP] (default: 128; BERT's phase 2 uses 512)")
     p.add_argument("--short-seq-prob", type=float, default=0.1, help="share of shorter random-length instances (default: 0.1)")

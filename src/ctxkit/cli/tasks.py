@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
@@ -17,6 +18,7 @@ from .train_flags import add_train_flags, train_config_from_args
 from ..data.lines import decode_lines, read_lines
 from ..inference.backends import add_backend_arguments, with_backend
 from ..tasks import evaluate_run, finetune, get_task, load_run, load_task
+from ..tasks.distill import distill
 
 __all__ = ["add_commands"]
 
@@ -42,6 +44,28 @@ def _task_options(args: argparse.Namespace) -> dict:
             raise UserError("--allow-unknown-tags is for conll2003")
         options["unknown_tags"] = "score"
     return options
+
+
+def _cmd_distill(args: argparse.Namespace) -> int:
+    logging.getLogger("ctxkit").setLevel(logging.INFO)
+    task, info = load_task(args.teacher)
+    data = args.data or info.get("data")
+    if data is None or not Path(data).exists():
+        raise UserError(f"{args.teacher} was trained on {data}, which does not exist here; pass --data PATH")
+    layers = None
+    if args.layers:
+        try:
+            layers = [int(x) for x in args.layers.split(",")]
+        except ValueError:
+            raise UserError(f"--layers takes comma-separated layer numbers, got {args.layers!r}") from None
+    callbacks = make_callbacks(args.log_to, args.out, eval_name=task.eval_splits[0])
+    summary = distill(args.teacher, data, args.out, train_config_from_args(args), student_layers=args.student_layers,
+                      layers=layers, student_init=args.student_init, temperature=args.temperature, alpha=args.alpha,
+                      transfer_data=args.transfer_data,
+                      eval_data=info.get("eval_data") if args.data is None else None, limit_train=args.limit_train,
+                      limit_eval=args.limit_eval, resume=args.resume, callbacks=callbacks)
+    print(json.dumps(summary, indent=2))
+    return 0
 
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
@@ -131,6 +155,30 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="conll2003: score evaluation tags outside the label set as missed entities instead of refusing them")
     add_log_to_argument(p)
     p.set_defaults(func=_cmd_finetune)
+
+    p = sub.add_parser("distill", help="distil a fine-tuned run into a smaller student run (DistilBERT's recipe)",
+                       description="Task-specific distillation: the teacher run's logits (computed once, cached in "
+                                   "RUN_DIR/teacher_logits.safetensors) train a student that keeps every other teacher "
+                                   "layer, on alpha * T^2 KL(teacher || student) + (1 - alpha) * the task loss. "
+                                   "--alpha 0 trains the same student without distillation (the baseline).")
+    p.add_argument("teacher", metavar="TEACHER_RUN", help="a ctxkit finetune run folder")
+    p.add_argument("--data", default=None, help="task data (default: the data the teacher was trained on)")
+    p.add_argument("--out", required=True, metavar="RUN_DIR", help="the student's run folder")
+    p.add_argument("--student-layers", dest="student_layers", type=int, default=3,
+                   help="teacher layers the student keeps, evenly spaced from the first (default: 3)")
+    p.add_argument("--layers", default=None, metavar="I,J,...", help="exactly these teacher layers (0-based) instead")
+    p.add_argument("--student-init", dest="student_init", default=None, metavar="CHECKPOINT",
+                   help="start the student from this checkpoint instead of the teacher's layers (same vocabulary)")
+    p.add_argument("--temperature", type=float, default=2.0, help="softmax temperature T of the soft targets (default: 2)")
+    p.add_argument("--alpha", type=float, default=0.5, help="weight of the soft loss; 0 = no distillation (default: 0.5)")
+    p.add_argument("--transfer-data", dest="transfer_data", default=None, metavar="FILE",
+                   help="classification: unlabelled texts (one per line, text<TAB>pair for pairs) the teacher labels for the student")
+    add_train_flags(p, "distill")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
+    p.add_argument("--limit-train", type=int, help="use only the first N training examples")
+    p.add_argument("--limit-eval", type=int, help="use only the first N evaluation examples")
+    add_log_to_argument(p)
+    p.set_defaults(func=_cmd_distill)
 
     p = sub.add_parser("evaluate", help="score a fine-tuned run on its evaluation splits",
                        description="Load RUN_DIR/best and report the task's metrics.")

@@ -117,6 +117,10 @@ VERBS: Dict[str, VerbFlags] = {
         include=("epochs", "lr", "batch_size", "eval_batch_size", "grad_accum", "warmup_ratio", "weight_decay", "max_grad_norm",
                  "seed", "precision", "device", "compile", "max_steps", "save_every", "log_every", "progress"),
         defer=True),
+    "distill": VerbFlags(  # a student run: the same flags and defaults as finetune
+        include=("epochs", "lr", "batch_size", "eval_batch_size", "grad_accum", "warmup_ratio", "weight_decay", "max_grad_norm",
+                 "seed", "precision", "device", "compile", "max_steps", "save_every", "log_every", "progress"),
+        defer=True),
     "translate-train": VerbFlags(
         include=("epochs", "max_steps", "max_minutes", "batch_size", "lr", "warmup_ratio", "weight_decay", "schedule",
                  "log_every", "seed", "device", "progress"),

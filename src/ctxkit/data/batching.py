@@ -11,7 +11,9 @@ from __future__ import annotations
 import random
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 __all__ = ["collate", "length_grouped_batches", "sequential_batches", "PAD_VALUES"]
 
@@ -29,7 +31,8 @@ def collate(features: Sequence[Mapping], pad_values: Optional[Dict[str, int]] = 
 
     Returns:
         Dict of tensors; sequence fields are ``(batch, seq)``. Float scalars (regression
-        targets) become float32, everything else int64. Fields whose values are None
+        targets) and float arrays (``(k,)`` or ``(seq, k)``, e.g. a teacher's logits) become
+        float32, everything else int64. Fields whose values are None
         (e.g. labels of a test set) or strings are left out.
     """
     pads = {**PAD_VALUES, **(pad_values or {})}
@@ -43,6 +46,14 @@ def collate(features: Sequence[Mapping], pad_values: Optional[Dict[str, int]] = 
             longest = -(-longest // multiple_of) * multiple_of
             pad = pads.get(key, 0)
             out[key] = torch.tensor([list(v) + [pad] * (longest - len(v)) for v in values], dtype=torch.long)
+        elif isinstance(values[0], (np.ndarray, torch.Tensor)):
+            # float arrays per example (a teacher's logits): stacked as float32. A 1-D array has
+            # a fixed size (classes); a 2-D one is (seq, k), padded with zero rows like the sequences.
+            arrays = [torch.as_tensor(np.asarray(v), dtype=torch.float32) for v in values]
+            longest = -(-max(a.shape[0] for a in arrays) // multiple_of) * multiple_of if arrays[0].dim() > 1 else 0
+            if longest:
+                arrays = [F.pad(a, (0, 0) * (a.dim() - 1) + (0, longest - a.shape[0])) for a in arrays]
+            out[key] = torch.stack(arrays)
         elif isinstance(values[0], float):
             out[key] = torch.tensor(values, dtype=torch.float32)
         elif isinstance(values[0], (int, bool)):
