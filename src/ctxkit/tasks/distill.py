@@ -184,7 +184,7 @@ def distill(teacher_run: os.PathLike, data: os.PathLike, out_dir: os.PathLike, c
         student = task.build_model(student_from_teacher(teacher.encoder, chosen))
         student.head.load_state_dict(teacher.head.state_dict())
     del teacher
-    objective = DistillationObjective(student, kind, temperature=temperature, alpha=alpha)
+    objective = DistillationObjective(student, kind, temperature=temperature, alpha=alpha, transfer=bool(transfer))
     first = task.eval_splits[0]
     prepare_s = time.time() - t0
     details = {"teacher_run": str(Path(teacher_run).resolve()), "teacher_layers_kept": chosen, "student_init": student_init,

@@ -136,24 +136,27 @@ class DistillationObjective(nn.Module):
         kind: ``"sequence"``, ``"token"`` or ``"span"``.
         temperature: ``T``.
         alpha: weight of the soft loss (0: plain fine-tuning of the same student).
+        transfer: batches may hold transfer-set rows (label :data:`UNLABELLED`).
     """
 
-    def __init__(self, student: nn.Module, kind: str, temperature: float = 2.0, alpha: float = 0.5):
+    def __init__(self, student: nn.Module, kind: str, temperature: float = 2.0, alpha: float = 0.5, transfer: bool = False):
         super().__init__()
         if kind not in ("sequence", "token", "span"):
             raise UserError(f"kind must be sequence, token or span, got {kind!r}")
         if not 0 <= alpha <= 1:
             raise UserError(f"alpha must be in [0, 1], got {alpha}")
-        self.student, self.kind, self.temperature, self.alpha = student, kind, temperature, alpha
+        if transfer and kind != "sequence":
+            raise UserError("a transfer set of unlabelled text is for sentence and pair classification")
+        self.student, self.kind, self.temperature, self.alpha, self.transfer = student, kind, temperature, alpha, transfer
 
     def forward(self, teacher_logits: Optional[Tensor] = None, **batch) -> Dict[str, Tensor]:
         labels = batch.get("labels")
-        if self.kind == "sequence" and labels is not None and labels.dtype == torch.long and bool((labels == UNLABELLED).any()):
-            # rows of a transfer set: the teacher's logits are their only target
+        if self.transfer and labels is not None:
+            # rows of a transfer set (label UNLABELLED) have the teacher's logits as their only
+            # target; no host synchronisation here, so CUDA graphs can capture the step
             out = dict(self.student(**{k: v for k, v in batch.items() if k != "labels"}))
-            known = labels != UNLABELLED
-            out["loss"] = F.cross_entropy(out["logits"].float()[known], labels[known]) if bool(known.any()) \
-                else out["logits"].sum() * 0.0
+            known = (labels != UNLABELLED).sum().clamp(min=1)
+            out["loss"] = F.cross_entropy(out["logits"].float(), labels, ignore_index=UNLABELLED, reduction="sum") / known
         else:
             out = self.student(**batch)
         if teacher_logits is None or self.alpha == 0 or "loss" not in out:
