@@ -136,3 +136,36 @@ def test_distilled_student_beats_the_undistilled_one_on_sst2(shared_data, minilm
     assert (tmp_path / "taught" / CACHE).is_file()
     # the student run is an ordinary run folder: evaluate reads it
     assert main(["evaluate", str(tmp_path / "taught"), "--data", str(labelled)]) == 0
+
+
+def test_distill_cli_stop_then_resume_equals_uninterrupted(tiny_bert_dir, sst_table, tmp_path, capsys):
+    """The student trains through the same Trainer as finetune: --max-steps stops it mid-epoch
+    and --resume ends with the same weights and losses as a run that never stopped (the
+    teacher's cached logits are reused, not recomputed)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from ctxkit.cli import main
+    from ctxkit.tasks.distill import CACHE
+
+    teacher = tmp_path / "teacher"
+    assert main(["finetune", "table", "--model", str(tiny_bert_dir), "--data", str(sst_table), "--out", str(teacher),
+                 "--epochs", "1", "--batch-size", "8", "--max-length", "32", "--device", "cpu", "--no-progress"]) == 0
+    common = ["distill", str(teacher), "--student-layers", "1", "--epochs", "2", "--batch-size", "8", "--device", "cpu",
+              "--no-progress", "--seed", "42", "--log-every", "1"]
+    assert main(common + ["--out", str(tmp_path / "whole"), "--save-every", "1"]) == 0
+    assert main(common + ["--out", str(tmp_path / "cut"), "--max-steps", "4"]) == 0
+    stamp = (tmp_path / "cut" / CACHE).stat().st_mtime_ns
+    assert json.loads((tmp_path / "cut" / "results.json").read_text())["stopped"]["step"] == 4
+    assert main(common + ["--out", str(tmp_path / "cut"), "--resume"]) == 0
+    assert (tmp_path / "cut" / CACHE).stat().st_mtime_ns == stamp  # the teacher did not run again
+
+    def losses(run):
+        rows = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+        return [(r["step"], r["loss"], r["soft_loss"]) for r in rows if r["event"] == "train"]
+
+    assert losses(tmp_path / "cut") == losses(tmp_path / "whole") and len(losses(tmp_path / "whole")) == 12
+    a, b = (load_file(str(tmp_path / r / "checkpoint" / "model.safetensors")) for r in ("whole", "cut"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    capsys.readouterr()

@@ -213,5 +213,8 @@ def distill(teacher_run: os.PathLike, data: os.PathLike, out_dir: os.PathLike, c
                "steps": result.steps, "train_examples": len(train_examples),
                "eval_examples": {s: len(e) for s, e in evals.items()}, "device": _device_name(config.device),
                "parameters": {"student": sum(p.numel() for p in best.parameters())}, "distillation": details}
+    if result.stopped:
+        summary["stopped"] = {"reason": result.stopped, "step": result.steps,
+                              "resume": "ctxkit distill ... --resume continues exactly from checkpoint/"}
     write_json(summary, out / "results.json")
     return summary
