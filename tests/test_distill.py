@@ -169,3 +169,28 @@ def test_distill_cli_stop_then_resume_equals_uninterrupted(tiny_bert_dir, sst_ta
     a, b = (load_file(str(tmp_path / r / "checkpoint" / "model.safetensors")) for r in ("whole", "cut"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     capsys.readouterr()
+
+
+def test_task_agnostic_distillation_fits_the_missing_head_then_trains_a_student(wiki_shards, minilm_layers, tmp_path):
+    """MiniLM ships without a masked-LM head: it is fitted first with the body frozen (the
+    teacher's encoder weights stay exactly as released), then a 2-layer student of the
+    4-layer teacher trains on the triple loss and saves an HF folder that loads again."""
+    import json
+
+    from ctxkit.models.bert import load_bert
+    from ctxkit.pretraining.distill import distill_pretrain
+    from ctxkit.training import TrainConfig
+    from ctxkit.zoo import get_model
+
+    teacher = minilm_layers(4)
+    cfg = TrainConfig(batch_size=8, lr=5e-4, max_steps=6, progress=False, log_every=1, eval_each_epoch=False, warmup_ratio=0.0)
+    summary = distill_pretrain(wiki_shards, str(teacher), tmp_path / "run", cfg, student_layers=2, head_steps=4)
+    assert summary["head_fitted"] and summary["teacher_layers_kept"] == [0, 2] and summary["steps"] == 6
+    fitted = load_bert(tmp_path / "run" / "teacher_head" / "final", with_heads=True)
+    released = load_bert(teacher)
+    assert all(torch.equal(v, fitted.bert.state_dict()[k]) for k, v in released.state_dict().items())  # body untouched
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    steps = [r for r in log if r["event"] == "train"]
+    assert len(steps) == 6 and all(r["soft_loss"] > 0 and r["mlm_loss"] > 0 and 0 <= r["cos_loss"] <= 2 for r in steps)
+    student, tokenizer = get_model(str(tmp_path / "run" / "final"))
+    assert student.config.num_layers == 2 and tokenizer is not None
