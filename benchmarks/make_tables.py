@@ -181,6 +181,22 @@ def distill_section() -> list:
                    f"{c['speedup'] if c else ''}x | 1/{r['size_ratio']:.2f} | {r['device']} | {r['date']} |")
     out.append("\nCommands: " + "; ".join(f"`{c}`" for c in sorted({r['command'] for r in quality})) +
                ". Log: `benchmarks/results/logs/distill_2026-11-27.log`.")
+    for r in _load("distill_agnostic.json"):
+        out.append("\n### Task-agnostic: MiniLM -> 3 layers on the Wikipedia extract, then SST-2\n")
+        out.append("| task | split | metric | distilled, then fine-tuned | same layers, no distillation | teacher | distillation "
+                   "| last losses (soft / MLM / cosine) | device | date |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|")
+        losses = r["last_losses"]
+        out.append(f"| {r['task']} | {r['split']} | {r['metric']} | {_fmt(r['value'])} | {_fmt(r['peer_value'])} | "
+                   f"{_fmt(r['teacher_value'])} | {r['distill_steps']} steps, {r['distill_minutes']} min | "
+                   f"{losses['soft_loss']:.3f} / {losses['mlm_loss']:.2f} / {losses['cos_loss']:.3f} | {r['device']} | {r['date']} |")
+        out.append(f"\nCommand: `{r['command']}`. Log: `benchmarks/results/logs/distill_agnostic_2026-11-27.log`. "
+                   "**Distillation did not help here** (-0.7 points). all-MiniLM-L6-v2 is released without its masked-LM "
+                   "head, so the head was fitted first with the body frozen (600 steps: MLM loss 6.7, far from a trained "
+                   "BERT's ~2): the soft targets come from a weak distribution, while the student's own MLM loss fell to 3.0. "
+                   "The corpus was 20 files of the extract (48k sequences), read 58 times in 6 minutes. What to try next: "
+                   "a teacher with its pretrained MLM head (bert-base-uncased by Hub id), or the head fitted for longer, "
+                   "and a larger share of the extract.")
     return out
 
 

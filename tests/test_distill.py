@@ -194,3 +194,16 @@ def test_task_agnostic_distillation_fits_the_missing_head_then_trains_a_student(
     assert len(steps) == 6 and all(r["soft_loss"] > 0 and r["mlm_loss"] > 0 and 0 <= r["cos_loss"] <= 2 for r in steps)
     student, tokenizer = get_model(str(tmp_path / "run" / "final"))
     assert student.config.num_layers == 2 and tokenizer is not None
+
+
+def test_distill_pretrain_cli(wiki_shards, minilm_layers, tmp_path, capsys):
+    import json
+
+    from ctxkit.cli import main
+
+    assert main(["distill-pretrain", "--data", str(wiki_shards), "--teacher", str(minilm_layers(2)), "--out", str(tmp_path / "r"),
+                 "--student-layers", "1", "--head-steps", "2", "--max-steps", "3", "--batch-size", "8", "--device", "cpu",
+                 "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["teacher_layers_kept"] == [0] and summary["steps"] == 3 and summary["head_fitted"]
+    assert (tmp_path / "r" / "final" / "model.safetensors").is_file()

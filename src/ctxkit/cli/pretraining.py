@@ -20,6 +20,7 @@ from ..models.presets import XLNET_PRESETS
 from ..models.transformer_xl import TRANSFO_XL_PRESETS
 from ..pretraining.bilm import BiLMTrainConfig, char_table, corpus_stream, evaluate_bilm, train_bilm
 from ..pretraining.corpus import FORMATS
+from ..pretraining.distill import distill_pretrain
 from ..pretraining.xl_lm import XLTrainConfig, _write_text, evaluate_xl_lm, load_xl_lm, train_xl_lm, xl_stream
 from ..pretraining.xlnet_pretrain import pretrain_xlnet
 from ..core.errors import UserError
@@ -130,9 +131,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
     """Handler of ``pretrain``; prints a JSON summary and returns 0."""
-    import logging
-
-
     logging.getLogger("ctxkit").setLevel(logging.INFO)
     callbacks = make_callbacks(args.log_to, args.out)  # a missing extra fails before the shards are read
     config = train_config_from_args(args, eval_each_epoch=False)
@@ -158,12 +156,42 @@ def add_pretrain_command(sub: argparse._SubParsersAction) -> None:
     add_log_to_argument(p)
     p.set_defaults(func=cmd_pretrain)
 
+    p = sub.add_parser("distill-pretrain", help="task-agnostic distillation (DistilBERT) of a BERT checkpoint on pretrain-data shards",
+                       description="A student keeping every other teacher layer trains on DistilBERT's triple loss (soft MLM "
+                                   "targets at temperature T, MLM, cosine of the last hidden states) over dynamically masked "
+                                   "shards; a teacher without a masked-LM head gets it fitted first with its body frozen. "
+                                   "Writes RUN_DIR/final in the HF layout (ctxkit finetune --model takes it).")
+    p.add_argument("--data", required=True, metavar="SHARDS", help="folder written by pretrain-data with the teacher's vocabulary")
+    p.add_argument("--teacher", required=True, help="a BERT-family checkpoint: name, Hub id or folder")
+    p.add_argument("--out", required=True, metavar="RUN_DIR")
+    p.add_argument("--student-layers", dest="student_layers", type=int, default=3, help="layers kept (default: 3)")
+    p.add_argument("--temperature", type=float, default=2.0, help="T of the soft targets (default: 2)")
+    p.add_argument("--alpha-ce", dest="alpha_ce", type=float, default=5.0, help="weight of the soft loss (default: 5)")
+    p.add_argument("--alpha-mlm", dest="alpha_mlm", type=float, default=2.0, help="weight of the MLM loss (default: 2)")
+    p.add_argument("--alpha-cos", dest="alpha_cos", type=float, default=1.0, help="weight of the cosine loss (default: 1)")
+    p.add_argument("--head-steps", dest="head_steps", type=int, default=500,
+                   help="steps to fit a missing masked-LM head with the teacher's body frozen (default: 500)")
+    add_train_flags(p, "pretrain")
+    p.add_argument("--max-predictions", type=int, default=20, help="masked positions per sequence at most")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
+    add_log_to_argument(p)
+    p.set_defaults(func=cmd_distill_pretrain)
+
+
+def cmd_distill_pretrain(args: argparse.Namespace) -> int:
+    """Handler of ``distill-pretrain``; prints a JSON summary and returns 0."""
+    logging.getLogger("ctxkit").setLevel(logging.INFO)
+    callbacks = make_callbacks(args.log_to, args.out)
+    summary = distill_pretrain(args.data, args.teacher, args.out, train_config_from_args(args, eval_each_epoch=False),
+                               student_layers=args.student_layers, temperature=args.temperature, alpha_ce=args.alpha_ce,
+                               alpha_mlm=args.alpha_mlm, alpha_cos=args.alpha_cos, head_steps=args.head_steps,
+                               masking=MaskingConfig(max_predictions=args.max_predictions), resume=args.resume, callbacks=callbacks)
+    print(json.dumps(summary, indent=2))
+    return 0
+
 
 def cmd_lm_train(args: argparse.Namespace) -> int:
     """Handler of ``lm-train``; prints a JSON summary."""
-    import logging
-
-
     logging.getLogger("ctxkit").setLevel(logging.INFO)
     callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")
     config = train_config_from_args(args)
