@@ -9,7 +9,6 @@ the gathered model.
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -32,20 +31,17 @@ TRAJECTORY = 1e-5
 MOMENTS = 1e-6
 
 
-def _free_port() -> int:
-    # The OS picks a port nobody holds; torchrun binds it a moment later.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(script: Path, args: list, nproc: int) -> None:
     cmd = [sys.executable, str(script), *map(str, args)]
     if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(_free_port())] + cmd[1:]
+        # --standalone: torchrun's rendezvous store binds a free port itself, so no other
+        # process of the suite (a test server on port 0) can take it between pick and bind.
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] + cmd[1:]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # the first rank's own lines first (its error is the root cause), then the tail
+    first = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank0]"))[-2000:]
+    assert proc.returncode == 0, first + "\n...\n" + proc.stderr[-3000:]
 
 
 def _losses(run: Path) -> list:

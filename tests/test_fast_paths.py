@@ -171,12 +171,8 @@ def test_flat_and_overlapped_gradient_all_reduce_equal_ddp(tmp_path):
 
     script = Path(__file__).resolve().parent / "helpers" / "grad_sync.py"
     out = tmp_path / "sync.json"
-    import socket
-
-    with socket.socket() as sock:  # a free port, not a guessed one
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port), str(script), str(out)]
+    # --standalone: torchrun binds a free port itself (no window for another process to take it)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
