@@ -211,7 +211,15 @@ def zoo_markdown(rows: List[dict]) -> str:
     for r in rows:
         if r["kind"] == "checkpoint":
             out.append(f"| `{r['name']}` | {r['preset']} | {r['description']} |")
-    out += ["", "## Presets (architectures)", "", "Random weights only when asked: `get_model(name, pretrained=False)`.", "",
+    out += ["", "## Habits from transformers", "",
+            "Tokenizers are callable (`tok(texts, padding=True, truncation=True, max_length=128, return_tensors=\"pt\")` "
+            "gives `input_ids`, `token_type_ids`, `attention_mask`) and have `tokenize`, `convert_tokens_to_ids`, "
+            "`convert_ids_to_tokens` and `vocab`; `tokenizer.encode(text, add_special_tokens=True)` behaves as a list of "
+            "ids. Model outputs index and unpack (`out[0]` is the last hidden state) and keep their attributes. One "
+            "difference: `BertModel`'s positional order is `(input_ids, token_type_ids, attention_mask)`, transformers' "
+            "`(input_ids, attention_mask, token_type_ids)`: pass the mask by keyword (`model(ids, attention_mask=mask)`, "
+            "as the lecture's recipe does) or unpack the tokenizer's output (`model(**batch)`).",
+            "", "## Presets (architectures)", "", "Random weights only when asked: `get_model(name, pretrained=False)`.", "",
             "| preset | family | checkpoints | description |", "|---|---|---|---|"]
     for r in rows:
         if not r["kind"].startswith("checkpoint"):
