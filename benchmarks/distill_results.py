@@ -15,6 +15,7 @@ distilled student, peer = the undistilled one, ``teacher_value`` beside) and spe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import shlex
@@ -74,6 +75,7 @@ def main(argv=None) -> int:
     parser.add_argument("--student-layers", type=int, default=3)
     parser.add_argument("--temperature", type=float, default=2.0)
     parser.add_argument("--alpha", type=float, default=0.5)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42], help="student seeds (the teacher uses the first)")
     parser.add_argument("--limit", type=int, default=0, help="smoke test: first N examples per split (records not written)")
     parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "distill.json"))
     args = parser.parse_args(argv)
@@ -87,18 +89,22 @@ def main(argv=None) -> int:
     for name in args.tasks:
         sub, epochs, batch, lr, metrics = TASKS[name]
         data, out = Path(args.data) / sub, Path(args.out) / name
-        cfg = TrainConfig(epochs=epochs, batch_size=batch, lr=lr, progress=False, log_every=200)
+        cfg = TrainConfig(epochs=epochs, batch_size=batch, lr=lr, progress=False, log_every=200, seed=args.seeds[0])
         t0 = time.time()
         teacher = finetune(get_task(name), args.model, data, out / "teacher", cfg, limit_train=limit, limit_eval=limit)
         t1 = time.time()
         common = dict(student_layers=args.student_layers, temperature=args.temperature, limit_train=limit, limit_eval=limit)
-        taught = distill(out / "teacher", data, out / "distilled", cfg, alpha=args.alpha, **common)
-        t2 = time.time()
-        plain = distill(out / "teacher", data, out / "plain", cfg, alpha=0.0, **common)
+        runs = {"distilled": [], "plain": []}
+        for seed in args.seeds:
+            scfg = dataclasses.replace(cfg, seed=seed)
+            suffix = "" if seed == args.seeds[0] else f"_seed{seed}"
+            runs["distilled"].append(distill(out / "teacher", data, out / f"distilled{suffix}", scfg, alpha=args.alpha, **common))
+            runs["plain"].append(distill(out / "teacher", data, out / f"plain{suffix}", scfg, alpha=0.0, **common))
         t3 = time.time()
+        taught, plain = runs["distilled"][0], runs["plain"][0]
         split = next(iter(teacher["results"]))
-        print(f"{name}: teacher {teacher['results'][split]}, distilled {taught['results'][split]}, plain {plain['results'][split]} "
-              f"({t1 - t0:.0f}s, {t2 - t1:.0f}s, {t3 - t2:.0f}s)", flush=True)
+        print(f"{name}: teacher {teacher['results'][split]}, distilled {[r['results'][split] for r in runs['distilled']]}, "
+              f"plain {[r['results'][split] for r in runs['plain']]} ({t1 - t0:.0f}s, {t3 - t1:.0f}s)", flush=True)
         _, t_model, _, _ = load_run(out / "teacher", "cpu")
         _, s_model, _, _ = load_run(out / "distilled", "cpu")
         size = sum(p.numel() for p in t_model.parameters()) / sum(p.numel() for p in s_model.parameters())
@@ -107,16 +113,19 @@ def main(argv=None) -> int:
             vocab = t_model.encoder.config.vocab_size
             lat[dev] = (_time(t_model, _batch(vocab, rows, 128), dev, reps), _time(s_model, _batch(vocab, rows, 128), dev, reps))
         for metric in metrics:
+            per_seed = {k: [round(r["results"][split][metric], 2) for r in v] for k, v in runs.items()}
+            mean = {k: statistics.mean(r["results"][split][metric] for r in v) for k, v in runs.items()}
             records.append({
                 "task": name, "split": "qa-eval" if name == "squad" else split, "metric": metric,
-                "value": round(taught["results"][split][metric], 2),
+                "value": round(mean["distilled"], 2), "seeds": args.seeds, "per_seed": per_seed,
                 "model": f"{args.student_layers}-layer student of all_minilm_l6_v2 (every other layer), distilled (T={args.temperature:g}, "
                          f"alpha={args.alpha:g})",
-                "peer_name": "the same student fine-tuned without distillation", "peer_value": round(plain["results"][split][metric], 2),
+                "peer_name": "the same student fine-tuned without distillation", "peer_value": round(mean["plain"], 2),
                 "teacher_value": round(teacher["results"][split][metric], 2),
-                "retained_of_teacher": round(taught["results"][split][metric] / max(teacher["results"][split][metric], 1e-9), 4),
+                "retained_of_teacher": round(mean["distilled"] / max(teacher["results"][split][metric], 1e-9), 4),
                 "epochs": epochs, "batch_size": batch, "lr": lr, "size_ratio": round(size, 3),
                 "train_time_s": {"teacher": teacher["train_time_s"], "distilled": taught["train_time_s"], "plain": plain["train_time_s"]},
+                "mean_over": f"{len(args.seeds)} student seed(s)",
                 "device": device, "date": date, "command": command})
         for dev, (t_ms, s_ms) in lat.items():
             case = (f"{name} classifier, bf16, batch 32 x 128 (eager)" if dev == "cuda" else f"{name} model, fp32, batch 1 x 128, CPU "
