@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, List
 
+import numpy as np
+
 from ..core.errors import UserError
 from ..data.errors import check_input
 from ..data.lines import decode_lines, read_lines
@@ -86,7 +88,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _write_embeddings(out: Path, result: Any, pooled: bool) -> None:
-    import numpy as np
 
     suffix = out.suffix.lower()
     if pooled:

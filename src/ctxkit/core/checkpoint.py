@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
 from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -176,7 +177,6 @@ def read_pickled_state(path: os.PathLike, what: str = "state") -> object:
     Raises:
         CheckpointError: the file is refused for safety, or is corrupted or truncated.
     """
-    import pickle
 
     path = Path(path)
     try:

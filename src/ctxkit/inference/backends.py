@@ -317,7 +317,6 @@ class _ChoiceStore:
     """``run_dir/auto_backend/``: the auto decision for a run folder, read back while its key holds."""
 
     def __init__(self, run_dir: Path, key: Optional[dict]):
-
         self.folder = run_dir / AUTO_CHOICE_DIR
         self.path = self.folder / "choice.json"
         self.key = key

@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+import torch
+
 from ..core.deps import require_all
 from ..core.errors import UserError
 from ..core.version import __version__
@@ -317,7 +319,6 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         # executor takes no work. torch's thread count belongs to each OS thread, so the
         # model thread sets its own.
         executor[:] = [ThreadPoolExecutor(1, thread_name_prefix="ctxkit-serve", initializer=set_model_thread, initargs=(threads,))]
-        import torch
 
         # What the model thread really runs with (reported, not assumed).
         threads_info["torch"] = await asyncio.get_running_loop().run_in_executor(executor[0], torch.get_num_threads)
@@ -515,7 +516,7 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
 
 
 def _server_class():
-    import uvicorn
+    import uvicorn  # lazy: the serve extra, imported when a server starts
 
     class Server(uvicorn.Server):
         """uvicorn's server, minus re-raising the signal after a graceful stop (the
@@ -555,7 +556,7 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, graceful_timeout: 
         graceful_timeout: seconds to wait for in-flight requests after a signal.
         **app_options: passed to :func:`create_app`.
     """
-    import uvicorn
+    import uvicorn  # lazy: the serve extra, imported when a server starts
 
     app = create_app(run_dir, **app_options)
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",

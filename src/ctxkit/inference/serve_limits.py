@@ -24,6 +24,8 @@ import os
 import time
 from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
 
+import torch
+
 from ..core.errors import UserError
 
 __all__ = ["QueueFull", "RequestGuard", "TokenCheck", "at_least_one", "available_cores", "choose_threads", "set_model_thread",
@@ -89,7 +91,6 @@ def choose_threads(threads: Optional[int] = None, environ: Optional[Mapping[str,
 
 def set_model_thread(threads: int) -> None:
     """Set the calling thread's torch intra-op threads (a ThreadPoolExecutor initializer)."""
-    import torch
 
     torch.set_num_threads(threads)
 
@@ -101,7 +102,6 @@ def torch_threads(threads: int) -> Iterator[None]:
     ONNX Runtime sessions take their intra-op thread count from torch's when they are
     created (:mod:`ctxkit.tasks.ort_model`): loading a run inside this block sizes them.
     """
-    import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

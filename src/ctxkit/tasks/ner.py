@@ -3,6 +3,7 @@ label of a word sits on its first sub-word and is read back from there."""
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from pathlib import Path
@@ -196,7 +197,6 @@ RARE_COUNT = 3
 
 def _suspicious_types(stats: Dict[str, Tuple[int, str]]) -> List[Tuple[str, str]]:
     """(type, why) for types that look like mistakes: rare ones, and near-copies of a more frequent type."""
-    import difflib
 
     total = sum(c for c, _ in stats.values())
     out = []

@@ -11,12 +11,13 @@ A run folder holds::
     results.json     final metrics of the best model on every evaluation split
 """
 
-
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import platform
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -300,7 +301,6 @@ def evaluate_run(run_dir: os.PathLike, data: Optional[os.PathLike] = None, split
 
 def _progress(enabled: bool, desc: str, n: int):
     """A progress indication for a long evaluation (the prediction loop reports batches)."""
-    import contextlib
 
     return progress_bar(desc, n) if enabled else contextlib.nullcontext()
 
@@ -309,6 +309,5 @@ def _device_name(device: str) -> str:
     dev = resolve_device(device)
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
-    import platform
 
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"

@@ -388,7 +388,7 @@ class WordPieceTokenizer(TransformersStyle):
             return out
         if len({len(e) for e in out}) > 1:
             raise UserError("cannot stack sequences of different lengths into a tensor; pass padding='longest'")
-        import torch  # deferred: plain tokenization does not need torch
+        import torch  # lazy: plain tokenization does not need torch (imported for return_tensors='pt')
 
         def stack(field):
             return torch.tensor([getattr(e, field) for e in out], dtype=torch.long).reshape(len(out), -1)

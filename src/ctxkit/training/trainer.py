@@ -15,6 +15,7 @@ import contextlib
 import logging
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,7 +48,6 @@ def _say(message: str, *args) -> None:
     """``logger.info`` on a line of its own while tqdm bars are drawn: the bars on the
     terminal are cleared first and redrawn after, as ``tqdm.write`` does (otherwise the
     line is glued to the end of the bar)."""
-    import sys
 
     with tqdm.external_write_mode(file=sys.stderr):
         logger.info(message, *args)
