@@ -78,6 +78,7 @@ SNAPSHOT = {
         (('--log-to',), 'log_to', [], '_writer_names', None, '_ExtendAction'),
     ],
     'translate-train': [
+        (('--quaternion',), 'quaternion', False, None, None, '_StoreTrueAction'),
         (('--train-src',), 'train_src', None, None, None, '_StoreAction'),
         (('--train-tgt',), 'train_tgt', None, None, None, '_StoreAction'),
         (('--valid-src',), 'valid_src', None, None, None, '_StoreAction'),
@@ -142,7 +143,18 @@ SNAPSHOT = {
     'lm-train': [
         (('--train',), 'train', None, None, None, '_StoreAction'),
         (('--valid',), 'valid', None, None, None, '_StoreAction'),
-        (('--preset',), 'preset', 'gpt2_4_256_4', None, None, '_StoreAction'),
+        (('--preset',), 'preset', None, None, None, '_StoreAction'),
+        # character LMs (lm-train --char, cli/char_lm.py)
+        (('--char',), 'char', False, None, None, '_StoreTrueAction'),
+        (('--test',), 'test', None, None, None, '_StoreAction'),
+        (('--alphabet',), 'alphabet', 'text8', None, ('text8', 'bytes'), '_StoreAction'),
+        (('--context',), 'context', None, 'int', None, '_StoreAction'),
+        (('--attention',), 'attention', None, None, ('dense', 'strided', 'fixed'), '_StoreAction'),
+        (('--quaternion',), 'quaternion', False, None, None, '_StoreTrueAction'),
+        (('--no-aux-positions',), 'no_aux_positions', False, None, None, '_StoreTrueAction'),
+        (('--no-aux-layers',), 'no_aux_layers', False, None, None, '_StoreTrueAction'),
+        (('--no-second-target',), 'no_second_target', False, None, None, '_StoreTrueAction'),
+        (('--max-eval-chars',), 'max_eval_chars', None, 'int', None, '_StoreAction'),
         (('--out',), 'out', None, None, None, '_StoreAction'),
         (('--tokenizer',), 'tokenizer', None, None, None, '_StoreAction'),
         (('--vocab-size',), 'vocab_size', 8000, 'int', None, '_StoreAction'),

@@ -12,6 +12,7 @@ from ctxkit.cli import main
 from ctxkit.core.errors import UnknownNameError, UserError
 from ctxkit.models import families
 from ctxkit.models.bert import BertConfig
+from ctxkit.models.char_lm import CHAR_PRESETS
 from ctxkit.models.common import Preset
 from ctxkit.models.elmo import ElmoConfig
 from ctxkit.models.families import FAMILIES, Family, family_of, find_family, get_family
@@ -21,6 +22,7 @@ from ctxkit.models.static import WordVectors
 from ctxkit.models.static_io import StaticVectorsConfig
 from ctxkit.models.transformer_xl import TransformerXLConfig
 from ctxkit.models.xlnet import XLNetConfig
+
 
 TINY = {
     "bert": BertConfig(num_layers=1, hidden_size=16, num_heads=2, ffn_size=32, vocab_size=40, max_position=16),
@@ -32,8 +34,10 @@ TINY = {
     "transformer_xl": TransformerXLConfig(vocab_size=40, d_model=16, n_heads=2, d_inner=32, n_layers=1, mem_len=4, tgt_len=4,
                                           cutoffs=()),
     "xlnet": XLNetConfig(vocab_size=40, d_model=16, n_heads=2, d_inner=32, n_layers=1),
+    "char_transformer": CHAR_PRESETS["char_t_tiny"].replace(quaternion=True),
+    "char_lstm": CHAR_PRESETS["char_lstm_tiny"],
 }
-EXPECTED = {"bert", "gpt2", "seq2seq", "rnn_seq2seq", "elmo", "static", "transformer_xl", "xlnet"}
+EXPECTED = {"bert", "gpt2", "seq2seq", "rnn_seq2seq", "elmo", "static", "transformer_xl", "xlnet", "char_transformer", "char_lstm"}
 
 
 def _state(model):

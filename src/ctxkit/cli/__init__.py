@@ -22,7 +22,7 @@ import traceback
 from typing import Optional, Sequence
 
 from ..core.errors import UserError
-from . import decoding, deploy, models, pretraining, static, tasks
+from . import char_lm, decoding, deploy, models, pretraining, static, tasks
 from .models import _text_to_line
 
 
@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     pretraining.add_commands(sub)
     pretraining.add_pretrain_command(sub)
     pretraining.add_lm_commands(sub)
+    char_lm.add_char_corpus_command(sub)
     return parser
 
 

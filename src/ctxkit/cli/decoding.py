@@ -159,7 +159,8 @@ def _cmd_translate_train(args: argparse.Namespace) -> int:
     overrides = {"dropout": args.dropout} if args.dropout is not None else {}
     summary = train_translation((args.train_src, args.train_tgt), (args.valid_src, args.valid_tgt), args.out, config,
                                 preset=args.preset, vocab_size=args.vocab_size, max_length=args.max_length,
-                                label_smoothing=args.label_smoothing, eval_beams=args.eval_beams, callbacks=callbacks, **overrides)
+                                label_smoothing=args.label_smoothing, eval_beams=args.eval_beams, callbacks=callbacks,
+                                quaternion=args.quaternion, **overrides)
     print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))
     return 0
 
@@ -203,6 +204,8 @@ def add_translation_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     p.add_argument("--eval-beams", type=int, default=1, help="beams for the per-epoch validation BLEU (default: greedy)")
+    p.add_argument("--quaternion", action="store_true",
+                   help="quaternion attention and FFN projections (Tay et al. 2019: 1/4 of their weights); embeddings stay real")
     add_train_flags(p, "translate-train")  # epochs, lr, schedule, ... (cli/train_flags.py)
     add_log_to_argument(p)
     p.set_defaults(func=_cmd_translate_train)

@@ -25,6 +25,7 @@ from ..pretraining.xl_lm import XLTrainConfig, _write_text, evaluate_xl_lm, load
 from ..pretraining.xlnet_pretrain import pretrain_xlnet
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
+from .char_lm import add_char_flags, run_char_lm
 from .models import add_wordpiece_flags, check_vocab_size
 from .train_flags import add_train_flags, train_config_from_args
 from ..data.errors import check_input, require_rereadable
@@ -192,10 +193,12 @@ def cmd_distill_pretrain(args: argparse.Namespace) -> int:
 
 def cmd_lm_train(args: argparse.Namespace) -> int:
     """Handler of ``lm-train``; prints a JSON summary."""
+    if args.char or (args.preset or "").startswith("char_"):
+        return run_char_lm(args)
     logging.getLogger("ctxkit").setLevel(logging.INFO)
     callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")
     config = train_config_from_args(args)
-    summary = train_lm(args.train, args.valid, args.preset, args.out, config, tokenizer_dir=args.tokenizer,
+    summary = train_lm(args.train, args.valid, args.preset or "gpt2_4_256_4", args.out, config, tokenizer_dir=args.tokenizer,
                        vocab_size=args.vocab_size, block_size=args.block_size, eval_stride=args.stride, callbacks=callbacks)
     print(json.dumps(summary, indent=2))
     return 0
@@ -221,12 +224,13 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
 
 def add_lm_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``lm-train`` and ``perplexity`` (GPT-2 language models)."""
-    p = sub.add_parser("lm-train", help="train a small GPT-2 from scratch on text files (validation perplexity per epoch)",
+    p = sub.add_parser("lm-train", help="train a small GPT-2 (or, with --char, a character LM) from scratch on text files",
                        description="Byte-level BPE (trained on the corpus unless --tokenizer), fixed-length blocks, next-token loss; "
-                                   "RUN_DIR/best is an HF-format GPT-2 folder with its tokenizer.")
+                                   "RUN_DIR/best is an HF-format GPT-2 folder with its tokenizer. With --char: a character "
+                                   "Transformer with Al-Rfou et al.'s auxiliary losses (or a character LSTM), bits per character.")
     p.add_argument("--train", nargs="+", required=True, metavar="FILE", help="training text (plain or .xz)")
     p.add_argument("--valid", nargs="+", required=True, metavar="FILE", help="validation text for perplexity")
-    p.add_argument("--preset", default="gpt2_4_256_4", help="GPT-2 architecture (default: gpt2_4_256_4)")
+    p.add_argument("--preset", default=None, help="GPT-2 architecture (default: gpt2_4_256_4), or a char_* preset")
     p.add_argument("--out", required=True, metavar="RUN_DIR")
     p.add_argument("--tokenizer", default=None, metavar="DIR", help="existing vocab.json + merges.txt folder")
     p.add_argument("--vocab-size", type=int, default=8000, help="BPE vocabulary to train (default: 8000)")
@@ -234,6 +238,7 @@ def add_lm_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stride", type=int, default=None, help="perplexity window step (default: block size / 2)")
     add_train_flags(p, "lm-train")  # epochs, lr, ... (cli/train_flags.py)
     add_log_to_argument(p)
+    add_char_flags(p)
     p.set_defaults(func=cmd_lm_train)
 
     p = sub.add_parser("perplexity", help="sliding-window perplexity of a GPT-2 folder on text files",

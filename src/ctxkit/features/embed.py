@@ -417,7 +417,7 @@ def embed(
         Without pooling, a list (input order) of :class:`ContextualWordVectors`; an empty or
         whitespace-only text gives 0 words and vectors of shape ``(0, dim)``. With
         pooling, a float32 :class:`PooledEmbeddings` array ``(n_texts, dim)``; an empty
-        text gets the vector of the input "[CLS] [SEP]" (its [CLS] vector for "cls",
+        text gets the vector of the input ``"[CLS] [SEP]"`` (its [CLS] vector for "cls",
         the mean of the [CLS] and [SEP] vectors for "mean").
 
     Raises:

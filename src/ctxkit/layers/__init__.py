@@ -19,7 +19,9 @@ from .position import (
     SinusoidalPositionalEncoding,
     sinusoidal_table,
 )
+from .quaternion import QUATERNION_TARGETS, QuaternionLinear, hamilton_product, quaternionize
 from .relative_attention import RelativeMultiHeadAttention, rel_shift, relative_distance_index
+from .sparse_attention import LayoutPart, SparseLayout, SparsePattern, flex_attention_available
 from .transformer import (
     AddNorm,
     EncoderOutput,
@@ -47,9 +49,17 @@ __all__ = [
     "LearnedPositionalEmbedding",
     "SinusoidalPositionalEncoding",
     "sinusoidal_table",
+    "QUATERNION_TARGETS",
+    "QuaternionLinear",
+    "hamilton_product",
+    "quaternionize",
     "RelativeMultiHeadAttention",
     "rel_shift",
     "relative_distance_index",
+    "SparsePattern",
+    "SparseLayout",
+    "LayoutPart",
+    "flex_attention_available",
     "AddNorm",
     "EncoderOutput",
     "TransformerDecoder",

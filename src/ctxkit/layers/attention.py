@@ -366,7 +366,8 @@ class MultiHeadAttention(nn.Module):
             value: ``(batch, key_len, value_dim)``; defaults to ``key``.
             mask: bool broadcastable to ``(batch, heads, query_len, key_len)``; True = attend.
                 Or a :class:`PackedSequences` when ``query`` is ``(1, total, embed_dim)``
-                packed tokens (self-attention within each sequence).
+                packed tokens (self-attention within each sequence). Or an object with ``attend(q, k, v)``
+                (:class:`~ctxkit.layers.sparse_attention.SparsePattern`): self-attention through its kernel.
             need_weights: run the eager path and return per-head weights.
             cache: a :class:`~ctxkit.layers.kv_cache.LayerKVCache` for incremental
                 decoding: the new keys/values are stored and the queries attend to every
@@ -383,6 +384,13 @@ class MultiHeadAttention(nn.Module):
             q, k, v = (t[0].transpose(0, 1) for t in self._project(query, None, None))  # (total, heads, head_dim)
             out = varlen_attention(q, k, v, mask)
             return self.out_proj(out.reshape(query.shape[:2] + (self.embed_dim,))), None
+        if getattr(mask, "attend", None) is not None:  # a structured pattern with its own kernel (layers/sparse_attention.py)
+            if need_weights or cache is not None or static_kv is not None or key is not None:
+                raise ValueError(f"{mask!r} supports plain self-attention only (no need_weights, cache, memory or query_index)")
+            if self.training and self.dropout:
+                raise ValueError(f"{mask!r} has no attention dropout: build the layer with attention dropout 0 (or call eval())")
+            out = mask.attend(*self._project(query, None, None))  # (batch, heads, seq, head_dim)
+            return self.out_proj(out.transpose(1, 2).reshape(query.shape[:2] + (self.embed_dim,))), None
         if static_kv is not None:  # keys/values projected once (e.g. the encoder memory)
             q = self._split_heads(self.q_proj(query))
             k, v = static_kv

@@ -41,8 +41,11 @@ import numpy as np
 
 from ..core.errors import UnknownNameError, UserError
 from ..tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer
+from ..tokenizers.char import CharTokenizer
 from .bert import PRESETS as BERT_PRESETS
 from .bert import BertConfig, BertForPreTraining, BertModel, load_bert, save_bert
+from .char_lm import (CHAR_DESCRIPTIONS, CHAR_MODEL_TYPES, CHAR_PRESETS, CharLSTMConfig, CharLSTMLM, CharTransformerConfig, CharTransformerLM,
+                      build_char_lm, load_char_lm, save_char_lm)
 from .common import Preset
 from .elmo import ELMO_DESCRIPTIONS, ELMO_PRESETS, ElmoBiLM, ElmoConfig, ElmoLanguageModel
 from .elmo_io import load_bilm, save_elmo_lm, write_bilm_tf
@@ -312,6 +315,25 @@ def _xlnet_family() -> Family:
         detect=lambda folder: _model_type(folder) == "xlnet", model_classes=(XLNetEncoder, XLNetLMHeadModel, XLNetModel))
 
 
+# ---------------------------------------------------------------------------- character LMs
+
+
+def _char_lm_family(config_class: type, model_class: type, name: str, description: str) -> Family:
+    """One of the two character LM families (one config class each): the deep Transformer
+    and the LSTM baseline share presets' names (``char_*``), tokenizer and folder format."""
+    def load(folder: Path):
+        tok = CharTokenizer.from_dir(folder) if _has_any(folder, "vocab.json") else None
+        return load_char_lm(folder), tok
+
+    presets = {k: v for k, v in CHAR_PRESETS.items() if isinstance(v, config_class)}
+    model_type = next(t for t, (cls, _) in CHAR_MODEL_TYPES.items() if cls is model_class)
+    return Family(
+        name=name, description=description, list_kind="preset (char LM)", config_class=config_class,
+        presets=_presets(presets, {k: CHAR_DESCRIPTIONS[k] for k in presets}), build=build_char_lm, load=load,
+        save=_saving_tokenizer(save_char_lm), detect=lambda folder: _model_type(folder) == model_type,
+        model_classes=(model_class,))
+
+
 # ---------------------------------------------------------------------------- the registry
 
 FAMILIES: Dict[str, Family] = {
@@ -325,6 +347,9 @@ FAMILIES: Dict[str, Family] = {
         _static_family(),
         _transformer_xl_family(),
         _xlnet_family(),
+        _char_lm_family(CharTransformerConfig, CharTransformerLM, "char_transformer",
+                        "character-level deep causal self-attention LMs (Al-Rfou et al. 2018)"),
+        _char_lm_family(CharLSTMConfig, CharLSTMLM, "char_lstm", "character-level LSTM LMs (the recurrent baseline)"),
     )
 }
 

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..core.checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights, save_weights
-from ..layers import AdditiveAttention, KVCache, SinusoidalPositionalEncoding, TransformerDecoder, TransformerEncoder, padding_mask
+from ..layers import (AdditiveAttention, KVCache, SinusoidalPositionalEncoding, TransformerDecoder, TransformerEncoder, padding_mask,
+                      quaternionize)
 from .common import Replaceable
 
 __all__ = ["Seq2SeqConfig", "SEQ2SEQ_PRESETS", "RNNSeq2SeqConfig", "RNN_SEQ2SEQ_PRESETS", "TransformerSeq2Seq", "RNNSeq2Seq", "RNNState", "BoundDecoder", "save_seq2seq", "load_seq2seq"]
@@ -45,6 +46,10 @@ class Seq2SeqConfig(Replaceable):
         tie_embeddings: one matrix for source embeddings, target embeddings and the
             output projection (possible because the vocabulary is shared).
         pad_id, bos_id, eos_id: special token ids.
+        quaternion: every attention and FFN projection of both stacks as a
+            :class:`~ctxkit.layers.QuaternionLinear` (Tay et al. 2019: a quarter of their
+            weights; ``hidden_size`` and ``ffn_size`` divisible by 4). Embeddings and the
+            output projection stay real.
     """
 
     num_encoder_layers: int = 3
@@ -62,6 +67,7 @@ class Seq2SeqConfig(Replaceable):
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
+    quaternion: bool = False  # last, and defaulted: config.json files written before it still load
 
 
 SEQ2SEQ_PRESETS: Dict[str, Seq2SeqConfig] = {
@@ -69,6 +75,15 @@ SEQ2SEQ_PRESETS: Dict[str, Seq2SeqConfig] = {
     "transformer_3_256_8": Seq2SeqConfig(3, 3, 256, 8, 1024),  # Multi30k-sized
     "transformer_3_512_8": Seq2SeqConfig(3, 3, 512, 8, 2048),  # wider, for Multi30k with more dropout
     "transformer_6_512_8": Seq2SeqConfig(6, 6, 512, 8, 2048),  # the base width with pre-norm
+    # Quaternion Transformers (Tay et al. 2019) beside the Multi30k presets. Parameters with the
+    # 8000-token joint BPE (embedding + projection weights + biases and norms):
+    # transformer_3_256_8 7.58M (2.05M + 5.51M + 0.03M), quaternion_3_256_8 3.45M (2.05 + 1.38 + 0.03),
+    # quaternion_3_448_8 7.84M (3.58 + 4.21 + 0.04), quaternion_3_512_8 9.65M (4.10 + 5.51 + 0.05),
+    # transformer_3_512_8 26.17M (4.10 + 22.02 + 0.05). The embedding stays real, so at twice the
+    # width the projections match (5.51M) but the total does not; 448 matches the total.
+    "quaternion_3_256_8": Seq2SeqConfig(3, 3, 256, 8, 1024, quaternion=True),  # transformer_3_256_8's shape, 1/4 of its projections
+    "quaternion_3_448_8": Seq2SeqConfig(3, 3, 448, 8, 1792, quaternion=True),  # about transformer_3_256_8's total count
+    "quaternion_3_512_8": Seq2SeqConfig(3, 3, 512, 8, 2048, quaternion=True),  # transformer_3_512_8's shape; transformer_3_256_8's projection count
 }
 
 
@@ -109,6 +124,9 @@ SEQ2SEQ_DESCRIPTIONS: Dict[str, str] = {
     "transformer_3_256_8": "Transformer translator, 3+3 pre-norm layers, width 256: Multi30k-sized",
     "transformer_3_512_8": "Transformer translator, 3+3 pre-norm layers, width 512: Multi30k with more dropout",
     "transformer_6_512_8": "Transformer translator, 6+6 pre-norm layers, width 512: the base width with pre-norm",
+    "quaternion_3_256_8": "Quaternion Transformer translator (Tay et al. 2019), 3+3 layers, width 256: transformer_3_256_8 with 1/4 of its projection weights",
+    "quaternion_3_448_8": "Quaternion Transformer translator, 3+3 layers, width 448: about as many parameters as transformer_3_256_8",
+    "quaternion_3_512_8": "Quaternion Transformer translator, 3+3 layers, width 512: transformer_3_256_8's projection weights at twice the width",
 }
 RNN_SEQ2SEQ_DESCRIPTIONS: Dict[str, str] = {
     "rnn_attention_256_512": "RNN translator: bidirectional GRU 512 + additive attention (Bahdanau et al. 2015), Multi30k baseline",
@@ -143,6 +161,9 @@ class TransformerSeq2Seq(nn.Module):
         nn.init.normal_(self.embed.weight, std=d ** -0.5)  # unit-variance inputs after the sqrt(d) scale
         with torch.no_grad():
             self.embed.weight[config.pad_id].zero_()
+        if config.quaternion:  # the stacks' projections only (their own quaternion init)
+            quaternionize(self.encoder)
+            quaternionize(self.decoder)
 
     @property
     def target_embed(self) -> nn.Embedding:

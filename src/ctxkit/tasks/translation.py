@@ -146,7 +146,7 @@ def load_translator(run_or_model_dir: os.PathLike) -> Tuple[torch.nn.Module, Byt
 def train_translation(train: Tuple[os.PathLike, os.PathLike], valid: Tuple[os.PathLike, os.PathLike], out_dir: os.PathLike,
                       config: TrainConfig, preset: str = "transformer_3_256_8", vocab_size: int = 8000, max_length: int = 128,
                       label_smoothing: float = 0.1, eval_beams: int = 1, callbacks: Optional[Sequence[Callback]] = None,
-                      **overrides) -> dict:
+                      quaternion: bool = False, **overrides) -> dict:
     """Train on parallel files and keep the epoch with the best validation BLEU.
 
     Args:
@@ -162,13 +162,17 @@ def train_translation(train: Tuple[os.PathLike, os.PathLike], valid: Tuple[os.Pa
         label_smoothing: passed to the loss.
         eval_beams: beams for the per-epoch validation BLEU.
         callbacks: also receive the training log (:mod:`ctxkit.training.callbacks`).
+        quaternion: quaternion projections in the Transformer's stacks
+            (:attr:`Seq2SeqConfig.quaternion`; the ``quaternion_*`` presets have it already).
 
     Returns:
-        ``{"valid_bleu", "best_epoch", "steps", ...}``.
+        ``{"valid_bleu", "best_epoch", "steps", "parameters", ...}``.
     """
     presets = {**SEQ2SEQ_PRESETS, **RNN_SEQ2SEQ_PRESETS}
     if preset not in presets:
         raise UnknownNameError(f"unknown translation preset {preset!r}; known: {', '.join(presets)}")
+    if quaternion and preset not in SEQ2SEQ_PRESETS:
+        raise UserError(f"quaternion layers are for the Transformer presets, not the RNN preset {preset!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     require_all(["sacrebleu"], "validation BLEU")  # before the data and the model
@@ -177,6 +181,8 @@ def train_translation(train: Tuple[os.PathLike, os.PathLike], valid: Tuple[os.Pa
     tok = ByteLevelBPETokenizer.train(iter(text), vocab_size=vocab_size, show_progress=config.progress, special_tokens=SPECIALS)
     # Positions for twice the longest source: translations may come out longer.
     arch = presets[preset].replace(vocab_size=tok.vocab_size, max_position=2 * max_length, **overrides)
+    if quaternion:
+        arch = arch.replace(quaternion=True)
     set_seed(config.seed)
     model = TransformerSeq2Seq(arch) if preset in SEQ2SEQ_PRESETS else RNNSeq2Seq(arch)
     refs = [t for _, t in valid_pairs]
@@ -202,7 +208,9 @@ def train_translation(train: Tuple[os.PathLike, os.PathLike], valid: Tuple[os.Pa
     trainer = Trainer(wrapped, _features(train_pairs, tok, max_length), config, out, evaluate=evaluate, main_metric="bleu",
                       save_best=save_best, callbacks=callbacks)
     result = trainer.train()
-    summary = {"preset": preset, "train_pairs": len(train_pairs), "valid_pairs": len(valid_pairs), "vocab_size": tok.vocab_size,
+    summary = {"preset": preset, "quaternion": bool(getattr(arch, "quaternion", False)),
+               "parameters": sum(p.numel() for p in model.parameters()),
+               "train_pairs": len(train_pairs), "valid_pairs": len(valid_pairs), "vocab_size": tok.vocab_size,
                "valid_bleu": result.best_metric, "best_epoch": result.best_epoch, "steps": result.steps,
                "wall_time_s": round(result.wall_time, 1), "history": result.history}
     (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")

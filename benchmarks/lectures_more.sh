@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Issue 22's GPU runs ("And more": character LM with auxiliary losses, Sparse Transformer
+# attention, Quaternion Transformer) on a machine with 4 GPUs, in two phases of <= 10 minutes.
+#
+#   bash benchmarks/lectures_more.sh 1 CORPUS MULTI30K OUT     # phase 1
+#   bash benchmarks/lectures_more.sh 2 CORPUS MULTI30K OUT     # phase 2 (reads phase 1's T12 step count)
+#   python benchmarks/char_lm_results.py --collect --out OUT/char_lm
+#
+# CORPUS: train/valid/test.txt from `ctxkit char-corpus` over the 64 files of the Wikipedia
+# extract; MULTI30K: the folder of train/val/test_2016_flickr .de/.en. Every run writes its
+# results.json and log under OUT; queues run side by side, one GPU each.
+#
+# Phase 1  GPU0: T12 for MINUTES (sets N, its step count) -> the LSTM for T12's training time
+#               -> T12 without the second target (N steps)
+#          GPU1: Multi30k real transformer_3_256_8 -> T12 w/o layer losses (N) -> T12 w/o positions (N)
+#          GPU2: Multi30k quaternion_3_256_8 -> T12 quaternion (N) -> T12 quaternion, wide (N)
+#          GPU3: Multi30k quaternion_3_448_8 -> sparse attention kernel benchmark -> distillation speed
+# Phase 2  GPU0: T12 strided (N)   GPU1: T12 fixed (N)
+set -uo pipefail
+phase=$1 corpus=$2 mt=$3 out=$4
+MINUTES=${MINUTES:-2.2}
+mkdir -p "$out/char_lm" "$out/mt" "$out/logs"
+char() {  # char GPU NAME [args...]
+  local gpu=$1 name=$2; shift 2
+  CUDA_VISIBLE_DEVICES=$gpu python3 benchmarks/char_lm_results.py --corpus "$corpus" --out "$out/char_lm" --run "$name" "$@" \
+    > "$out/logs/$name.log" 2>&1 && tail -1 "$out/logs/$name.log" || { echo "FAILED $name"; tail -15 "$out/logs/$name.log"; }
+}
+steps_of_t12() {  # waits for T12's results, prints its step count
+  while [ ! -f "$out/char_lm/t12/results.json" ]; do sleep 5; done
+  python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['steps'])" "$out/char_lm/t12/results.json"
+}
+minutes_of_t12() {
+  python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['wall_time_s'] / 60)" "$out/char_lm/t12/results.json"
+}
+translate() {  # translate GPU PRESET
+  local gpu=$1 preset=$2 run="$out/mt/$2"
+  CUDA_VISIBLE_DEVICES=$gpu python3 -m ctxkit translate-train --train-src "$mt/train.de" --train-tgt "$mt/train.en" \
+    --valid-src "$mt/val.de" --valid-tgt "$mt/val.en" --out "$run" --preset "$preset" --dropout 0.2 --epochs 60 \
+    --max-minutes "$MINUTES" --no-progress > "$out/logs/mt_$preset.log" 2>&1 || { echo "FAILED mt $preset"; tail -15 "$out/logs/mt_$preset.log"; return; }
+  for beams in 4 1; do
+    CUDA_VISIBLE_DEVICES=$gpu python3 -m ctxkit translate "$run" "$mt/test_2016_flickr.de" --ref "$mt/test_2016_flickr.en" \
+      --beams $beams > "$run/test2016_beam$beams.txt" 2> "$run/test2016_beam$beams.log"
+  done
+  echo "mt $preset: $(tail -1 "$out/logs/mt_$preset.log" | head -c 300)"
+  tail -2 "$run/test2016_beam4.log" "$run/test2016_beam1.log"
+}
+if [ "$phase" = 1 ]; then
+  (char 0 t12 --minutes "$MINUTES"; char 0 lstm --minutes "$(minutes_of_t12)"; char 0 t12_no_second_target --steps "$(steps_of_t12)") &
+  (translate 1 transformer_3_256_8; n=$(steps_of_t12); char 1 t12_no_aux_layers --steps "$n"; char 1 t12_no_aux_positions --steps "$n") &
+  (translate 2 quaternion_3_256_8; n=$(steps_of_t12); char 2 t12_quaternion --steps "$n"; char 2 t12_quaternion_wide --steps "$n") &
+  (translate 3 quaternion_3_448_8
+   CUDA_VISIBLE_DEVICES=3 python3 benchmarks/sparse_attention.py --results "$out/sparse_attention.json" > "$out/logs/sparse_bench.log" 2>&1 \
+     || echo "FAILED sparse benchmark"; tail -12 "$out/logs/sparse_bench.log"
+   CUDA_VISIBLE_DEVICES=3 python3 benchmarks/distill_speed.py --results "$out/distill_speed.json" > "$out/logs/distill_speed.log" 2>&1 \
+     || echo "FAILED distill speed"; cat "$out/logs/distill_speed.log") &
+  wait
+else
+  n=$(steps_of_t12)
+  (char 0 t12_strided --steps "$n" --minutes 8) &
+  (char 1 t12_fixed --steps "$n" --minutes 8) &
+  wait
+fi
