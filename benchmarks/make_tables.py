@@ -11,6 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from records_io import fmt as _fmt, load_records as _load  # noqa: E402
+from tables_more import char_lm_section, distill_speed_section, quaternion_mt_section, sparse_attention_section  # noqa: E402
 from tables_xl import xl_performance_section, xl_results_section  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -204,6 +205,7 @@ def distill_section() -> list:
                    "The corpus was 20 files of the extract (48k sequences), read 58 times in 6 minutes. What to try next: "
                    "a teacher with its pretrained MLM head (bert-base-uncased by Hub id), or the head fitted for longer, "
                    "and a larger share of the extract.")
+    out.extend(distill_speed_section())
     return out
 
 
@@ -303,6 +305,8 @@ def results_page() -> str:
         out.append("\nCommand: `" + fp8[0]["command"] + "`.\n")
     out.extend(_elmo_section())
     out.extend(xl_results_section())
+    out.extend(quaternion_mt_section())
+    out.extend(char_lm_section())
     out.append("\nTraining curves (loss per step, dev metric per epoch), from the run folders' `curve.png`:\n")
     out.append("![SST-2](sst2_curve.png) ![CoNLL-2003](conll_curve.png)\n")
     return "\n".join(out) + "\n"
@@ -486,6 +490,7 @@ def performance_page() -> str:
                    "per layer plus the norms, GELU and attention) is ~0.79 ms per layer against ~0.86 ms for bf16 with the "
                    "GELU epilogue: ~8 %; not done.")
     out.extend(xl_performance_section())
+    out.extend(sparse_attention_section())
     out.extend(regression_section())
     return "\n".join(out) + "\n"
 
