@@ -1,28 +1,32 @@
 #!/usr/bin/env bash
 # Issue 22's GPU runs ("And more": character LM with auxiliary losses, Sparse Transformer
-# attention, Quaternion Transformer) on a machine with 4 GPUs, in two phases of <= 10 minutes.
+# attention, Quaternion Transformer) on a machine with 4 GPUs, each phase <= 10 minutes.
 #
-#   bash benchmarks/lectures_more.sh 1 CORPUS MULTI30K OUT     # phase 1
-#   bash benchmarks/lectures_more.sh 2 CORPUS MULTI30K OUT     # phase 2 (reads phase 1's T12 step count)
+#   bash benchmarks/lectures_more.sh char CORPUS MULTI30K OUT   # every character-LM run (STEPS each)
+#   bash benchmarks/lectures_more.sh mt CORPUS MULTI30K OUT     # Multi30k quaternion runs, kernel benchmarks
 #   python benchmarks/char_lm_results.py --collect --out OUT/char_lm
+#   python benchmarks/quaternion_mt.py OUT/mt --device 'NVIDIA H200'
 #
 # CORPUS: train/valid/test.txt from `ctxkit char-corpus` over the 64 files of the Wikipedia
 # extract; MULTI30K: the folder of train/val/test_2016_flickr .de/.en. Every run writes its
-# results.json and log under OUT; queues run side by side, one GPU each.
+# results.json and log under OUT; queues run side by side, one GPU each. SMOKE=1 runs toy
+# models for a few steps (a CPU check of the script and the code paths).
 #
-# Phase 1  GPU0: T12 for MINUTES (sets N, its step count) -> the LSTM for T12's training time
-#               -> T12 without the second target (N steps)
-#          GPU1: Multi30k real transformer_3_256_8 -> T12 w/o layer losses (N) -> T12 w/o positions (N)
-#          GPU2: Multi30k quaternion_3_256_8 -> T12 quaternion (N) -> T12 quaternion, wide (N)
-#          GPU3: Multi30k quaternion_3_448_8 -> sparse attention kernel benchmark -> distillation speed
-# Phase 2  GPU0: T12 strided (N)   GPU1: T12 fixed (N)
+# char  GPU0: T12 (STEPS) -> the LSTM for T12's training time -> T12 w/o the second target
+#       GPU1: T12 w/o layer losses -> T12 w/o positions -> T12 quaternion
+#       GPU2: T12 strided -> T12 quaternion at about T12's parameters     GPU3: T12 fixed
+#       (every Transformer run takes STEPS steps: the ablations and the patterns compare at equal steps)
+# mt    GPU1-3: Multi30k transformer_3_256_8 / quaternion_3_256_8 / quaternion_3_448_8 for MINUTES each;
+#       GPU3 then: the sparse attention kernel benchmark and the distillation speed benchmark
 set -uo pipefail
 phase=$1 corpus=$2 mt=$3 out=$4
-MINUTES=${MINUTES:-2.2}
+MINUTES=${MINUTES:-2.2} STEPS=${STEPS:-2500}
+extra=()
+[ "${SMOKE:-0}" = 1 ] && extra=(--smoke --batch-size 4 --eval-chars 3000) && STEPS=${STEPS_SMOKE:-6}
 mkdir -p "$out/char_lm" "$out/mt" "$out/logs"
 char() {  # char GPU NAME [args...]
   local gpu=$1 name=$2; shift 2
-  CUDA_VISIBLE_DEVICES=$gpu python3 benchmarks/char_lm_results.py --corpus "$corpus" --out "$out/char_lm" --run "$name" "$@" \
+  CUDA_VISIBLE_DEVICES=$gpu python3 benchmarks/char_lm_results.py --corpus "$corpus" --out "$out/char_lm" --run "$name" "${extra[@]}" "$@" \
     > "$out/logs/$name.log" 2>&1 && tail -1 "$out/logs/$name.log" || { echo "FAILED $name"; tail -15 "$out/logs/$name.log"; }
 }
 steps_of_t12() {  # waits for T12's results, prints its step count
@@ -42,12 +46,17 @@ translate() {  # translate GPU PRESET
       --beams $beams > "$run/test2016_beam$beams.txt" 2> "$run/test2016_beam$beams.log"
   done
   echo "mt $preset: $(tail -1 "$out/logs/mt_$preset.log" | head -c 300)"
-  tail -2 "$run/test2016_beam4.log" "$run/test2016_beam1.log"
+  tail -n 2 "$run/test2016_beam4.log" "$run/test2016_beam1.log"
 }
-if [ "$phase" = 1 ]; then
-  (char 0 t12 --minutes "$MINUTES"; char 0 lstm --minutes "$(minutes_of_t12)"; char 0 t12_no_second_target --steps "$(steps_of_t12)") &
-  (translate 1 transformer_3_256_8; n=$(steps_of_t12); char 1 t12_no_aux_layers --steps "$n"; char 1 t12_no_aux_positions --steps "$n") &
-  (translate 2 quaternion_3_256_8; n=$(steps_of_t12); char 2 t12_quaternion --steps "$n"; char 2 t12_quaternion_wide --steps "$n") &
+if [ "$phase" = char ]; then
+  (char 0 t12 --steps "$STEPS"; char 0 lstm --minutes "$(minutes_of_t12)"; char 0 t12_no_second_target --steps "$STEPS") &
+  (char 1 t12_no_aux_layers --steps "$STEPS"; char 1 t12_no_aux_positions --steps "$STEPS"; char 1 t12_quaternion --steps "$STEPS") &
+  (char 2 t12_strided --steps "$STEPS"; char 2 t12_quaternion_wide --steps "$STEPS") &
+  (char 3 t12_fixed --steps "$STEPS") &
+  wait
+elif [ "$phase" = mt ]; then
+  (translate 1 transformer_3_256_8) &
+  (translate 2 quaternion_3_256_8) &
   (translate 3 quaternion_3_448_8
    CUDA_VISIBLE_DEVICES=3 python3 benchmarks/sparse_attention.py --results "$out/sparse_attention.json" > "$out/logs/sparse_bench.log" 2>&1 \
      || echo "FAILED sparse benchmark"; tail -12 "$out/logs/sparse_bench.log"
@@ -55,8 +64,5 @@ if [ "$phase" = 1 ]; then
      || echo "FAILED distill speed"; cat "$out/logs/distill_speed.log") &
   wait
 else
-  n=$(steps_of_t12)
-  (char 0 t12_strided --steps "$n" --minutes 8) &
-  (char 1 t12_fixed --steps "$n" --minutes 8) &
-  wait
+  echo "usage: lectures_more.sh char|mt CORPUS MULTI30K OUT" >&2; exit 2
 fi
