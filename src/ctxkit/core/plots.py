@@ -1,7 +1,8 @@
 """Figures: the lectures' attention heatmaps and sinusoidal position table, and training curves.
 
-Everything renders with matplotlib's Agg backend into PNG files, so it works on
-machines without a display.
+Everything renders into PNG files through matplotlib's object API (``Figure``, no pyplot):
+it works on machines without a display and never changes the process's backend, so a
+notebook that trains a model keeps showing its own inline figures.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from typing import Sequence, Union
 from .deps import require
 from .errors import UserError
 
-matplotlib = require("matplotlib", "drawing figures (ctxkit demo, curve.png, heatmaps)")
-matplotlib.use("Agg")  # headless: never try to open a window
-import matplotlib.pyplot as plt  # noqa: E402
+require("matplotlib", "drawing figures (ctxkit demo, curve.png, heatmaps)")
 import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -65,21 +65,19 @@ def plot_attention(weights, tokens: Sequence[str], path: PathLike, title: str = 
 def _heatmap(w: np.ndarray, x_labels, y_labels, x_title: str, y_title: str, title: str, path: PathLike, size, aspect: str) -> Path:
     """Draw a non-negative matrix with labelled rows and columns and a colour bar."""
     path = _prepare(path)
-    fig, ax = plt.subplots(figsize=size)
-    try:
-        im = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=max(float(w.max()), 1e-12), aspect=aspect)
-        ax.set_xticks(range(w.shape[1]))
-        ax.set_yticks(range(w.shape[0]))
-        ax.set_xticklabels(x_labels, rotation=90, fontsize=8)
-        ax.set_yticklabels(y_labels, fontsize=8)
-        ax.set_xlabel(x_title)
-        ax.set_ylabel(y_title)
-        ax.set_title(textwrap.fill(title, 60), fontsize=10)  # long sentence pairs wrap instead of running off the figure
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight")
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
+    fig = Figure(figsize=size)
+    ax = fig.subplots()
+    im = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=max(float(w.max()), 1e-12), aspect=aspect)
+    ax.set_xticks(range(w.shape[1]))
+    ax.set_yticks(range(w.shape[0]))
+    ax.set_xticklabels(x_labels, rotation=90, fontsize=8)
+    ax.set_yticklabels(y_labels, fontsize=8)
+    ax.set_xlabel(x_title)
+    ax.set_ylabel(y_title)
+    ax.set_title(textwrap.fill(title, 60), fontsize=10)  # long sentence pairs wrap instead of running off the figure
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
     return path
 
 
@@ -108,27 +106,25 @@ def plot_positional_encoding(
         raise ValueError(f"table must be (max_len, dim), got shape {table.shape}")
     max_len, dim = table.shape
     path = _prepare(path)
-    fig, (ax_img, ax_curve) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1.2, 1]})
-    try:
-        im = ax_img.imshow(table, cmap="RdBu", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
-        ax_img.set_xlabel("encoding dimension")
-        ax_img.set_ylabel("position")
-        ax_img.set_title(f"Sinusoidal positional encoding ({max_len} x {dim})")
-        fig.colorbar(im, ax=ax_img, fraction=0.046, pad=0.04)
-        positions = np.arange(max_len)
-        for d in dims_to_plot:
-            if d < dim:
-                kind = "sin" if d % 2 == 0 else "cos"
-                ax_curve.plot(positions, table[:, d], label=f"dim {d} ({kind})")
-        ax_curve.set_xlabel("position")
-        ax_curve.set_ylabel("value")
-        ax_curve.set_ylim(-1.1, 1.1)
-        ax_curve.set_title("Selected dimensions")
-        ax_curve.legend(fontsize=8, loc="lower right")
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
+    fig = Figure(figsize=(13, 4.8))
+    ax_img, ax_curve = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.2, 1]})
+    im = ax_img.imshow(table, cmap="RdBu", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
+    ax_img.set_xlabel("encoding dimension")
+    ax_img.set_ylabel("position")
+    ax_img.set_title(f"Sinusoidal positional encoding ({max_len} x {dim})")
+    fig.colorbar(im, ax=ax_img, fraction=0.046, pad=0.04)
+    positions = np.arange(max_len)
+    for d in dims_to_plot:
+        if d < dim:
+            kind = "sin" if d % 2 == 0 else "cos"
+            ax_curve.plot(positions, table[:, d], label=f"dim {d} ({kind})")
+    ax_curve.set_xlabel("position")
+    ax_curve.set_ylabel("value")
+    ax_curve.set_ylim(-1.1, 1.1)
+    ax_curve.set_title("Selected dimensions")
+    ax_curve.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
     return path
 
 
@@ -166,7 +162,8 @@ def plot_training_curve(losses: Sequence[tuple], history: Sequence[dict], metric
         title: figure title.
     """
     path = _prepare(path)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     if losses:
         ax.plot([s for s, _ in losses], [v for _, v in losses], label="train loss", color="tab:blue")
     ax.set_xlabel("optimiser step")
@@ -180,5 +177,4 @@ def plot_training_curve(losses: Sequence[tuple], history: Sequence[dict], metric
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path

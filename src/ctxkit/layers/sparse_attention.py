@@ -58,6 +58,8 @@ process compiles; past it FlexAttention runs eagerly, correct but with dense mem
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
@@ -68,14 +70,10 @@ from torch import Tensor
 
 from ..core.errors import UserError
 
-try:  # torch >= 2.5
-    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
-except ImportError:  # torch 2.4: the module must still import
-    BlockMask = create_block_mask = flex_attention = None  # type: ignore[assignment,misc]
-try:  # torch >= 2.9: return_lse is deprecated in favour of return_aux
-    from torch.nn.attention.flex_attention import AuxRequest
-except ImportError:
-    AuxRequest = None  # type: ignore[assignment,misc]
+# FlexAttention's module imports torch._dynamo (about 1.5 s of CPU): it is loaded on first
+# use of a pattern (_require_flex), not with ctxkit. The names stay module globals so that
+# the compiled functions below see them as constants.
+BlockMask = create_block_mask = flex_attention = AuxRequest = None  # type: ignore[assignment,misc]
 
 __all__ = ["SparsePattern", "SparseLayout", "LayoutPart", "flex_attention_available", "FLEX_MIN_TORCH"]
 
@@ -84,14 +82,21 @@ KINDS = ("strided", "fixed")
 
 
 def flex_attention_available() -> bool:
-    """Whether this torch has FlexAttention (torch >= 2.5)."""
-    return flex_attention is not None
+    """Whether this torch has FlexAttention (torch >= 2.5); imports nothing heavy."""
+    return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 
 
 def _require_flex() -> None:
-    if flex_attention is None:
+    """Load FlexAttention (once), or raise a clear error on a torch without it."""
+    global BlockMask, create_block_mask, flex_attention, AuxRequest
+    if flex_attention is not None:
+        return
+    if not flex_attention_available():
         raise UserError(f"sparse attention patterns need FlexAttention, which arrived in torch {FLEX_MIN_TORCH}; "
                         f"this is torch {torch.__version__} (pip install 'torch>={FLEX_MIN_TORCH}')")
+    flex = importlib.import_module("torch.nn.attention.flex_attention")  # lazy: pulls in torch._dynamo
+    BlockMask, create_block_mask, flex_attention = flex.BlockMask, flex.create_block_mask, flex.flex_attention
+    AuxRequest = getattr(flex, "AuxRequest", None)  # torch >= 2.9: return_lse is deprecated for return_aux
 
 
 # ----------------------------------------------------------------------------------------
@@ -278,7 +283,9 @@ def _device_key(device) -> str:
     return str(device)
 
 
-@torch.compiler.disable  # a dict lookup (and a one-off build): never traced into a compiled graph
+# A dict lookup (and a one-off build): never traced into a compiled graph. torch._disable_dynamo
+# is torch.compiler.disable without importing torch._dynamo at decoration time (1.5 s of CPU).
+@torch._disable_dynamo
 @functools.lru_cache(maxsize=64)
 def _layout(pattern: "SparsePattern", seq_len: int, device: str, block_size: int) -> SparseLayout:
     _require_flex()
@@ -479,7 +486,7 @@ class SparsePattern:
         return f"SparsePattern({self.kind!r}, stride={self.stride}{extra}, causal={self.causal})"
 
 
-@torch.compiler.disable
+@torch._disable_dynamo  # (as above)
 @functools.lru_cache(maxsize=16)
 def _dense_cached(pattern: SparsePattern, seq_len: int, device: str) -> Tensor:
     return pattern.dense(seq_len, device)
