@@ -109,30 +109,34 @@ def _write_table(folder, train, dev):
 
 
 def test_distilled_student_beats_the_undistilled_one_on_sst2(shared_data, minilm_layers, tmp_path):
-    """A 4-layer MiniLM teacher fine-tuned on 1,200 SST-2 sentences; 2-layer students (the
-    teacher's layers 0 and 2 and its head) get 120 labelled sentences, and the distilled one
-    also 1,080 sentences without labels that the teacher scores (a transfer set). Distillation
-    must be worth clearly more than rounding or thread count can move: >= 3 points on 400 dev
-    sentences (measured on a 2-core AMD EPYC: teacher 82.75, student without distillation
-    43.75 — 16 steps from a cut teacher do not recover —, distilled student 80.5)."""
+    """A 4-layer MiniLM teacher fine-tuned on 1,200 SST-2 sentences (one and a half epochs);
+    2-layer students (the teacher's layers 0 and 2 and its head) get 120 labelled sentences,
+    and the distilled one also 1,080 sentences without labels that the teacher scores (a
+    transfer set). Distillation must be worth clearly more than rounding or thread count can
+    move, on 400 dev sentences: >= 3 points over the student without distillation and >= 10
+    over the majority class (56.5 %; 8 steps from a cut teacher do not recover, and the
+    undistilled student ends up predicting one class: 43.5 or 56.5). Measured on a 2-core AMD
+    EPYC under 1 and 2 threads and with seeds 42, 1, 2: teacher 80.5-82.25, distilled student
+    76.75-80. Every run scores its final weights (no per-epoch evaluation: CPU time)."""
     from ctxkit.cli import main
     from ctxkit.tasks import finetune, get_task
     from ctxkit.tasks.distill import CACHE, distill
     from ctxkit.training import TrainConfig
 
     rows, dev = _sst_rows(shared_data, 0, 1200), _sst_rows(shared_data, 20000, 400)
-    cfg = dict(batch_size=32, progress=False, save_checkpoints=False, log_every=1000)
+    majority = 100 * max(sum(label == "1" for _, label in dev), sum(label == "0" for _, label in dev)) / len(dev)
+    cfg = dict(batch_size=32, progress=False, save_checkpoints=False, log_every=1000, eval_each_epoch=False)
     teacher = finetune(get_task("table"), str(minilm_layers(4)), _write_table(tmp_path / "teach", rows, dev), tmp_path / "teacher",
-                       TrainConfig(epochs=2, lr=2e-4, **cfg))
+                       TrainConfig(epochs=1.5, lr=3e-4, **cfg))
     labelled = _write_table(tmp_path / "few", rows[:120], dev)
     (tmp_path / "transfer.txt").write_text("".join(text.strip() + "\n" for text, _ in rows[120:]), encoding="utf-8")
-    student_cfg = TrainConfig(epochs=3, lr=3e-4, **cfg)
+    student_cfg = TrainConfig(epochs=2, lr=5e-4, **cfg)
     plain = distill(tmp_path / "teacher", labelled, tmp_path / "plain", student_cfg, student_layers=2, alpha=0.0)
     taught = distill(tmp_path / "teacher", labelled, tmp_path / "taught", student_cfg, student_layers=2, alpha=0.9,
                      transfer_data=tmp_path / "transfer.txt")
     t, p, d = (r["results"]["dev"]["accuracy"] for r in (teacher, plain, taught))
     assert taught["distillation"]["teacher_layers_kept"] == [0, 2] and taught["distillation"]["transfer_examples"] == 1080
-    assert t > 75 and d >= p + 3, (t, p, d)
+    assert t > 75 and d >= p + 3 and d >= majority + 10, (t, p, d, majority)
     assert (tmp_path / "taught" / CACHE).is_file()
     # the student run is an ordinary run folder: evaluate reads it
     assert main(["evaluate", str(tmp_path / "taught"), "--data", str(labelled)]) == 0
