@@ -82,6 +82,13 @@ def run(args) -> None:
           f"{summary['steps']} steps, {summary['wall_time_s']} s, {summary['parameters'] / 1e6:.1f} M params", flush=True)
 
 
+def _command(name: str, summary: dict) -> str:
+    """How one run was made (every run: ``benchmarks/lectures_more.sh char`` or ``char-serial``)."""
+    budget = f"--minutes {summary['wall_time_s'] / 60:.2f}" if name == "lstm" else f"--steps {summary['steps']}"
+    return (f"python benchmarks/char_lm_results.py --corpus CORPUS --run {name} {budget} "
+            "(every run: STEPS=<the Transformers' steps> bash benchmarks/lectures_more.sh char-serial CORPUS - OUT)")
+
+
 def collect(args) -> None:
     date = datetime.date.today().isoformat()
     records, rows = [], []
@@ -97,7 +104,7 @@ def collect(args) -> None:
             "parameters": s["parameters"], "steps": s["steps"], "train_time_s": s["wall_time_s"],
             "train_characters_seen": s["steps"] * args.batch_size * (s["config"]["context"]),
             "eval_characters": s["test"]["characters"], "device": s["device"], "date": date,
-            "command": f"python benchmarks/char_lm_results.py --run {name} (see benchmarks/char_lm.sh)"})
+            "command": _command(name, s)})
         rows.append(f"| {name} | {RUNS[name][2]} | {s['parameters'] / 1e6:.1f} M | {s['steps']} | {s['wall_time_s']:.0f} s | "
                     f"{s['valid']['bpc']:.3f} | {s['test']['bpc']:.3f} |")
     Path(args.results).write_text(json.dumps(records, indent=1) + "\n")

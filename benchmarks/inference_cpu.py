@@ -38,6 +38,7 @@ import atexit
 import copy
 import datetime
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -222,7 +223,9 @@ def main(argv=None) -> int:
              "peer": peers}
     model_name = "BERT-base classifier" if args.preset == "bert_12_768_12" else f"{args.preset} classifier"
     device = f"CPU ({args.threads} threads), torch {torch.__version__}"
-    command = "python benchmarks/inference_cpu.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    # Records name no machine path: an absolute argument is written by its last component.
+    args_text = (Path(a).name if os.path.isabs(a) else a for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python benchmarks/inference_cpu.py " + " ".join(shlex.quote(a) for a in args_text)
     base = {"device": device, "date": datetime.date.today().isoformat(), "command": command.strip()}
     records = []
     for seq in args.seq:
@@ -266,7 +269,7 @@ def main(argv=None) -> int:
         acc = {name: evaluate_run(path, device="cpu")["dev"]["accuracy"] for name, path in (("fp32", args.run), ("int8", tmp / "int8_run"))}
         print(f"SST-2 dev accuracy: fp32 {acc['fp32']:.2f}, int8 {acc['int8']:.2f}; size {q['fp32_mb']} -> {q['int8_mb']} MB", flush=True)
         records.append({"task": "SST-2", "split": "dev", "metric": "accuracy", "value": round(acc["int8"], 2),
-                        "model": f"{args.run} quantised by ctxkit quantize (ONNX Runtime int8, {q['int8_mb']} MB vs {q['fp32_mb']} MB)",
+                        "model": f"the fine-tuned run {Path(args.run).name!r} quantised by ctxkit quantize (ONNX Runtime int8, {q['int8_mb']} MB vs {q['fp32_mb']} MB)",
                         "peer_name": "the same run in fp32 (PyTorch)", "peer_value": round(acc["fp32"], 2),
                         "drop": round(acc["fp32"] - acc["int8"], 2), **base})
     if args.smoke:

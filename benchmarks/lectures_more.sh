@@ -4,6 +4,7 @@
 #
 #   bash benchmarks/lectures_more.sh char CORPUS MULTI30K OUT   # every character-LM run (STEPS each)
 #   bash benchmarks/lectures_more.sh mt CORPUS MULTI30K OUT     # Multi30k quaternion runs, kernel benchmarks
+#   bash benchmarks/lectures_more.sh char-serial CORPUS - OUT   # every character-LM run, one after another on one GPU
 #   python benchmarks/char_lm_results.py --collect --out OUT/char_lm
 #   python benchmarks/quaternion_mt.py OUT/mt --device 'NVIDIA H200'
 #
@@ -16,6 +17,9 @@
 #       GPU1: T12 w/o layer losses -> T12 w/o positions -> T12 quaternion
 #       GPU2: T12 strided -> T12 quaternion at about T12's parameters     GPU3: T12 fixed
 #       (every Transformer run takes STEPS steps: the ablations and the patterns compare at equal steps)
+# char-serial  the same runs one at a time on GPU 0 (RUNS overrides the order), skipping runs whose
+#       results.json exists, and starting none that would not end before CALL_S seconds (default 570)
+#       from the script's start: call it again on the same OUT to go on within a 10-minute call.
 # mt    GPU1-3: Multi30k transformer_3_256_8 / quaternion_3_256_8 / quaternion_3_448_8 for MINUTES each;
 #       GPU3 then: the sparse attention kernel benchmark and the distillation speed benchmark
 set -uo pipefail
@@ -54,6 +58,17 @@ if [ "$phase" = char ]; then
   (char 2 t12_strided --steps "$STEPS"; char 2 t12_quaternion_wide --steps "$STEPS") &
   (char 3 t12_fixed --steps "$STEPS") &
   wait
+elif [ "$phase" = char-serial ]; then
+  budget=${CALL_S:-570} last=0
+  for name in ${RUNS:-t12 lstm t12_no_second_target t12_no_aux_layers t12_no_aux_positions t12_quaternion t12_strided t12_fixed t12_quaternion_wide}; do
+    [ -f "$out/char_lm/$name/results.json" ] && continue
+    # A sparse run takes about 2.5x a dense one (its block masks keep it off CUDA graphs).
+    estimate=$last; case $name in *strided|*fixed) estimate=$((last * 5 / 2));; esac
+    if [ $((SECONDS + estimate)) -gt "$budget" ]; then echo "not started (time): $name"; continue; fi
+    start=$SECONDS
+    if [ "$name" = lstm ]; then char 0 lstm --minutes "$(minutes_of_t12)"; else char 0 "$name" --steps "$STEPS"; fi
+    case $name in *strided|*fixed) ;; *) last=$((SECONDS - start));; esac
+  done
 elif [ "$phase" = mt ]; then
   (translate 1 transformer_3_256_8) &
   (translate 2 quaternion_3_256_8) &
@@ -64,5 +79,5 @@ elif [ "$phase" = mt ]; then
      || echo "FAILED distill speed"; cat "$out/logs/distill_speed.log") &
   wait
 else
-  echo "usage: lectures_more.sh char|mt CORPUS MULTI30K OUT" >&2; exit 2
+  echo "usage: lectures_more.sh char|char-serial|mt CORPUS MULTI30K OUT" >&2; exit 2
 fi

@@ -421,12 +421,17 @@ def performance_page() -> str:
         out.append("`benchmarks/inference_cpu.py`: a BERT-base sentence classifier (random weights, the same encoder on both "
                    "sides), 2 threads. Latency is the median of batch-1 runs; for each precision ctxkit's fastest backend "
                    "(named) against the fastest peer (named); `all backends` lists every measurement. Throughput runs the "
-                   "872 real SST-2 dev sentences at batch 32: ctxkit batches by length, the peer gets file-order batches "
-                   "padded to their longest.\n")
+                   "872 real SST-2 dev sentences at batch 32: ctxkit batches by length (its `predict`), and each precision "
+                   "has two peer rows from the same timed rounds: the peer fed the very batches `predict` runs (same "
+                   "sentences, boundaries and padding: `peer on ctxkit's length-sorted batches`, which compares model code "
+                   "alone) and the peer fed file-order batches padded to their longest (`peer in file order`, as a plain "
+                   "loop would). Each throughput figure is the median of interleaved rounds (ctxkit and peer passes "
+                   "alternating, the order rotated each round, same threads; `statistic` in each record).\n")
         out.append("| case | ctxkit | ctxkit backend | peer | peer name | speedup | all backends | device | date |")
         out.append("|---|---|---|---|---|---|---|---|---|")
         for r in inf:
-            every = "; ".join(f"{k}: {v}" for side in (r.get("all_ms") or {}).values() for k, v in side.items())
+            every = "; ".join(f"{side} {k}: {v}" for side, values in (r.get("all_ms") or r.get("all_sentences_per_s") or {}).items()
+                              for k, v in values.items())
             unit = r["unit"]
             if r["metric"].startswith("int8 / fp32"):
                 out.append(f"| {r['case']} | {_fmt(r['ctxkit'])} {unit} | ONNX int8 vs fp32 safetensors | | | | "

@@ -94,8 +94,10 @@ class CharLMObjective(nn.Module):
         """``(layers,)`` 1.0 where a layer's loss is active at the current step."""
         active = (self.step < self.cutoffs).float()
         if not self.aux_layers:
-            active = torch.zeros_like(active)
-            active[-1] = 1.0
+            # Built on the device: writing a Python scalar into a CUDA tensor copies from the
+            # host, which CUDA-graph capture forbids.
+            layers = torch.arange(len(active), device=active.device)
+            active = (layers == len(active) - 1).float()
         return active
 
     def forward(self, input_ids: Tensor, **_) -> Dict[str, Tensor]:
