@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from records_io import fmt as _fmt, load_records as _load  # noqa: E402
-from tables_more import char_lm_section, distill_speed_section, quaternion_mt_section, sparse_attention_section  # noqa: E402
+from tables_more import char_lm_section, distill_speed_section, floor_section, quaternion_mt_section, sparse_attention_section  # noqa: E402
 from tables_xl import xl_performance_section, xl_results_section  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -496,6 +496,7 @@ def performance_page() -> str:
                    "GELU epilogue: ~8 %; not done.")
     out.extend(xl_performance_section())
     out.extend(sparse_attention_section())
+    out.extend(floor_section())
     out.extend(regression_section())
     return "\n".join(out) + "\n"
 

@@ -1,0 +1,288 @@
+"""How far ctxkit's GPU paths are from their hardware floor, measured in one run on one card (issue 24).
+
+    python benchmarks/floor.py                      # all three parts, writes benchmarks/results/floor.json
+    python benchmarks/floor.py --parts inference    # one part (inference | pretrain | decode)
+
+The floor of a step is the time of the work it cannot avoid, timed alone on the same card in
+the same run, with the same shapes:
+
+* ``inference`` (BERT-base classifier, bf16, batch 256, seq 128, every row full): the 48
+  Transformer GEMMs (fused q/k/v, attention output, FFN in and out, 12 layers, each with its
+  own weights) plus 12 flash-attention calls. ctxkit: ``GPUEncoder`` (CUDA graphs, and
+  compiled), the configuration of ``benchmarks/inference_gpu.py``.
+* ``pretrain`` (BERT-base MLM + NSP, bf16 autocast, batch 256, seq 128, 20 masked positions):
+  those GEMMs forward and backward (input and weight gradients), the MLM head's GEMMs on the
+  masked positions, flash attention forward and backward, and one fused AdamW step over the
+  model's parameters. ctxkit: ``benchmarks/pretrain_throughput.py``'s fastest configuration
+  (whole-step CUDA graph, compiled model, bf16 residual stream).
+* ``decode`` (GPT-2 small, bf16, batch 1, greedy, prompt 32, 256 new tokens): reading every
+  weight once per token at the bandwidth a device-to-device copy reaches. ctxkit:
+  ``static_generate`` (one CUDA graph per token, compiled step); a profiler table of one
+  token's kernels says where the rest goes.
+
+Each record: ``ctxkit`` the measured figure, ``peer`` the floor's figure (``peer_name`` says
+what the floor is), ``speedup`` = ctxkit / floor (for throughputs: the fraction of the floor
+reached), plus the components in ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from ctxkit.models import get_preset  # noqa: E402
+
+L, H, FFN, HEADS = 12, 768, 3072, 12
+
+
+def event_ms(fn, reps: int = 20, warmup: int = 3) -> float:
+    """Mean GPU time of ``fn()`` in ms (events around ``reps`` back-to-back calls: at these
+    sizes every kernel is long enough that the host stays ahead of the GPU)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def layer_weights(dtype=torch.bfloat16):
+    """One set of (w_qkv, w_out, w_in, w_down) per layer, with biases: distinct memory, as in the model."""
+    def w(o, i):
+        return torch.randn(o, i, device="cuda", dtype=dtype) * 0.02, torch.zeros(o, device="cuda", dtype=dtype)
+    return [(w(3 * H, H), w(H, H), w(FFN, H), w(H, FFN)) for _ in range(L)]
+
+
+def gemms_forward(x, weights):
+    """The 4 GEMMs of each layer (bias added in the GEMM epilogue, as cuBLASLt does for F.linear)."""
+    for (wq, bq), (wo, bo), (wi, bi), (wd, bd) in weights:
+        F.linear(x, wq, bq)
+        F.linear(x, wo, bo)
+        h = F.linear(x, wi, bi)
+        F.linear(h, wd, bd)
+
+
+def attention_forward(q, k, v):
+    for _ in range(L):
+        F.scaled_dot_product_attention(q, k, v)
+
+
+def inference_part(args, out: list) -> None:
+    import inference_gpu as ig  # the ctxkit configuration the inference records use
+    from ctxkit.inference.gpu import GPUEncoder
+    from ctxkit.models.bert import BertModel
+    from ctxkit.tasks import get_task
+
+    batch, seq = args.batch, args.seq
+    x = torch.randn(batch * seq, H, device="cuda", dtype=torch.bfloat16)
+    weights = layer_weights()
+    q, k, v = (torch.randn(batch, HEADS, seq, H // HEADS, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    with torch.inference_mode():
+        gemm = event_ms(lambda: gemms_forward(x, weights))
+        attn = event_ms(lambda: attention_forward(q, k, v))
+    del weights, x
+    floor_ms = gemm + attn
+    torch.manual_seed(0)
+    model = get_task("sst-2").build_model(BertModel(get_preset("bert_12_768_12").config)).eval()
+    ids = torch.randint(1000, 20000, (batch, seq)).pin_memory()
+    feed = (ids, torch.ones_like(ids).pin_memory(), torch.zeros_like(ids).pin_memory())
+    rows = {}
+    for name, options in (("graphs", {}), ("graphs + compile", {"compile": "default"})):
+        gpu = GPUEncoder(model, dtype=torch.bfloat16, **options)
+        rows[name] = batch / ig.seconds(lambda i, m, t, gpu=gpu: gpu(i, t, m)["logits"], [feed], args.repeat)
+        del gpu
+    best = max(rows, key=rows.get)
+    floor_tp = batch / (floor_ms / 1e3)
+    print(f"inference floor: GEMMs {gemm:.2f} ms + attention {attn:.2f} ms = {floor_ms:.2f} ms -> {floor_tp:,.0f} seq/s; "
+          f"ctxkit {rows} -> {rows[best] / floor_tp:.1%} of the floor", flush=True)
+    out.append({"benchmark": "floor", "case": f"BERT-base classifier inference, bf16, batch {batch}, seq {seq}",
+                "metric": "throughput vs floor", "unit": "sequences/s", "ctxkit": round(rows[best], 1), "ctxkit_variant": best,
+                "peer_name": "floor: the same 48 GEMMs + 12 flash-attention calls alone, same card, same run",
+                "peer": round(floor_tp, 1), "speedup": round(rows[best] / floor_tp, 3),
+                "floor_ms": {"gemms": round(gemm, 3), "attention": round(attn, 3)}, "all": {k: round(v, 1) for k, v in rows.items()}})
+
+
+def pretrain_part(args, out: list) -> None:
+    import pretrain_throughput as pt
+    from ctxkit.pretraining.train import PretrainingModel
+
+    cfg = get_preset("bert_12_768_12").config
+    batch, seq, masked = args.batch, args.seq, 20
+    tokens, picked = batch * seq, batch * masked
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+
+    def leaf(*shape):
+        return torch.randn(*shape, **bf16).requires_grad_()
+
+    # Every GEMM gets its own input, so no gradient is accumulated across uses (the adds that
+    # accumulation would launch are not GEMM work), and the output gradients exist beforehand.
+    # Weights only: a bias gradient is a reduction, not GEMM work (cuBLASLt can fold it into
+    # the weight-gradient GEMM's epilogue), so the floor leaves it out.
+    weights = [tuple(w.requires_grad_() for w, _ in layer) for layer in layer_weights()]
+    inputs = [(leaf(tokens, H), leaf(tokens, H), leaf(tokens, H)) for _ in range(L)]
+    head_x, head_t = leaf(picked, H), (torch.randn(H, H, **bf16) * 0.02).requires_grad_()
+    decoder = (torch.randn(cfg.vocab_size, H, **bf16) * 0.02).requires_grad_()
+    grad = {n: torch.ones(tokens, n, **bf16) for n in (H, 3 * H)}
+    grad_head = torch.ones(picked, cfg.vocab_size, **bf16)
+    leaves = [head_x, head_t, decoder] + [t for layer in inputs for t in layer] + [w for layer in weights for w in layer]
+
+    def gemms():  # forward and backward of every GEMM (the backward makes the input and weight gradients)
+        outs, grads = [], []
+        for (wq, wo, wi, wd), (xq, xo, xi) in zip(weights, inputs):
+            outs += [F.linear(xq, wq), F.linear(xo, wo), F.linear(F.linear(xi, wi), wd)]
+            grads += [grad[3 * H], grad[H], grad[H]]
+        outs.append(F.linear(F.linear(head_x, head_t), decoder))
+        grads.append(grad_head)
+        torch.autograd.backward(outs, grads)
+        for t in leaves:
+            t.grad = None
+
+    qkv = [tuple(leaf(batch, HEADS, seq, H // HEADS) for _ in range(3)) for _ in range(L)]
+    grad_attn = torch.ones(batch, HEADS, seq, H // HEADS, **bf16)
+
+    def attention():
+        outs = [F.scaled_dot_product_attention(q, k, v) for q, k, v in qkv]
+        torch.autograd.backward(outs, [grad_attn] * len(outs))
+        for t in (t for trio in qkv for t in trio):
+            t.grad = None
+
+    gemm, attn = event_ms(gemms, reps=10), event_ms(attention, reps=10)
+    del weights, inputs, head_x, decoder, qkv, grad, grad_head, leaves
+    model = PretrainingModel(cfg).cuda()
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, fused=True)
+    adam = event_ms(opt.step, reps=10)
+    del model, params, opt
+    torch.cuda.empty_cache()
+    floor_ms = gemm + attn + adam
+    pt.args_steps = args.steps
+    data = pt.make_batch(cfg, batch, seq, masked)
+    rows = {}
+    for variant in ("graphs+compile-model+bf16res",):
+        rows[variant] = pt.run_ctxkit(cfg, data["ours"], variant) * 1e3
+    best = min(rows, key=rows.get)
+    print(f"pretraining floor: GEMMs fwd+bwd {gemm:.2f} ms + attention fwd+bwd {attn:.2f} ms + AdamW {adam:.2f} ms = "
+          f"{floor_ms:.2f} ms; ctxkit {rows} ms -> {floor_ms / rows[best]:.1%} of the floor", flush=True)
+    out.append({"benchmark": "floor", "case": f"BERT-base pretraining step (MLM + NSP), bf16 autocast, batch {batch}, seq {seq}, {masked} masked",
+                "metric": "step time vs floor", "unit": "ms", "ctxkit": round(rows[best], 3), "ctxkit_variant": best,
+                "peer_name": "floor: the same GEMMs forward+backward, flash attention forward+backward and fused AdamW alone, same card, same run",
+                "peer": round(floor_ms, 3), "speedup": round(floor_ms / rows[best], 3),
+                "floor_ms": {"gemms": round(gemm, 3), "attention": round(attn, 3), "adamw": round(adam, 3)},
+                "ctxkit_seq_per_s": round(batch / rows[best] * 1e3, 1)})
+
+
+def decode_part(args, out: list) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from ctxkit.decoding import GenerationConfig
+    from ctxkit.decoding.static_decode import static_generate
+    from ctxkit.models.gpt2 import GPT2_PRESETS, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2_PRESETS["gpt2_117m"].replace(dropout=0.0, attention_dropout=0.0)).eval().cuda().to(torch.bfloat16)
+    # Each parameter once: the tied token embedding is read whole by the output layer (the
+    # lookups read one row), every layer's weights by its GEMMs.
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(big)
+    copy_ms = event_ms(lambda: dst.copy_(big), reps=20)
+    bandwidth = 2 * big.numel() / (copy_ms / 1e3)  # read + write
+    del big, dst
+    new = 256
+    ids = torch.randint(0, model.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(1)).cuda()
+    mask = torch.ones_like(ids)
+    config = GenerationConfig(max_new_tokens=new)
+    rows = {}
+    for name, compile_step in (("CUDA graph", False), ("CUDA graph + compiled step", True)):
+        run = lambda c=compile_step: static_generate(model, ids, mask, config, compile_step=c)  # noqa: E731
+        for _ in range(2):
+            run()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(args.decode_reps):
+            run()
+        torch.cuda.synchronize()
+        rows[name] = new * args.decode_reps / (time.perf_counter() - t)
+    best = max(rows, key=rows.get)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        static_generate(model, ids, mask, config, compile_step=best.endswith("compiled step"))
+        torch.cuda.synchronize()
+    from torch.autograd import DeviceType
+
+    events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    kernel_us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) for e in events) / new
+    launches = sum(e.count for e in events) / new
+    try:
+        table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70)
+    except (KeyError, AttributeError, ValueError):
+        table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70)
+    floor_tps = bandwidth / weight_bytes
+    print(f"decode: weights {weight_bytes / 1e6:.0f} MB, copy bandwidth {bandwidth / 1e12:.2f} TB/s -> floor {floor_tps:,.0f} tokens/s; "
+          f"ctxkit {rows}; kernels per token {launches:.0f}, kernel time per token {kernel_us:.0f} us "
+          f"(wall per token {1e6 / rows[best]:.0f} us)\n{table}", flush=True)
+    out.append({"benchmark": "floor", "case": f"GPT-2 small greedy decode, bf16, batch 1, prompt 32, {new} new tokens",
+                "metric": "throughput vs floor", "unit": "tokens/s", "ctxkit": round(rows[best], 1), "ctxkit_variant": best,
+                "peer_name": "floor: every weight read once per token at the measured device-to-device copy bandwidth",
+                "peer": round(floor_tps, 1), "speedup": round(rows[best] / floor_tps, 4),
+                "weight_mb": round(weight_bytes / 1e6, 1), "bandwidth_tb_s": round(bandwidth / 1e12, 3),
+                "kernels_per_token": round(launches, 1), "kernel_us_per_token": round(kernel_us, 1),
+                "all": {k: round(v, 1) for k, v in rows.items()}})
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", nargs="+", default=["inference", "pretrain", "decode"], choices=["inference", "pretrain", "decode"])
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--repeat", type=int, default=20, help="timed passes of the inference batch")
+    parser.add_argument("--steps", type=int, default=20, help="timed pretraining steps")
+    parser.add_argument("--decode-reps", type=int, default=5, help="timed generate calls")
+    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "floor.json"))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/floor.py measures a GPU: no CUDA device here")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    records: list = []
+    parts = {"inference": inference_part, "pretrain": pretrain_part, "decode": decode_part}
+    failed = []
+    for part in args.parts:
+        try:
+            parts[part](args, records)
+        except Exception:  # one part's failure still leaves the others' records
+            import traceback
+
+            traceback.print_exc()
+            failed.append(part)
+        torch.cuda.empty_cache()
+    given = argv if argv is not None else sys.argv[1:]
+    # Records name no machine path: the --results destination is left out of the command.
+    given = [a for i, a in enumerate(given) if a != "--results" and (i == 0 or given[i - 1] != "--results")]
+    command = "python benchmarks/floor.py " + " ".join(shlex.quote(a) for a in given)
+    base = {"device": f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}", "date": datetime.date.today().isoformat(),
+            "command": command.strip()}
+    records = [{**r, **base} for r in records]
+    Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
+    print(f"wrote {args.results}" + (f"; FAILED parts: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
