@@ -76,7 +76,10 @@ def main(argv=None) -> int:
     hf = transformers.GPT2LMHeadModel.from_pretrained(folder, dtype=dtype).to(args.device).eval()
     ours = ours.to(args.device, dtype)
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else f"CPU, {args.threads} threads"
-    command = "python benchmarks/generate.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    given = argv if argv is not None else sys.argv[1:]
+    # Records name no machine path: the --results destination is left out of the command.
+    given = [a for i, a in enumerate(given) if a != "--results" and (i == 0 or given[i - 1] != "--results")]
+    command = "python benchmarks/generate.py " + " ".join(shlex.quote(a) for a in given)
     config = GenerationConfig(max_new_tokens=args.new)
     records = []
     for batch in args.batch:

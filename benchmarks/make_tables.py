@@ -405,7 +405,10 @@ def performance_page() -> str:
                    "is 2,044 tokens/s (target 2,000, met; 3.6x HF's static cache; ~480 us per step for 129 kernels, the "
                    "weights alone need ~85 us of HBM time, so launch latency still dominates) and batch 16 is 3.0x HF's "
                    "static cache (target 1.5x, met). An earlier revision (before the three changes above) measured "
-                   "1,882 / 1,907 tokens/s at batch 1. `same tokens` below 1 on the GPU "
+                   "1,882 / 1,907 tokens/s at batch 1. Since 2026-11-27 a batch-1 compiled step computes each one-row "
+                   "product as a fused multiply + sum reduction (`ctxkit.fast.rows`; cuBLAS's GEMM kernels take 4-5 us "
+                   "per matrix at one row): batch 1 2,206 tokens/s on the H100 (+7 % on 2,058 measured the day before, "
+                   "same greedy tokens); batch 16 is unchanged (more than one row keeps the GEMMs). `same tokens` below 1 on the GPU "
                    "is bf16 rounding: random weights give near-flat logits, so argmax ties break differently as soon as "
                    "the kernels differ (ctxkit's own plain loop and graph agree with each other to the same degree); in "
                    "fp32 the graph path equals the plain loop token for token (`tests/test_cuda_graphs.py`).\n")

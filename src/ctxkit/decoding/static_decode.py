@@ -34,7 +34,7 @@ from torch import Tensor
 
 from .sampling import apply_repetition_penalty, filter_logits
 from ..core.errors import UserError
-from ..fast import fuse_qkv
+from ..fast import fuse_qkv, one_row_linears
 
 __all__ = ["StaticDecoder", "chunked_argmax", "static_decoding_unsupported", "static_generate"]
 
@@ -124,6 +124,10 @@ class StaticDecoder:
 
                 self.step = step
             else:
+                if batch == 1:
+                    # One row per matrix: a fused reduction kernel per matrix beats cuBLAS's
+                    # GEMM kernels (ctxkit.fast.rows; eager calls are unchanged).
+                    one_row_linears(model)
                 mode = compile_step if isinstance(compile_step, str) else None
                 self.step = torch.compile(self._step, dynamic=False, mode=mode)
         self.graph: Optional[torch.cuda.CUDAGraph] = None

@@ -11,6 +11,8 @@ faster kernels:
 * :class:`GeluEpilogueFFN` -- fc1 + bias + tanh GELU as one cuBLASLt GEMM (:func:`enable_gelu_epilogue`);
 * :class:`StreamDtypeAddNorm` / :class:`StreamDtypeEmbeddings` -- a bf16 residual stream
   under autocast (:func:`set_stream_dtype`);
+* :class:`OneRowLinear` / :class:`OneRowFusedQKVAttention` -- one-row products as fused
+  reductions inside compiled graphs (:func:`one_row_linears`; batch-1 decoding on CUDA);
 * :class:`SegmentedEncoder` -- graph breaks for ``torch.compile`` between runs of layers
   (:func:`segment_encoders`).
 
@@ -33,6 +35,7 @@ from torch import nn
 from .attention import FusedQKVAttention, fuse_qkv, prepare_inference
 from .ffn import GeluEpilogueFFN, enable_gelu_epilogue, linear_gelu_tanh
 from .fp8 import FP8_MAX, Fp8Linear, convert_to_fp8
+from .rows import OneRowFusedQKVAttention, OneRowLinear, one_row_linear, one_row_linears
 from .segments import SegmentedEncoder, segment_encoders
 from .stream import StreamDtypeAddNorm, StreamDtypeEmbeddings, set_stream_dtype, to_stream_dtype
 
@@ -41,6 +44,8 @@ __all__ = [
     "Fp8Linear",
     "FusedQKVAttention",
     "GeluEpilogueFFN",
+    "OneRowFusedQKVAttention",
+    "OneRowLinear",
     "SegmentedEncoder",
     "StreamDtypeAddNorm",
     "StreamDtypeEmbeddings",
@@ -49,6 +54,8 @@ __all__ = [
     "enable_gelu_epilogue",
     "fuse_qkv",
     "linear_gelu_tanh",
+    "one_row_linear",
+    "one_row_linears",
     "prepare_inference",
     "segment_encoders",
     "set_stream_dtype",

@@ -41,6 +41,10 @@ class FusedQKVAttention(MultiHeadAttention):
     Same parameters, same ``state_dict`` as the plain layer: swap it in with :func:`fuse_qkv`.
     """
 
+    # The product of an input and the concatenated weights (a subclass may compute it
+    # differently: ctxkit.fast.rows for one-row decoding).
+    _linear = staticmethod(F.linear)
+
     def _project(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
         """Per-head q, k, v, each ``(batch, heads, len, head_dim)``, one GEMM per distinct input."""
         key = query if key is None else key
@@ -60,7 +64,7 @@ class FusedQKVAttention(MultiHeadAttention):
                 # Quantised projections (torch.ao dynamic int8: weight() is a method) run one by one.
                 y = torch.cat([p(x) for p in projs], dim=-1) if len(projs) > 1 else projs[0](x)
             else:
-                y = F.linear(x, *self._fused(projs))
+                y = self._linear(x, *self._fused(projs))
             out.extend(self._split_heads(t) for t in y.split([p.out_features for p in projs], dim=-1))
         return out[0], out[1], out[2]
 
@@ -69,7 +73,7 @@ class FusedQKVAttention(MultiHeadAttention):
         stays fixed over many queries (pass them back as ``static_kv``)."""
         value = key if value is None else value
         if value is key and isinstance(self.k_proj.weight, Tensor) and isinstance(self.v_proj.weight, Tensor):
-            k, v = F.linear(key, *self._fused([self.k_proj, self.v_proj])).split(self.embed_dim, dim=-1)
+            k, v = self._linear(key, *self._fused([self.k_proj, self.v_proj])).split(self.embed_dim, dim=-1)
         else:
             k, v = self.k_proj(key), self.v_proj(value)
         return self._split_heads(k), self._split_heads(v)
