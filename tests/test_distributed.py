@@ -4,8 +4,14 @@ DDP and FSDP2 (``parallel="fsdp"``) train exactly like one process on the same g
 batches: same logged losses, same weights. Under FSDP, checkpoints hold the gathered
 (unsharded) state in the single-process layout, resume is exact, and ``pretrain`` writes
 the gathered model.
+
+Every 2-process run of this module comes from one torchrun launch of this very file (its
+``__main__`` below), made once by the ``runs`` fixture: starting torchrun and two workers
+that import torch costs more than all the toy runs together. The single-process
+references run in the pytest process itself, on one thread like every torchrun rank.
 """
 
+import importlib
 import json
 import os
 import random
@@ -17,8 +23,6 @@ import pytest
 import torch
 
 HELPERS = Path(__file__).resolve().parent / "helpers"
-SCRIPT = HELPERS / "ddp_train.py"
-FSDP_SCRIPT = HELPERS / "fsdp_train.py"
 # Two processes sum each step's gradients in another order than one process does, and the
 # runs drift apart by that rounding, step after step: a trajectory, which tests/README.md
 # does not derive from eps but bounds with a stated margin. Over these 8-step runs the
@@ -48,16 +52,74 @@ def _losses(run: Path) -> list:
     return [r["loss"] for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["event"] == "train"]
 
 
-def _run(tmp_path, name, nproc, grad_accum):
-    out = tmp_path / name
-    _launch(SCRIPT, [out, grad_accum], nproc)
-    return _losses(out), json.loads((out / "result.json").read_text())
+def _fsdp_train():
+    """helpers/fsdp_train.py as a module: its runs are functions, nothing runs on import."""
+    if str(HELPERS) not in sys.path:
+        sys.path.insert(0, str(HELPERS))
+    return importlib.import_module("fsdp_train")
+
+
+def _ddp_run(out: Path, grad_accum: int) -> None:
+    """A toy classifier trained with the default ``parallel="ddp"`` (plain training in one
+    process); rank 0 writes ``out/result.json`` with the world size and classifier weights."""
+    sys.path.insert(0, str(HELPERS.parent))
+    from test_trainer import _model, _toy_features
+
+    from ctxkit.training import TrainConfig, Trainer
+
+    cfg = TrainConfig(epochs=2, batch_size=16, grad_accum=grad_accum, lr=1e-3, device="cpu", progress=False, log_every=1, seed=5)
+    trainer = Trainer(_model(0.0), _toy_features(64), cfg, out)
+    trainer.train()
+    if trainer.rank == 0:
+        weights = {k: v.tolist() for k, v in trainer.model.state_dict().items() if k.endswith("classifier.weight")}
+        (out / "result.json").write_text(json.dumps({"world": trainer.world, "weights": weights}))
+
+
+def _skip_curves(patch) -> None:
+    """Draws no curve.png: matplotlib takes ~0.4 s a drawing, at the end of every run (on rank
+    0, while the other rank waits at the next collective), and nothing here looks at it
+    (tests/test_trainer.py and tests/test_pretrain.py check it is drawn)."""
+    from ctxkit.core import plots
+
+    patch.setattr(plots, "plot_training_curve", lambda *args, **kwargs: None)
+
+
+def _two_process_runs(out: Path, single_toy: Path, shards: Path) -> int:
+    """What every torchrun rank runs (collectives: all ranks, same order): ``ddp1``/``ddp2``
+    (DDP, grad_accum 1 and 2), ``toy`` (helpers/fsdp_train.py's FSDP runs, ``cross``
+    resuming ``single_toy/cut3``) and ``pretrain`` (``ctxkit pretrain`` with ddp and fsdp)."""
+    for grad_accum in (1, 2):
+        _ddp_run(out / f"ddp{grad_accum}", grad_accum)
+    fsdp_train = _fsdp_train()
+    fsdp_train.toy(out / "toy", single_toy)
+    return fsdp_train.pretrain_runs(out / "pretrain", shards)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """``(one, two)``: the runs in 1 process (this one) and in 2 processes (one torchrun launch)."""
+    root = tmp_path_factory.mktemp("distributed")
+    one, two = root / "one", root / "two"
+    shards = _synthetic_shards(root / "data")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as every torchrun rank (OMP_NUM_THREADS=1)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            _skip_curves(patch)
+            for grad_accum in (1, 2):
+                _ddp_run(one / f"ddp{grad_accum}", grad_accum)
+            _fsdp_train().toy(one / "toy")  # before the launch: its cut3 is what two/toy/cross resumes
+    finally:
+        torch.set_num_threads(before)
+    _launch(Path(__file__), [two, one / "toy", shards], 2)
+    return one, two
 
 
 @pytest.mark.parametrize("grad_accum", [1, 2])
-def test_ddp_two_processes_equal_one_process(tmp_path, grad_accum):
-    single_losses, single = _run(tmp_path, "single", 1, grad_accum)
-    ddp_losses, ddp = _run(tmp_path, "ddp", 2, grad_accum)
+def test_ddp_two_processes_equal_one_process(runs, grad_accum):
+    single_run, ddp_run = (r / f"ddp{grad_accum}" for r in runs)
+    single_losses, single = _losses(single_run), _result(single_run)
+    ddp_losses, ddp = _losses(ddp_run), _result(ddp_run)
     assert single["world"] == 1 and ddp["world"] == 2
     assert len(ddp_losses) == len(single_losses) == 8
     assert ddp_losses == pytest.approx(single_losses, abs=TRAJECTORY)
@@ -70,12 +132,9 @@ def test_ddp_two_processes_equal_one_process(tmp_path, grad_accum):
 
 
 @pytest.fixture(scope="module")
-def fsdp_toy(tmp_path_factory):
+def fsdp_toy(runs):
     """The toy runs of helpers/fsdp_train.py in 1 process and in 2 FSDP processes."""
-    root = tmp_path_factory.mktemp("fsdp_toy")
-    _launch(FSDP_SCRIPT, ["toy", root / "one"], 1)
-    _launch(FSDP_SCRIPT, ["toy", root / "two", root / "one"], 2)
-    return root / "one", root / "two"
+    return tuple(r / "toy" for r in runs)
 
 
 def _result(run: Path) -> dict:
@@ -173,6 +232,7 @@ def _synthetic_shards(root: Path) -> Path:
     words = [f"w{a}{b}" for a in "abcdefgh" for b in "klmnop"] + ["the", "a", "river", "bank", "money", "runs"]
     docs = ["\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))) + "." for _ in range(rng.randint(3, 8)))
             for _ in range(60)]
+    root.mkdir(parents=True, exist_ok=True)
     corpus = root / "corpus.txt"
     corpus.write_text("\n\n".join(docs), encoding="utf-8")
     train_vocab([corpus], 150, root / "vocab", show_progress=False)
@@ -180,12 +240,11 @@ def _synthetic_shards(root: Path) -> Path:
     return root / "shards"
 
 
-def test_fsdp_pretrain_writes_the_gathered_model(tmp_path):
+def test_fsdp_pretrain_writes_the_gathered_model(runs):
     from ctxkit.core.checkpoint import read_weights
     from ctxkit.models import BertForPreTraining, load_bert
 
-    _launch(FSDP_SCRIPT, ["pretrain", tmp_path, _synthetic_shards(tmp_path)], 2)
-    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
+    ddp, fsdp = runs[1] / "pretrain" / "ddp", runs[1] / "pretrain" / "fsdp"
     assert len(_losses(fsdp)) == 5
     assert _losses(fsdp) == pytest.approx(_losses(ddp), abs=TRAJECTORY)
     assert json.loads((fsdp / "summary.json").read_text())["steps"] == 5
@@ -196,3 +255,8 @@ def test_fsdp_pretrain_writes_the_gathered_model(tmp_path):
     assert all(torch.equal(final[k], gathered["bert." + k]) for k in final)
     reference = load_bert(ddp / "final", with_heads=True).state_dict()
     assert all(torch.allclose(final[k], reference[k], atol=TRAJECTORY) for k in final)
+
+
+if __name__ == "__main__":  # the torchrun launch of the runs fixture: OUT SINGLE_TOY SHARDS
+    _skip_curves(pytest.MonkeyPatch())
+    sys.exit(_two_process_runs(*map(Path, sys.argv[1:4])))

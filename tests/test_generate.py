@@ -241,13 +241,14 @@ def test_numpy_gemv_decoding_equals_torch_and_restores_threads(model):
 def test_compiled_static_step_on_cpu_equals_the_plain_loop():
     """The CPU fast path: frozen weights and Inductor's C++ GEMMs, autotuned per GEMM shape.
 
-    Max-autotune compiles and times every candidate kernel of every distinct GEMM shape
-    (~3 s each on 2 cores), so this model has two: q/k/v and the 96-token LM head are 96 x 32,
-    the attention output and both FFN matrices 32 x 32.
+    Max-autotune compiles and times every candidate kernel of every distinct GEMM (shape and
+    input strides; ~3-5 s each on 2 cores), so this model has two: q/k/v and the 96-token LM
+    head are 96 x 32, the attention output and both FFN matrices 32 x 32. Two rows, not one:
+    a one-row step's (1, 32) inputs come with two stride layouts, which made three.
     """
     torch.manual_seed(0)
     small = GPT2LMHeadModel(GPT2Config(num_layers=1, hidden_size=32, num_heads=2, vocab_size=96, max_position=64, ffn_size=32)).eval()
-    ids, mask = left_pad([[5, 17, 42, 8, 9, 30]])
+    ids, mask = left_pad([[5, 17, 42, 8, 9, 30], [11, 3]])  # the second row left-padded: the step's key mask too
     cfg = GenerationConfig(max_new_tokens=16)
     assert torch.equal(generate(small, ids, mask, cfg, compile=True), generate(small, ids, mask, cfg, static=False, cpu_gemv=False))
 

@@ -257,8 +257,11 @@ def test_compiled_inference_reuses_the_right_fused_projection_per_set():
         prepare_inference(model)
         assert len(model.encoder.encoder.layers[-1].self_attn._fused_cache) == 2  # q/k/v and k/v
         torch._dynamo.reset()
-        assert torch.allclose(torch.compile(model)(ids)["logits"], expect, atol=1e-5)
-        packed = torch.compile(model, dynamic=True)(ids * mask, None, PackedSequences(mask))["logits"]
+        # What is checked is what tracing reads from the caches (dynamo + AOTAutograd, as under
+        # Inductor); Inductor's C++ codegen adds nothing to that, and test_generate.py runs
+        # it on the decoding path that fills the caches this way (StaticDecoder).
+        assert torch.allclose(torch.compile(model, backend="aot_eager")(ids)["logits"], expect, atol=1e-5)
+        packed = torch.compile(model, dynamic=True, backend="aot_eager")(ids * mask, None, PackedSequences(mask))["logits"]
         assert torch.allclose(packed, expect_padded, atol=1e-5)
 
 

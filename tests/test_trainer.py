@@ -88,6 +88,22 @@ def test_learns_toy_task_logs_and_saves_best(tmp_path):
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_curve_is_redrawn_at_most_every_curve_every_s_and_after_the_last_epoch(tmp_path, monkeypatch):
+    from ctxkit.core import plots
+    from ctxkit.training import trainer as trainer_module
+
+    drawn = []
+    monkeypatch.setattr(plots, "plot_training_curve", lambda points, history, *a, **k: drawn.append(len(history)))
+    feats = _toy_features(64)
+    cfg = TrainConfig(epochs=4, batch_size=16, lr=1e-3, device="cpu", progress=False)
+    Trainer(_model(), feats, cfg, tmp_path / "a", lambda m: _accuracy(m, feats), "accuracy").train()
+    assert drawn == [4]  # four short epochs: one drawing, after the last, with every epoch's evaluation
+    drawn.clear()
+    monkeypatch.setattr(trainer_module, "CURVE_EVERY_S", 0.0)
+    Trainer(_model(), feats, cfg, tmp_path / "b", lambda m: _accuracy(m, feats), "accuracy").train()
+    assert drawn == [1, 2, 3, 4]  # no minimum interval: a drawing at every epoch end
+
+
 def test_gradient_accumulation_matches_large_batch(tmp_path):
     feats = _toy_features(64)
     cfg = dict(epochs=1, lr=1e-3, device="cpu", progress=False, seed=3)

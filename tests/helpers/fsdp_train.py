@@ -1,18 +1,19 @@
-"""Run by tests/test_distributed.py under torchrun (2 gloo processes) and directly (1 process).
+"""FSDP runs for tests/test_distributed.py: functions its one torchrun launch calls on every
+rank (and its pytest process calls once, alone, for the single-process references).
 
-Usage:
-    fsdp_train.py toy OUT [FROM] toy classifier runs with ``parallel="fsdp"`` (plain training
-                                 in one process): ``full`` (gradient accumulation, save_best),
-                                 ``cut`` (stopped at step 3, then resumed), ``lamb`` (LAMB +
-                                 activation checkpointing), ``cut3`` (stopped at step 3),
-                                 ``budget`` (time budget spent at once) and,
-                                 given FROM, ``cross``: FROM/cut3 copied and resumed here;
-                                 rank 0 writes ``OUT/result.json``.
-    fsdp_train.py pretrain OUT SHARDS
-                                 ``ctxkit pretrain`` on SHARDS with ``--parallel`` ddp and
-                                 fsdp into ``OUT/ddp`` and ``OUT/fsdp``.
+    toy(OUT, FROM=None)       toy classifier runs with ``parallel="fsdp"`` (plain training in
+                              one process): ``full`` (gradient accumulation, save_best),
+                              ``cut`` (stopped at step 3, then resumed), ``lamb`` (LAMB +
+                              activation checkpointing), ``cut3`` (stopped at step 3),
+                              ``budget`` (time budget spent at once) and, given FROM,
+                              ``cross``: FROM/cut3 copied and resumed here; rank 0 writes
+                              ``OUT/result.json``.
+    pretrain_runs(OUT, SHARDS) ``ctxkit pretrain`` on SHARDS with ``--parallel`` ddp and fsdp
+                              into ``OUT/ddp`` and ``OUT/fsdp``.
 
-Several runs share one launch because starting torchrun costs more than a toy run.
+Several runs share one launch because starting torchrun costs more than a toy run. Run as a
+script (``fsdp_train.py toy OUT [FROM]`` / ``fsdp_train.py pretrain OUT SHARDS``) it does
+the same, for trying a run by hand.
 """
 
 import json

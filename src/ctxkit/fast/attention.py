@@ -101,7 +101,10 @@ class FusedQKVAttention(MultiHeadAttention):
                 return cached[1]
         params = [p.weight for p in projs] + [p.bias for p in projs if p.bias is not None]
         if torch.is_grad_enabled():
-            self._fused_cache = None
+            # Only when set: creating the attribute in the first compiled training step
+            # would fail the graph's guard on it in the second and trace the model again.
+            if getattr(self, "_fused_cache", None) is not None:
+                self._fused_cache = None
         else:
             key = tuple((id(p), p._version, p.device, p.dtype) for p in params)
             cached = caches.get(which)

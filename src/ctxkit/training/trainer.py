@@ -42,6 +42,8 @@ from ..core.errors import UserError
 __all__ = ["TrainConfig", "Trainer", "TrainResult", "resolve_device", "autocast", "set_seed"]
 
 logger = logging.getLogger("ctxkit")
+#: seconds of training between two redraws of ``curve.png`` (it is always drawn after the last epoch)
+CURVE_EVERY_S = 30.0
 
 
 def _say(message: str, *args) -> None:
@@ -447,6 +449,8 @@ class Trainer:
             # usable best/ (evaluated now). The checkpoint was written first, so resuming
             # continues exactly as if there had been no stop.
             self._evaluate_at_stop(state, epoch, step, start, stopped)
+        if self.rank == 0:
+            self._draw_curve(state, losses)
         if self.world > 1:
             torch.distributed.barrier()  # rank 0's best/ and checkpoint/ are complete for everyone
         wall = time.time() - start
@@ -591,6 +595,14 @@ class Trainer:
         elif self.save_best is not None:
             self._save_best(best_model)
         self._checkpoint(state, epoch + 1, 0, step, losses)
+        # Drawing takes 0.3-1 s: redraw at most every CURVE_EVERY_S seconds of training (the
+        # end of training always draws), or a run of many short epochs spends its time here.
+        if not last and time.time() - getattr(self, "_curve_at", start) >= CURVE_EVERY_S:
+            self._draw_curve(state, losses)
+
+    def _draw_curve(self, state: dict, losses: list) -> None:
+        """``curve.png``: the training loss per step and every evaluation so far (rank 0)."""
+        self._curve_at = time.time()
         if missing(["matplotlib"]):  # the curve is a convenience: log.jsonl holds the same numbers
             if not getattr(self, "_said_no_curve", False):
                 _say("curve.png not drawn: matplotlib is not installed (pip install 'ctxkit[plots]')")
