@@ -103,7 +103,10 @@ def inference_part(args, out: list) -> None:
     ids = torch.randint(1000, 20000, (batch, seq)).pin_memory()
     feed = (ids, torch.ones_like(ids).pin_memory(), torch.zeros_like(ids).pin_memory())
     rows = {}
-    for name, options in (("graphs", {}), ("graphs + compile", {"compile": "default"})):
+    variants = [("graphs", {}), ("graphs + compile", {"compile": "default"})]
+    if args.autotune:  # Triton GEMM templates with the bias and GELU in their epilogues compete with cuBLAS
+        variants.append(("graphs + compile (max-autotune)", {"compile": "max-autotune-no-cudagraphs"}))
+    for name, options in variants:
         gpu = GPUEncoder(model, dtype=torch.bfloat16, **options)
         rows[name] = batch / ig.seconds(lambda i, m, t, gpu=gpu: gpu(i, t, m)["logits"], [feed], args.repeat)
         del gpu
@@ -255,6 +258,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=20, help="timed passes of the inference batch")
     parser.add_argument("--steps", type=int, default=20, help="timed pretraining steps")
     parser.add_argument("--decode-reps", type=int, default=5, help="timed generate calls")
+    parser.add_argument("--autotune", action="store_true", help="inference: also Inductor's max-autotune (minutes of tuning)")
     parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "floor.json"))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
