@@ -41,6 +41,23 @@ def test_compiled_product_is_the_same_function(rows):
     assert_close_to_reference(got, reference, scale=scale, k=48, name="one-row product")
 
 
+def test_compiled_gradients_are_the_linear_gradients():
+    """The reduction branch is differentiable: input, weight and bias gradients as F.linear's."""
+    x, w, b = (t.double().requires_grad_() for t in _inputs((1, 1)))
+    grad_out = torch.randn(1, 1, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    torch._dynamo.reset()
+    torch.compile(one_row_linear, backend="aot_eager", fullgraph=True)(x, w, b).backward(grad_out)
+    got = [t.grad.clone() for t in (x, w, b)]
+    for t in (x, w, b):
+        t.grad = None
+    F.linear(x, w, b).backward(grad_out)
+    # Scales: the sum of |terms| per element (the input gradient sums 40 products; the weight
+    # gradient is one product per element; the bias gradient is the output gradient itself).
+    scales = (grad_out.abs() @ w.detach().abs(), grad_out.abs()[0].T @ x.detach().abs()[0], grad_out.abs()[0, 0])
+    for g, scale, (name, t) in zip(got, scales, (("input", x), ("weight", w), ("bias", b))):
+        assert_close_to_reference(g, t.grad, scale=scale, k=40, name=f"{name} gradient")
+
+
 def test_bf16_row_sums_in_float32():
     x, w, b = (t.to(torch.bfloat16) for t in _inputs((1, 1), features=256))
     torch._dynamo.reset()

@@ -43,7 +43,8 @@ def one_row_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> 
         return F.linear(x, weight, bias)
     # Products and sum in float32, as a GEMM computes them (inside the compiled kernel the
     # upcast happens in registers: the matrix is still read once, in its own dtype).
-    out = (x.unsqueeze(-2).float() * weight.float()).sum(-1)
+    acc = torch.promote_types(x.dtype, torch.float32)  # never below float32 (float64 stays float64)
+    out = (x.unsqueeze(-2).to(acc) * weight.to(acc)).sum(-1)
     if bias is not None:
         out = out + bias
     return out.to(x.dtype)
