@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from ctxkit.tasks.translation import bleu, load_translator, read_parallel, translate
+from ctxkit.tasks.translation import bleu, length_cap, load_translator, read_parallel, translate
 from tolerance import assert_close_to_reference
 
 
@@ -33,6 +33,12 @@ def test_reader_checks_alignment(slice_files, tmp_path):
     assert bleu(["a cat sat on the mat ."], ["a cat sat on the mat ."]) == pytest.approx(100.0)
 
 
+def test_length_cap_is_the_sentences_own():
+    # 2 x the length rounded up to 8, + 10; never past the model's positions, never below 1
+    assert [length_cap(n, 256) for n in (1, 8, 9, 16, 17)] == [26, 26, 42, 42, 58]
+    assert length_cap(200, 256) == 255 and length_cap(5, 2) == 1
+
+
 def test_train_translate_and_cli(slice_files, tmp_path, capsys):
     from ctxkit.cli import main
 
@@ -48,6 +54,15 @@ def test_train_translate_and_cli(slice_files, tmp_path, capsys):
     sources = [s for s, _ in read_parallel(slice_files / "val.de", slice_files / "val.en")][:5]
     greedy = translate(model, tok, sources, num_beams=1, device="cpu")
     assert len(greedy) == 5 and all(isinstance(h, str) for h in greedy)
+    # A translation is the sentence's own: alone, in a batch of 5 (above) or of 40 (the CLI below).
+    assert [translate(model, tok, [s], num_beams=1, device="cpu")[0] for s in sources] == greedy
+    beams = translate(model, tok, sources, num_beams=2, device="cpu")
+    assert [translate(model, tok, [s], num_beams=2, device="cpu")[0] for s in sources] == beams
+    # The hard case: an untrained model never ends a sentence, so every output runs to its cap.
+    torch.manual_seed(0)
+    untrained = type(model)(model.config).eval()
+    rambling = translate(untrained, tok, sources, num_beams=1, device="cpu")
+    assert [translate(untrained, tok, [s], num_beams=1, device="cpu")[0] for s in sources] == rambling
     rc = main(["translate", str(tmp_path / "run"), str(slice_files / "val.de"), "--ref", str(slice_files / "val.en"), "--beams", "1",
                "--device", "cpu"])
     assert rc == 0

@@ -25,7 +25,7 @@ from ..core.deps import require, require_all
 from ..core.errors import UnknownNameError, UserError
 from ..decoding import GenerationConfig, generate
 
-__all__ = ["read_parallel", "train_translation", "translate", "alignment", "load_translator", "bleu", "SPECIALS"]
+__all__ = ["read_parallel", "train_translation", "translate", "length_cap", "alignment", "load_translator", "bleu", "SPECIALS"]
 
 logger = logging.getLogger("ctxkit")
 SPECIALS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2: pad, begin, end
@@ -78,10 +78,22 @@ def _features(pairs: Sequence[Tuple[str, str]], tok: ByteLevelBPETokenizer, max_
 
 
 @torch.inference_mode()
+def length_cap(source_tokens: int, limit: int) -> int:
+    """New tokens a translation may take: 2 x the source length rounded up to 8, + 10, within
+    the model's ``limit`` positions. A sentence's own property, so its translation does not
+    depend on which sentences share its batch (rounding lets sentences of similar length
+    share a beam-search batch)."""
+    return max(1, min(limit - 1, 2 * (-(-source_tokens // 8) * 8) + 10))
+
+
 def translate(model: torch.nn.Module, tok: ByteLevelBPETokenizer, sentences: Sequence[str], num_beams: int = 1,
               batch_size: int = 64, max_new_tokens: Optional[int] = None, device: str = "auto") -> List[str]:
     """Translate sentences (greedy with ``num_beams=1``, else beam search) with a
-    :class:`~ctxkit.models.seq2seq.TransformerSeq2Seq` or ``RNNSeq2Seq``."""
+    :class:`~ctxkit.models.seq2seq.TransformerSeq2Seq` or ``RNNSeq2Seq``.
+
+    Each sentence gets at most ``max_new_tokens`` new tokens, by default :func:`length_cap`
+    of its own length: the same translation whichever sentences share its batch.
+    """
 
     dev = resolve_device(device)
     model = model.to(dev).eval()
@@ -89,16 +101,20 @@ def translate(model: torch.nn.Module, tok: ByteLevelBPETokenizer, sentences: Seq
     limit = model.config.max_position
     out: List[str] = [""] * len(sentences)
     ids = [(tok.encode(s) + [eos])[:limit] for s in sentences]
+    caps = [max_new_tokens or length_cap(len(i), limit) for i in ids]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths share a batch
-    for start in range(0, len(order), batch_size):
-        rows = order[start : start + batch_size]
+    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    if num_beams > 1:
+        # Beam search keeps or drops hypotheses by the length budget: one budget per batch.
+        batches = [[i for i in rows if caps[i] == cap] for rows in batches for cap in sorted({caps[i] for i in rows})]
+    for rows in batches:
         width = max(len(ids[i]) for i in rows)
         src = torch.tensor([ids[i] + [pad] * (width - len(ids[i])) for i in rows], device=dev)
-        new = max_new_tokens or min(limit - 1, 2 * width + 10)
-        config = GenerationConfig(max_new_tokens=new, num_beams=num_beams, eos_token_id=eos, pad_token_id=pad)
+        config = GenerationConfig(max_new_tokens=max(caps[i] for i in rows), num_beams=num_beams, eos_token_id=eos, pad_token_id=pad)
         result = generate(model.bind(src), torch.full((len(rows), 1), bos, device=dev), config=config)
         for row, i in enumerate(rows):
-            tokens = result[row, 1:].tolist()
+            # Greedy rows are independent: a row cut at its own cap is what decoding it alone gives.
+            tokens = result[row, 1 : 1 + caps[i]].tolist()
             tokens = tokens[: tokens.index(eos)] if eos in tokens else tokens
             out[i] = tok.decode(tokens, skip_special_tokens=True).strip()
     return out
