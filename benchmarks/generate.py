@@ -92,11 +92,14 @@ def main(argv=None) -> int:
                         "static cache + compiled step (frozen weights, Inductor C++ GEMM)":
                             lambda: generate(ours, ids, mask, config, compile=True)}
         if args.device == "cuda":
-            variants["CUDA graph"] = lambda: static_generate(ours, ids, mask, config)
-            variants["CUDA graph + compiled step"] = lambda: static_generate(ours, ids, mask, config, compile_step=True)
+            variants["CUDA graph"] = lambda: static_generate(ours, ids, mask, config, fused_layers=False)
+            variants["CUDA graph + compiled step"] = lambda: static_generate(ours, ids, mask, config, compile_step=True, fused_layers=False)
+            if batch == 1:  # the Triton decoding layers serve one row (ctxkit.fast.decode_layer)
+                variants["CUDA graph + compiled step + Triton layers"] = lambda: static_generate(
+                    ours, ids, mask, config, compile_step=True, fused_layers=True)
             if args.autotune:
                 variants["CUDA graph + compiled step (max-autotune)"] = lambda: static_generate(
-                    ours, ids, mask, config, compile_step="max-autotune-no-cudagraphs")
+                    ours, ids, mask, config, compile_step="max-autotune-no-cudagraphs", fused_layers=False)
         ours_rows, ours_out = {}, None
         for name, fn in variants.items():
             try:

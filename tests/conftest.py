@@ -8,6 +8,11 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Without a GPU, Triton kernels (ctxkit.fast.decode_kernels, when triton is installed) run
+# through Triton's interpreter on CPU tensors; it must be chosen before triton is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 
 def pytest_configure(config):
     """Torch threads per test process.

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from .sampling import apply_repetition_penalty, filter_logits
 from ..core.errors import UserError
-from ..fast import fuse_qkv, one_row_linears
+from ..fast import fuse_decode_layers, fuse_qkv, one_row_linears, unfuse_decode_layers
 
 __all__ = ["StaticDecoder", "chunked_argmax", "static_decoding_unsupported", "static_generate"]
 
@@ -83,10 +83,13 @@ class StaticDecoder:
             compiles); a string picks the Inductor mode on CUDA, e.g.
             ``"max-autotune-no-cudagraphs"``. On CPU it uses :data:`CPU_COMPILE_OPTIONS`.
         generator: RNG for sampling (None: the default generator of ``device``).
+        fused_layers: run each pre-norm layer's step as five Triton kernels
+            (:func:`~ctxkit.fast.fuse_decode_layers`). None: on CUDA for one row, when
+            Triton is installed.
     """
 
     def __init__(self, model, batch: int, slots: int, config, device: torch.device, capture: bool,
-                 compile_step=False, generator: Optional[torch.Generator] = None):
+                 compile_step=False, generator: Optional[torch.Generator] = None, fused_layers: Optional[bool] = None):
         self.model, self.config, self.generator = model, config, generator
         self.batch, self.slots, self.max_new = batch, slots, config.max_new_tokens
         total = slots
@@ -105,6 +108,12 @@ class StaticDecoder:
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
         self.seen = torch.zeros(batch, total, **long)  # tokens so far, for the repetition penalty
         self.step = self._step
+        if fused_layers is None:
+            fused_layers = device.type == "cuda" and batch == 1
+        # Layers Triton cannot serve (or no Triton) keep the plain step: fused_layers counts them.
+        self.fused_layers = fuse_decode_layers(model) if fused_layers else 0
+        if not fused_layers:
+            unfuse_decode_layers(model)  # an earlier batch-1 decoder may have fused them
         if compile_step:
             # One eager forward first: fills the attention layers' fused-weight caches, which
             # the compiled graph then reads as constants (no version checks, no graph breaks).
@@ -269,12 +278,13 @@ class StaticDecoder:
 @torch.inference_mode()
 def static_generate(model, input_ids: Tensor, attention_mask: Optional[Tensor], config, generator: Optional[torch.Generator] = None,
                     on_tokens: Optional[Callable[[Tensor], Optional[Tensor]]] = None, capture: Optional[bool] = None,
-                    compile_step=False) -> Tensor:
+                    compile_step=False, fused_layers: Optional[bool] = None) -> Tensor:
     """:func:`~ctxkit.decoding.generate` through a (cached) :class:`StaticDecoder`.
 
     Args:
         capture: record a CUDA graph (default: when the input is on CUDA).
         compile_step: ``torch.compile`` the step (see :class:`StaticDecoder`).
+        fused_layers: Triton decoding layers (see :class:`StaticDecoder`; None: CUDA, one row).
 
     Returns:
         ``(batch, prompt + generated)``, the same tokens as the eager loop for greedy decoding.
@@ -294,13 +304,13 @@ def static_generate(model, input_ids: Tensor, attention_mask: Optional[Tensor], 
     slots = input_ids.size(1) + config.max_new_tokens
     slots = min(-(-slots // _SLOT_MULTIPLE) * _SLOT_MULTIPLE, max(slots, getattr(model.config, "max_position", slots)))
     # Parameter versions: an in-place weight update invalidates cached fused weights.
-    key = (input_ids.size(0), slots, repr(config), device, param.dtype, param.data_ptr(), capture, compile_step, id(generator),
+    key = (input_ids.size(0), slots, repr(config), device, param.dtype, param.data_ptr(), capture, compile_step, fused_layers, id(generator),
            sum(p._version for p in model.parameters()))
     decoders: Dict = model.__dict__.setdefault("_ctxkit_static_decoders", {})
     decoder = decoders.get(key)
     if decoder is None:
         while len(decoders) >= 4:  # each holds a KV cache: keep a few shapes only
             decoders.pop(next(iter(decoders)))
-        decoder = StaticDecoder(model, input_ids.size(0), slots, config, device, capture, compile_step, generator)
+        decoder = StaticDecoder(model, input_ids.size(0), slots, config, device, capture, compile_step, generator, fused_layers)
         decoders[key] = decoder
     return torch.cat([input_ids, decoder.run(input_ids, mask, on_tokens)], dim=1)

@@ -13,6 +13,8 @@ faster kernels:
   under autocast (:func:`set_stream_dtype`);
 * :class:`OneRowLinear` / :class:`OneRowFusedQKVAttention` -- one-row products as fused
   reductions inside compiled graphs (:func:`one_row_linears`; batch-1 decoding on CUDA);
+* :class:`FusedDecodeLayer` -- a pre-norm layer's one-token step as five Triton kernels
+  (:func:`fuse_decode_layers`; batch-1 decoding on CUDA, needs the ``gpu`` extra);
 * :class:`SegmentedEncoder` -- graph breaks for ``torch.compile`` between runs of layers
   (:func:`segment_encoders`).
 
@@ -33,6 +35,8 @@ import torch
 from torch import nn
 
 from .attention import FusedQKVAttention, fuse_qkv, prepare_inference
+from .decode_layer import (FusedDecodeLayer, decode_kernels_available, fuse_decode_layers, unfuse_decode_layers,
+                           why_not_fused)
 from .ffn import GeluEpilogueFFN, enable_gelu_epilogue, linear_gelu_tanh
 from .fp8 import FP8_MAX, Fp8Linear, convert_to_fp8
 from .rows import OneRowFusedQKVAttention, OneRowLinear, one_row_linear, one_row_linears
@@ -42,6 +46,7 @@ from .stream import StreamDtypeAddNorm, StreamDtypeEmbeddings, set_stream_dtype,
 __all__ = [
     "FP8_MAX",
     "Fp8Linear",
+    "FusedDecodeLayer",
     "FusedQKVAttention",
     "GeluEpilogueFFN",
     "OneRowFusedQKVAttention",
@@ -51,7 +56,9 @@ __all__ = [
     "StreamDtypeEmbeddings",
     "apply_fast_paths",
     "convert_to_fp8",
+    "decode_kernels_available",
     "enable_gelu_epilogue",
+    "fuse_decode_layers",
     "fuse_qkv",
     "linear_gelu_tanh",
     "one_row_linear",
@@ -60,6 +67,8 @@ __all__ = [
     "segment_encoders",
     "set_stream_dtype",
     "to_stream_dtype",
+    "unfuse_decode_layers",
+    "why_not_fused",
 ]
 
 

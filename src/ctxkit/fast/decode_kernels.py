@@ -1,0 +1,246 @@
+"""Triton kernels for one decoding step of a pre-norm Transformer layer, a few rows at a time.
+
+A pre-norm layer decoding one token runs, per row: LayerNorm, the q/k/v product, a cache
+write, attention over the cache, the output product plus the residual, LayerNorm, the
+first FFN product with its activation, the second FFN product plus the residual. Launched
+as PyTorch operations that is ~11 kernels per layer, each a few microseconds long on a GPU
+while the work (reading the weights once) takes ~1 us per matrix. Five kernels do it here:
+
+1. :func:`row_linear` with ``ln`` and ``kv``: LayerNorm of the row (each program
+   recomputes the row's mean and variance: 768 numbers, cheaper than another launch), the
+   q/k/v product and bias; q goes to an output row, k and v straight into the KV cache at
+   the device-side write index.
+2. :func:`decode_attention`: one program per (head, row) reads the filled cache slots only
+   (``0 .. write_index``), key-masked, with an online softmax.
+3. :func:`row_linear` with ``residual``: output product + bias + residual.
+4. :func:`row_linear` with ``ln`` and ``activation``: LayerNorm, fc1, bias, GELU/ReLU.
+5. :func:`row_linear` with ``residual``: fc2 + bias + residual.
+
+Each matrix-vector product is split over many programs of ``block_n`` output features (a
+768 x 2304 matrix over 288 programs), each reading its rows of the matrix once in chunks of
+``block_k`` inputs and accumulating in float32. Numerics follow the PyTorch layer in the
+same dtype: the LayerNorm output is rounded to the activation dtype before the product (as
+``nn.LayerNorm`` returns it), products accumulate in float32, and bias, activation and
+residual are applied to the float32 sum before one rounding (PyTorch rounds the product
+first; the difference is within one rounding of the result).
+
+The kernels run on CUDA tensors; tests also run them on CPU tensors through Triton's
+interpreter (:data:`INTERPRETER`). Importing this module needs ``triton`` (the ``gpu``
+extra); :mod:`ctxkit.fast.decode_layer` falls back to PyTorch without it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+__all__ = ["ACTIVATION_CODES", "INTERPRETER", "decode_attention", "interpreted", "row_linear", "tiles"]
+
+# Triton's interpreter (CPU tensors, NumPy underneath) is chosen for the whole process by
+# TRITON_INTERPRET=1 before triton is imported; the test suite sets it on machines without a GPU.
+INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
+
+# Activation names (ctxkit.layers.ffn.ACTIVATIONS) -> the kernel's code.
+ACTIVATION_CODES = {None: 0, "gelu_new": 1, "gelu_tanh": 1, "gelu_pytorch_tanh": 1, "gelu": 2, "relu": 3}
+
+
+def _row_linear(x_ptr, x_stride, ln_w_ptr, ln_b_ptr, eps, w_ptr, b_ptr, res_ptr, res_stride, out_ptr, out_stride,
+                kv_ptr, kv_s_part, kv_s_row, kv_s_head, kv_s_pos, pos_ptr, N, K, HIDDEN, HEAD_DIM,
+                HAS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
+                KV: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1)
+    x_row = x_ptr + row * x_stride
+    mean = 0.0
+    rstd = 1.0
+    if HAS_LN:
+        # Two passes over the row (mean, then the centred squares), as nn.LayerNorm does.
+        total = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            total += tl.load(x_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+        mean = tl.sum(total, axis=0) / K
+        total = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            centred = tl.where(offs_k < K, tl.load(x_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32) - mean, 0.0)
+            total += centred * centred
+        rstd = 1.0 / tl.sqrt(tl.sum(total, axis=0) / K + eps)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        x = tl.load(x_row + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        if HAS_LN:
+            gamma = tl.load(ln_w_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+            beta = tl.load(ln_b_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+            # Rounded to the activation dtype: the product reads what nn.LayerNorm returns.
+            x = ((x - mean) * rstd * gamma + beta).to(x_ptr.dtype.element_ty).to(tl.float32)
+            x = tl.where(k_mask, x, 0.0)
+        w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        acc += w.to(tl.float32) * x[None, :]
+    y = tl.sum(acc, axis=1)  # (BLOCK_N,)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    if ACT == 1:  # GELU, tanh form; tanh(u) = 1 - 2 / (exp(2u) + 1) (no tanh in every Triton)
+        u = 0.7978845608028654 * (y + 0.044715 * y * y * y)
+        y = 0.5 * y * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))
+    elif ACT == 2:  # GELU, exact erf form
+        y = 0.5 * y * (1.0 + tl.math.erf(y * 0.7071067811865476))
+    elif ACT == 3:
+        y = tl.maximum(y, 0.0)
+    if HAS_RES:
+        y += tl.load(res_ptr + row * res_stride + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    if KV:
+        # Features [0, HIDDEN) are q (to out); [HIDDEN, 2 HIDDEN) k and [2 HIDDEN, 3 HIDDEN) v,
+        # stored at cache[part, row, head, write_index, d].
+        part = offs_n // HIDDEN
+        within = offs_n - part * HIDDEN
+        head = within // HEAD_DIM
+        d = within - head * HEAD_DIM
+        is_q = part == 0
+        tl.store(out_ptr + row * out_stride + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_mask & is_q)
+        pos = tl.load(pos_ptr)
+        kv_off = (part - 1) * kv_s_part + row * kv_s_row + head * kv_s_head + pos * kv_s_pos + d
+        tl.store(kv_ptr + kv_off, y.to(kv_ptr.dtype.element_ty), mask=n_mask & (part > 0))
+    else:
+        tl.store(out_ptr + row * out_stride + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+def _decode_attention(q_ptr, q_stride, kv_ptr, kv_s_part, kv_s_row, kv_s_head, kv_s_pos, mask_ptr, mask_stride,
+                      out_ptr, out_stride, pos_ptr, scale, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    head = tl.program_id(0)
+    row = tl.program_id(1)
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + row * q_stride + head * HEAD_DIM + d).to(tl.float32) * scale
+    filled = tl.load(pos_ptr).to(tl.int32) + 1  # slots 0 .. write_index (this token's included)
+    base = kv_ptr + row * kv_s_row + head * kv_s_head
+    m_i = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), axis=0)  # running max (a scalar)
+    l_i = tl.sum(tl.zeros([BLOCK_S], tl.float32), axis=0)  # running sum of exp
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for s0 in range(0, filled, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        valid = s < filled
+        keep = (tl.load(mask_ptr + row * mask_stride + s, mask=valid, other=0) != 0) & valid
+        k = tl.load(base + s[:, None] * kv_s_pos + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        scores = tl.where(keep, tl.sum(k * q[None, :], axis=1), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a block with every key masked
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(scores - m_safe)
+        v = tl.load(base + kv_s_part + s[:, None] * kv_s_pos + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        m_i = m_new
+    tl.store(out_ptr + row * out_stride + head * HEAD_DIM + d, (acc / l_i).to(out_ptr.dtype.element_ty))
+
+
+_row_linear_kernel = triton.jit(_row_linear)
+_decode_attention_kernel = triton.jit(_decode_attention)
+
+
+def interpreted(device: torch.device) -> bool:
+    """Whether kernels for tensors on ``device`` run through Triton's interpreter (CPU
+    tensors, with :data:`INTERPRETER` on).
+
+    Raises:
+        ValueError: for CPU tensors without the interpreter.
+    """
+    if device.type == "cuda":
+        return False
+    if not INTERPRETER:
+        raise ValueError("the decoding kernels run on CUDA tensors (or on the CPU with TRITON_INTERPRET=1 set before importing triton)")
+    return True
+
+
+def tiles(n: int, k: int, interpreter: bool = False) -> tuple:
+    """``(block_n, block_k, num_warps)`` for an ``n x k`` matrix-vector product: enough
+    programs (n / block_n >= ~256) to keep every SM of an H100 reading, 256-wide chunks.
+    The interpreter runs programs one after another: few, wide ones."""
+    if interpreter:
+        return min(64, triton.next_power_of_2(n)), min(256, triton.next_power_of_2(k)), 4
+    block_n = 16
+    while block_n > 1 and n // block_n < 256:
+        block_n //= 2
+    return block_n, min(256, triton.next_power_of_2(k)), 4
+
+
+def row_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *, ln: Optional[tuple] = None,
+               activation: Optional[str] = None, residual: Optional[Tensor] = None, out: Optional[Tensor] = None,
+               kv: Optional[Tensor] = None, write_index: Optional[Tensor] = None, num_heads: int = 1,
+               tile: Optional[tuple] = None) -> Tensor:
+    """``[residual +] act(LN(x) W^T + b)`` for a few rows, one program per ``block_n`` features.
+
+    Args:
+        x: ``(rows, in_features)``, last dimension contiguous.
+        weight: ``(out_features, in_features)``, contiguous; bias ``(out_features,)`` or None.
+        ln: ``(weight, bias, eps)`` of a LayerNorm applied to ``x`` first, or None.
+        activation: a name in :data:`ACTIVATION_CODES` (None: none).
+        residual: ``(rows, out_features)`` added last.
+        out: where to write ``(rows, out_features)`` (a new tensor by default); with ``kv``
+            only the first third (q) goes here, ``(rows, out_features // 3)``.
+        kv: a layer's KV cache ``(2, rows, heads, max_len, head_dim)``; features
+            ``[H, 2H)`` and ``[2H, 3H)`` are written to ``kv[0]``/``kv[1]`` at ``write_index``.
+        write_index: ``(1,)`` long tensor, the cache slot to write (with ``kv``).
+        num_heads: heads of the cache (with ``kv``).
+        tile: ``(block_n, block_k, num_warps)`` instead of :func:`tiles`' choice (benchmarks).
+
+    Returns:
+        ``out``.
+    """
+    rows, k = x.shape
+    n = weight.shape[0]
+    if x.stride(1) != 1 or not weight.is_contiguous():
+        raise ValueError("row_linear needs x with a contiguous last dimension and a contiguous weight")
+    hidden = n // 3 if kv is not None else n
+    if out is None:
+        out = torch.empty(rows, hidden, dtype=x.dtype, device=x.device)
+    block_n, block_k, warps = tile or tiles(n, k, interpreted(x.device))
+    ln_w, ln_b, eps = ln if ln is not None else (x, x, 0.0)
+    dummy = out
+    kv_t = kv if kv is not None else dummy
+    kv_strides = (kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3)) if kv is not None else (0, 0, 0, 0)
+    res = residual if residual is not None else dummy
+    launch = {} if interpreted(x.device) else {"num_warps": warps}
+    _row_linear_kernel[(triton.cdiv(n, block_n), rows)](
+        x, x.stride(0), ln_w, ln_b if ln_b is not None else ln_w, float(eps), weight, bias if bias is not None else weight,
+        res, res.stride(0), out, out.stride(0), kv_t, *kv_strides,
+        write_index if write_index is not None else dummy, n, k, hidden, hidden // num_heads,
+        HAS_LN=ln is not None, HAS_BIAS=bias is not None, ACT=ACTIVATION_CODES[activation], HAS_RES=residual is not None,
+        KV=kv is not None, BLOCK_N=block_n, BLOCK_K=block_k, **launch)
+    return out
+
+
+def decode_attention(q: Tensor, kv: Tensor, key_mask: Tensor, write_index: Tensor, scale: float,
+                     out: Optional[Tensor] = None, block_s: int = 64, num_warps: int = 4) -> Tensor:
+    """Attention of one new query per row over the filled slots of a static KV cache.
+
+    Args:
+        q: ``(rows, heads * head_dim)``, last dimension contiguous.
+        kv: ``(2, rows, heads, max_len, head_dim)`` with this step's keys/values written.
+        key_mask: ``(rows, max_len)`` uint8/bool, nonzero where a slot may be attended (this
+            token's slot included; slots after ``write_index`` are never read).
+        write_index: ``(1,)`` long, this token's slot.
+        scale: score scale (``1/sqrt(head_dim)``).
+        block_s, num_warps: cache slots per loop iteration; warps per program.
+
+    Returns:
+        ``(rows, heads * head_dim)``.
+    """
+    _, rows, heads, _, head_dim = kv.shape
+    if kv.stride(4) != 1 or key_mask.stride(1) != 1:
+        raise ValueError("decode_attention needs a cache and a key mask contiguous in their last dimension")
+    if out is None:
+        out = torch.empty(rows, heads * head_dim, dtype=q.dtype, device=q.device)
+    launch = {} if interpreted(q.device) else {"num_warps": num_warps}
+    _decode_attention_kernel[(heads, rows)](
+        q, q.stride(0), kv, kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), key_mask, key_mask.stride(0),
+        out, out.stride(0), write_index, float(scale), HEAD_DIM=head_dim, BLOCK_S=block_s, **launch)
+    return out
