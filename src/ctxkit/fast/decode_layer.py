@@ -1,9 +1,9 @@
-"""A pre-norm Transformer layer whose one-token decoding step is five Triton kernels.
+"""A pre-norm Transformer layer whose one-token decoding step is six Triton kernels.
 
 Batch-1 decoding of a small model is bound by kernel count, not by arithmetic or memory:
 GPT-2 small launched ~129 kernels per token (H100, compiled, in a CUDA graph), most of them
 a few microseconds of fixed cost. :class:`FusedDecodeLayer` computes the same layer with
-the five kernels of :mod:`ctxkit.fast.decode_kernels` when it decodes one position per row
+the six kernels of :mod:`ctxkit.fast.decode_kernels` when it decodes one position per row
 over a static KV cache (the path :class:`~ctxkit.decoding.static_decode.StaticDecoder`
 captures in a CUDA graph); every other call (training, prompts, CPU without Triton) is the
 plain :class:`~ctxkit.layers.transformer.TransformerEncoderLayer`.
@@ -68,7 +68,7 @@ def why_not_fused(layer: nn.Module) -> Optional[str]:
 
 class FusedDecodeLayer(TransformerEncoderLayer):
     """:class:`~ctxkit.layers.transformer.TransformerEncoderLayer` (pre-norm) whose step
-    for one new position per row over a static KV cache runs five Triton kernels.
+    for one new position per row over a static KV cache runs six Triton kernels.
 
     The fused step runs when all hold: a static-mode cache, one position per row, at most
     ``max_rows`` rows, no
@@ -108,9 +108,9 @@ class FusedDecodeLayer(TransformerEncoderLayer):
         kv = cache.cache.kv[cache.index]  # (2, batch, heads, max_len, head_dim)
         write_index = cache.cache.write_index
         if mask is None:
-            key_mask = torch.ones(batch, kv.size(3), dtype=torch.uint8, device=x.device)
+            key_mask = torch.ones(batch, kv.size(3), dtype=torch.bool, device=x.device)
         else:
-            key_mask = mask.reshape(batch, kv.size(3)).view(torch.uint8)
+            key_mask = mask.reshape(batch, kv.size(3))  # bool: Triton reads it as i1
         rows = x.reshape(batch, dim).contiguous()
         weight, bias = attn._fused([attn.q_proj, attn.k_proj, attn.v_proj])  # fuse_decode_layers fused attn
         q = _kernels.row_linear(rows, weight, bias, ln=(norm1.weight, norm1.bias, norm1.eps), kv=kv,
