@@ -85,7 +85,9 @@ def _row_linear(x_ptr, x_stride, ln_w_ptr, ln_b_ptr, eps, w_ptr, b_ptr, res_ptr,
             # Rounded to the activation dtype: the product reads what nn.LayerNorm returns.
             x = ((x - mean) * rstd * gamma + beta).to(x_ptr.dtype.element_ty).to(tl.float32)
             x = tl.where(k_mask, x, 0.0)
-        w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        # Each weight is read once per token: evict it first, keep the cache and activations in L2.
+        w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
+                    eviction_policy="evict_first")
         acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)  # (BLOCK_N,)
     if HAS_BIAS:
