@@ -82,7 +82,7 @@ def main(argv=None) -> int:
         cublas = graph_us(lambda i: F.linear(x, ws[i], b), launches=launches, copies=copies)
         row = [f"{name} {n}x{k}: read {n * k * 2 / bandwidth * 1e6:.2f} us, cuBLAS {cublas:.2f} us;"]
         results = {}
-        for tile in [(bn, bk, warps) for bn in (1, 2, 4, 8) for bk in (256, 512, 1024) for warps in (2, 4, 8)
+        for tile in [(bn, bk, warps) for bn in (1, 2, 4, 8) for bk in (256, 512, 1024, 2048, 4096) for warps in (2, 4, 8)
                      if bn * bk <= 4096 and bk <= max(256, triton_next_pow2(k))]:
             results[tile] = graph_us(lambda i, t=tile: K.row_linear(x, ws[i], b, ln=norm, activation=act, residual=res, tile=t),
                                      launches=launches, copies=copies)
@@ -97,7 +97,8 @@ def main(argv=None) -> int:
         q = torch.randn(1, h, device=dev, dtype=bf16)
         mask = torch.ones(1, 1024, dtype=torch.uint8, device=dev)
         where = torch.tensor([filled - 1], device=dev)
-        cells = [f"{bs} slots/{warps}w: {graph_us(lambda i, b=bs, wp=warps: K.decode_attention(q, kv, mask, where, 0.125, block_s=b, num_warps=wp)):.2f}"
+        counters = torch.zeros(args.heads, dtype=torch.int32, device=dev)
+        cells = [f"{bs} slots/{warps}w: {graph_us(lambda i, b=bs, wp=warps: K.decode_attention(q, kv, mask, where, 0.125, block_s=b, num_warps=wp, counters=counters)):.2f}"
                  for bs in (32, 64, 128) for warps in (2, 4, 8)]
         print(f"attention over {filled} slots: " + ", ".join(cells), flush=True)
     return 0

@@ -1,4 +1,4 @@
-"""ctxkit.fast.decode_kernels / decode_layer: the six-kernel decoding step of a pre-norm layer.
+"""ctxkit.fast.decode_kernels / decode_layer: the five-kernel decoding step of a pre-norm layer.
 
 Each kernel is checked against a float64 computation of the same formula, with bounds
 derived from the dtype and the magnitudes (tests/tolerance.py): on the CPU through
@@ -119,8 +119,15 @@ def test_decode_attention_matches_float64(device, dtype, block_s):
     mask = torch.zeros(rows, slots, dtype=torch.bool)
     mask[:, : where + 1] = True
     mask[1, :5] = False
-    got = _kernels().decode_attention(q.to(device), kv.to(device), mask.to(device), torch.tensor([where], device=device),
-                                      1 / math.sqrt(head_dim), block_s=block_s)
+    counters = torch.zeros(rows * heads, dtype=torch.int32, device=device)
+    call = lambda: _kernels().decode_attention(q.to(device), kv.to(device), mask.to(device),  # noqa: E731
+                                               torch.tensor([where], device=device), 1 / math.sqrt(head_dim),
+                                               block_s=block_s, counters=counters)
+    got = call()
+    # The last program of each head combined and reset its counter: a second call (a CUDA
+    # graph replay) starts from zero again and gives the same result.
+    assert torch.equal(counters.cpu(), torch.zeros(rows * heads, dtype=torch.int32))
+    assert torch.equal(call(), got)
     qd = q.double().view(rows, heads, 1, head_dim)
     kd, vd = kv[0, :, :, : where + 1].double(), kv[1, :, :, : where + 1].double()
     scores = (qd @ kd.transpose(-1, -2)) / math.sqrt(head_dim)

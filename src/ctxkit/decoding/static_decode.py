@@ -83,7 +83,7 @@ class StaticDecoder:
             compiles); a string picks the Inductor mode on CUDA, e.g.
             ``"max-autotune-no-cudagraphs"``. On CPU it uses :data:`CPU_COMPILE_OPTIONS`.
         generator: RNG for sampling (None: the default generator of ``device``).
-        fused_layers: run each pre-norm layer's step as six Triton kernels
+        fused_layers: run each pre-norm layer's step as five Triton kernels
             (:func:`~ctxkit.fast.fuse_decode_layers`). None: on CUDA for one row, when
             Triton is installed.
     """

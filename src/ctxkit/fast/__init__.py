@@ -13,7 +13,7 @@ faster kernels:
   under autocast (:func:`set_stream_dtype`);
 * :class:`OneRowLinear` / :class:`OneRowFusedQKVAttention` -- one-row products as fused
   reductions inside compiled graphs (:func:`one_row_linears`; batch-1 decoding on CUDA);
-* :class:`FusedDecodeLayer` -- a pre-norm layer's one-token step as six Triton kernels
+* :class:`FusedDecodeLayer` -- a pre-norm layer's one-token step as five Triton kernels
   (:func:`fuse_decode_layers`; batch-1 decoding on CUDA, needs the ``gpu`` extra);
 * :class:`SegmentedEncoder` -- graph breaks for ``torch.compile`` between runs of layers
   (:func:`segment_encoders`).

@@ -4,15 +4,15 @@ A pre-norm layer decoding one token runs, per row: LayerNorm, the q/k/v product,
 write, attention over the cache, the output product plus the residual, LayerNorm, the
 first FFN product with its activation, the second FFN product plus the residual. Launched
 as PyTorch operations that is ~11 kernels per layer, each a few microseconds long on a GPU
-while the work (reading the weights once) takes ~1 us per matrix. Six kernels do it here:
+while the work (reading the weights once) takes ~1 us per matrix. Five kernels do it here:
 
 1. :func:`row_linear` with ``ln`` and ``kv``: LayerNorm of the row (each program
    recomputes the row's mean and variance: 768 numbers, cheaper than another launch), the
    q/k/v product and bias; q goes to an output row, k and v straight into the KV cache at
    the device-side write index.
-2. :func:`decode_attention` (two kernels): programs over (head, block of cache slots, row)
-   read the filled slots only (``0 .. write_index``), key-masked, each a partial softmax;
-   a second kernel combines the blocks per head.
+2. :func:`decode_attention`: programs over (head, block of cache slots, row) read the
+   filled slots only (``0 .. write_index``), key-masked, each a partial softmax; the last
+   program of each head to finish combines them.
 3. :func:`row_linear` with ``residual``: output product + bias + residual.
 4. :func:`row_linear` with ``ln`` and ``activation``: LayerNorm, fc1, bias, GELU/ReLU.
 5. :func:`row_linear` with ``residual``: fc2 + bias + residual.
@@ -57,38 +57,54 @@ def _row_linear(x_ptr, x_stride, ln_w_ptr, ln_b_ptr, eps, w_ptr, b_ptr, res_ptr,
     pid_n = tl.program_id(0)
     row = tl.program_id(1)
     x_row = x_ptr + row * x_stride
-    mean = 0.0
-    rstd = 1.0
-    if HAS_LN:
-        # Two passes over the row (mean, then the centred squares), as nn.LayerNorm does.
-        total = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            total += tl.load(x_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-        mean = tl.sum(total, axis=0) / K
-        total = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            centred = tl.where(offs_k < K, tl.load(x_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32) - mean, 0.0)
-            total += centred * centred
-        rstd = 1.0 / tl.sqrt(tl.sum(total, axis=0) / K + eps)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
+    if BLOCK_K >= K:
+        # The whole row in one tile: the weights' load is issued first, so the memory reads
+        # overlap the LayerNorm instead of waiting for it. Each weight is read once per token:
+        # evict it first, keep the cache and activations in L2.
+        offs_k = tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
+        w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
+                    eviction_policy="evict_first")
         x = tl.load(x_row + offs_k, mask=k_mask, other=0.0).to(tl.float32)
         if HAS_LN:
+            # Mean, then the centred squares (two passes, in registers), as nn.LayerNorm.
+            mean = tl.sum(x, axis=0) / K
+            centred = tl.where(k_mask, x - mean, 0.0)
+            rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / K + eps)
             gamma = tl.load(ln_w_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
             beta = tl.load(ln_b_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
             # Rounded to the activation dtype: the product reads what nn.LayerNorm returns.
-            x = ((x - mean) * rstd * gamma + beta).to(x_ptr.dtype.element_ty).to(tl.float32)
-            x = tl.where(k_mask, x, 0.0)
-        # Each weight is read once per token: evict it first, keep the cache and activations in L2.
-        w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
-                    eviction_policy="evict_first")
-        acc += w.to(tl.float32) * x[None, :]
+            x = tl.where(k_mask, (centred * rstd * gamma + beta).to(x_ptr.dtype.element_ty).to(tl.float32), 0.0)
+        acc = w.to(tl.float32) * x[None, :]
+    else:
+        mean = 0.0
+        rstd = 1.0
+        if HAS_LN:
+            total = tl.zeros([BLOCK_K], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                total += tl.load(x_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+            mean = tl.sum(total, axis=0) / K
+            total = tl.zeros([BLOCK_K], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                centred = tl.where(offs_k < K, tl.load(x_row + offs_k, mask=offs_k < K, other=0.0).to(tl.float32) - mean, 0.0)
+                total += centred * centred
+            rstd = 1.0 / tl.sqrt(tl.sum(total, axis=0) / K + eps)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < K
+            x = tl.load(x_row + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+            if HAS_LN:
+                gamma = tl.load(ln_w_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+                beta = tl.load(ln_b_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+                x = tl.where(k_mask, ((x - mean) * rstd * gamma + beta).to(x_ptr.dtype.element_ty).to(tl.float32), 0.0)
+            w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
+                        eviction_policy="evict_first")
+            acc += w.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)  # (BLOCK_N,)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
@@ -118,10 +134,14 @@ def _row_linear(x_ptr, x_stride, ln_w_ptr, ln_b_ptr, eps, w_ptr, b_ptr, res_ptr,
 
 
 def _attention_split(q_ptr, q_stride, kv_ptr, kv_s_part, kv_s_row, kv_s_head, kv_s_pos, mask_ptr, mask_stride,
-                     part_ptr, pos_ptr, scale, SPLITS, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+                     part_ptr, count_ptr, out_ptr, out_stride, pos_ptr, scale, SPLITS,
+                     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, MAX_SPLITS: tl.constexpr):
     # One program per (head, split of BLOCK_S cache slots, row): the scores of its slots, their
     # max m, sum of exp l and exp-weighted values acc, written to part[row, head, split] as
-    # (acc[0..HEAD_DIM), m, l). Splits past the filled slots write m = -inf, l = 0, acc = 0.
+    # (acc[0..HEAD_DIM), m, l); splits past the filled slots write m = -inf, l = 0, acc = 0.
+    # The last program of a (head, row) to finish (a counter, atomically incremented after
+    # the stores) combines the splits and resets the counter for the next step: no second
+    # kernel launch.
     head = tl.program_id(0)
     split = tl.program_id(1)
     row = tl.program_id(2)
@@ -139,32 +159,27 @@ def _attention_split(q_ptr, q_stride, kv_ptr, kv_s_part, kv_s_row, kv_s_head, kv
     m = tl.max(scores, axis=0)
     m_safe = tl.where(m == float("-inf"), 0.0, m)  # every slot of the split masked (or unfilled)
     p = tl.exp(scores - m_safe)
-    out = part_ptr + ((row * heads + head) * SPLITS + split) * (HEAD_DIM + 2)
-    tl.store(out + d, tl.sum(p[:, None] * v, axis=0))
-    tl.store(out + HEAD_DIM, m)
-    tl.store(out + HEAD_DIM + 1, tl.sum(p, axis=0))
-
-
-def _attention_combine(part_ptr, out_ptr, out_stride, SPLITS, HEAD_DIM: tl.constexpr, MAX_SPLITS: tl.constexpr):
-    # One program per (head, row): the splits' partial softmaxes rescaled to their common max.
-    head = tl.program_id(0)
-    row = tl.program_id(1)
-    heads = tl.num_programs(0)
-    d = tl.arange(0, HEAD_DIM)
-    sp = tl.arange(0, MAX_SPLITS)
-    base = part_ptr + (row * heads + head) * SPLITS * (HEAD_DIM + 2)
-    m = tl.load(base + sp * (HEAD_DIM + 2) + HEAD_DIM, mask=sp < SPLITS, other=float("-inf"))
-    l_ = tl.load(base + sp * (HEAD_DIM + 2) + HEAD_DIM + 1, mask=sp < SPLITS, other=0.0)
-    acc = tl.load(base + sp[:, None] * (HEAD_DIM + 2) + d[None, :], mask=(sp < SPLITS)[:, None], other=0.0)
-    top = tl.max(m, axis=0)  # finite: this token's own slot is always attended
-    w = tl.exp(m - top)
-    total = tl.sum(acc * w[:, None], axis=0) / tl.sum(l_ * w, axis=0)
-    tl.store(out_ptr + row * out_stride + head * HEAD_DIM + d, total.to(out_ptr.dtype.element_ty))
+    parts = part_ptr + (row * heads + head) * SPLITS * (HEAD_DIM + 2)
+    mine = parts + split * (HEAD_DIM + 2)
+    tl.store(mine + d, tl.sum(p[:, None] * v, axis=0))
+    tl.store(mine + HEAD_DIM, m)
+    tl.store(mine + HEAD_DIM + 1, tl.sum(p, axis=0))
+    # acq_rel: this program's stores are visible to whoever sees its increment.
+    done = tl.atomic_add(count_ptr + row * heads + head, 1, sem="acq_rel")
+    if done == SPLITS - 1:
+        sp = tl.arange(0, MAX_SPLITS)
+        ms = tl.load(parts + sp * (HEAD_DIM + 2) + HEAD_DIM, mask=sp < SPLITS, other=float("-inf"), cache_modifier=".cg")
+        ls = tl.load(parts + sp * (HEAD_DIM + 2) + HEAD_DIM + 1, mask=sp < SPLITS, other=0.0, cache_modifier=".cg")
+        accs = tl.load(parts + sp[:, None] * (HEAD_DIM + 2) + d[None, :], mask=(sp < SPLITS)[:, None], other=0.0,
+                       cache_modifier=".cg")
+        w = tl.exp(ms - tl.max(ms, axis=0))  # the max is finite: this token's own slot is attended
+        total = tl.sum(accs * w[:, None], axis=0) / tl.sum(ls * w, axis=0)
+        tl.store(out_ptr + row * out_stride + head * HEAD_DIM + d, total.to(out_ptr.dtype.element_ty))
+        tl.store(count_ptr + row * heads + head, 0)
 
 
 _row_linear_kernel = triton.jit(_row_linear)
 _attention_split_kernel = triton.jit(_attention_split)
-_attention_combine_kernel = triton.jit(_attention_combine)
 
 
 def interpreted(device: torch.device) -> bool:
@@ -193,13 +208,13 @@ def tiles(n: int, k: int, interpreter: bool = False) -> tuple:
     """
     if interpreter:
         return min(64, triton.next_power_of_2(n)), min(256, triton.next_power_of_2(k)), 4
+    block_k = min(triton.next_power_of_2(k), 4096)  # the whole row in one tile up to 4096 inputs
     if k >= 2048:
-        return 1, 256, 4
-    block_n = 8
+        return 1, block_k, 8
+    block_n = 4
     while block_n > 1 and n // block_n < 384:
         block_n //= 2
-    block_k = min(512 if block_n <= 4 else 256, triton.next_power_of_2(k))
-    return block_n, block_k, 2 if block_n * block_k <= 1024 else 4
+    return block_n, block_k, 2 if block_n >= 4 else 4
 
 
 def row_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *, ln: Optional[tuple] = None,
@@ -249,13 +264,15 @@ def row_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *, ln: 
 
 
 def decode_attention(q: Tensor, kv: Tensor, key_mask: Tensor, write_index: Tensor, scale: float,
-                     out: Optional[Tensor] = None, block_s: int = 64, num_warps: int = 4) -> Tensor:
+                     out: Optional[Tensor] = None, block_s: int = 64, num_warps: int = 4,
+                     counters: Optional[Tensor] = None) -> Tensor:
     """Attention of one new query per row over the filled slots of a static KV cache.
 
     Split over the cache (flash-decoding): one program per (head, ``block_s`` slots, row)
-    computes its slots' partial softmax in one pass, a second kernel combines the splits.
-    A single program per head walking the slots in a loop was latency-bound (H100: 10 us
-    over 288 slots against 3.2 us for 64); split, the time hardly grows with the length.
+    computes its slots' partial softmax in one pass; the last of a head's programs to finish
+    combines them (one launch). A single program per head walking the slots in a loop was
+    latency-bound (H100: 10 us over 288 slots against 3.2 us for 64); split, the time hardly
+    grows with the length.
 
     Args:
         q: ``(rows, heads * head_dim)``, last dimension contiguous.
@@ -265,6 +282,8 @@ def decode_attention(q: Tensor, kv: Tensor, key_mask: Tensor, write_index: Tenso
         write_index: ``(1,)`` long, this token's slot.
         scale: score scale (``1/sqrt(head_dim)``).
         block_s, num_warps: cache slots per program; warps per program.
+        counters: ``(rows * heads,)`` int32 zeros, reused across calls (each call leaves
+            them zero); None allocates them (one more small kernel per call).
 
     Returns:
         ``(rows, heads * head_dim)``.
@@ -276,11 +295,13 @@ def decode_attention(q: Tensor, kv: Tensor, key_mask: Tensor, write_index: Tenso
         out = torch.empty(rows, heads * head_dim, dtype=q.dtype, device=q.device)
     splits = triton.cdiv(max_len, block_s)
     parts = torch.empty(rows, heads, splits, head_dim + 2, dtype=torch.float32, device=q.device)
+    if counters is None:
+        counters = torch.zeros(rows * heads, dtype=torch.int32, device=q.device)
+    elif counters.numel() < rows * heads or counters.dtype != torch.int32:
+        raise ValueError(f"counters must hold {rows * heads} int32 zeros")
     launch = {} if interpreted(q.device) else {"num_warps": num_warps}
     _attention_split_kernel[(heads, splits, rows)](
         q, q.stride(0), kv, kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), key_mask, key_mask.stride(0),
-        parts, write_index, float(scale), splits, HEAD_DIM=head_dim, BLOCK_S=block_s, **launch)
-    launch = {} if interpreted(q.device) else {"num_warps": 2}
-    _attention_combine_kernel[(heads, rows)](parts, out, out.stride(0), splits, HEAD_DIM=head_dim,
-                                             MAX_SPLITS=triton.next_power_of_2(splits), **launch)
+        parts, counters, out, out.stride(0), write_index, float(scale), splits, HEAD_DIM=head_dim, BLOCK_S=block_s,
+        MAX_SPLITS=triton.next_power_of_2(splits), **launch)
     return out

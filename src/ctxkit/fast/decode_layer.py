@@ -1,9 +1,9 @@
-"""A pre-norm Transformer layer whose one-token decoding step is six Triton kernels.
+"""A pre-norm Transformer layer whose one-token decoding step is five Triton kernels.
 
 Batch-1 decoding of a small model is bound by kernel count, not by arithmetic or memory:
 GPT-2 small launched ~129 kernels per token (H100, compiled, in a CUDA graph), most of them
 a few microseconds of fixed cost. :class:`FusedDecodeLayer` computes the same layer with
-the six kernels of :mod:`ctxkit.fast.decode_kernels` when it decodes one position per row
+the five kernels of :mod:`ctxkit.fast.decode_kernels` when it decodes one position per row
 over a static KV cache (the path :class:`~ctxkit.decoding.static_decode.StaticDecoder`
 captures in a CUDA graph); every other call (training, prompts, CPU without Triton) is the
 plain :class:`~ctxkit.layers.transformer.TransformerEncoderLayer`.
@@ -68,7 +68,7 @@ def why_not_fused(layer: nn.Module) -> Optional[str]:
 
 class FusedDecodeLayer(TransformerEncoderLayer):
     """:class:`~ctxkit.layers.transformer.TransformerEncoderLayer` (pre-norm) whose step
-    for one new position per row over a static KV cache runs six Triton kernels.
+    for one new position per row over a static KV cache runs five Triton kernels.
 
     The fused step runs when all hold: a static-mode cache, one position per row, at most
     ``max_rows`` rows, no
@@ -115,7 +115,11 @@ class FusedDecodeLayer(TransformerEncoderLayer):
         weight, bias = attn._fused([attn.q_proj, attn.k_proj, attn.v_proj])  # fuse_decode_layers fused attn
         q = _kernels.row_linear(rows, weight, bias, ln=(norm1.weight, norm1.bias, norm1.eps), kv=kv,
                                 write_index=write_index, num_heads=attn.num_heads)
-        heads = _kernels.decode_attention(q, kv, key_mask, write_index, 1.0 / math.sqrt(attn.head_dim))
+        # The attention kernel's per-head counters: zero between calls, kept (no memset per step).
+        counters = getattr(self, "_attention_counters", None)
+        if counters is None or counters.device != x.device or counters.numel() < batch * attn.num_heads:
+            counters = self._attention_counters = torch.zeros(batch * attn.num_heads, dtype=torch.int32, device=x.device)
+        heads = _kernels.decode_attention(q, kv, key_mask, write_index, 1.0 / math.sqrt(attn.head_dim), counters=counters)
         rows = _kernels.row_linear(heads, attn.out_proj.weight, attn.out_proj.bias, residual=rows)
         inner = _kernels.row_linear(rows, ffn.fc1.weight, ffn.fc1.bias, ln=(norm2.weight, norm2.bias, norm2.eps),
                                     activation=ffn.activation_name)
@@ -154,5 +158,6 @@ def unfuse_decode_layers(model: nn.Module) -> int:
         if unswap(module, FusedDecodeLayer):
             module.__dict__.pop("interpret_on_cpu", None)
             module.__dict__.pop("max_rows", None)
+            module.__dict__.pop("_attention_counters", None)
             count += 1
     return count
