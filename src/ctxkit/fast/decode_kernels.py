@@ -40,6 +40,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+try:  # programmatic dependent launch (Hopper and later; Triton >= 3.4)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: never called (PDL stays off)
+    gdc_launch_dependents = gdc_wait = None
+
 __all__ = ["ACTIVATION_CODES", "INTERPRETER", "decode_attention", "interpreted", "row_linear", "tiles"]
 
 # Triton's interpreter (CPU tensors, NumPy underneath) is chosen for the whole process by
@@ -53,7 +58,7 @@ ACTIVATION_CODES = {None: 0, "gelu_new": 1, "gelu_tanh": 1, "gelu_pytorch_tanh":
 def _row_linear(x_ptr, x_stride, ln_w_ptr, ln_b_ptr, eps, w_ptr, b_ptr, res_ptr, res_stride, out_ptr, out_stride,
                 kv_ptr, kv_s_part, kv_s_row, kv_s_head, kv_s_pos, pos_ptr, N, K, HIDDEN, HEAD_DIM,
                 HAS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, HAS_RES: tl.constexpr,
-                KV: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                KV: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     row = tl.program_id(1)
     x_row = x_ptr + row * x_stride
@@ -67,6 +72,11 @@ def _row_linear(x_ptr, x_stride, ln_w_ptr, ln_b_ptr, eps, w_ptr, b_ptr, res_ptr,
         k_mask = offs_k < K
         w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0,
                     eviction_policy="evict_first")
+        if PDL:
+            # Launched early (programmatic dependent launch): the weights are being read while the
+            # previous kernel finishes; its outputs are read only after it has.
+            gdc_launch_dependents()
+            gdc_wait()
         x = tl.load(x_row + offs_k, mask=k_mask, other=0.0).to(tl.float32)
         if HAS_LN:
             # Mean, then the centred squares (two passes, in registers), as nn.LayerNorm.
@@ -79,6 +89,9 @@ def _row_linear(x_ptr, x_stride, ln_w_ptr, ln_b_ptr, eps, w_ptr, b_ptr, res_ptr,
             x = tl.where(k_mask, (centred * rstd * gamma + beta).to(x_ptr.dtype.element_ty).to(tl.float32), 0.0)
         acc = w.to(tl.float32) * x[None, :]
     else:
+        if PDL:
+            gdc_launch_dependents()
+            gdc_wait()
         mean = 0.0
         rstd = 1.0
         if HAS_LN:
@@ -135,13 +148,16 @@ def _row_linear(x_ptr, x_stride, ln_w_ptr, ln_b_ptr, eps, w_ptr, b_ptr, res_ptr,
 
 def _attention_split(q_ptr, q_stride, kv_ptr, kv_s_part, kv_s_row, kv_s_head, kv_s_pos, mask_ptr, mask_stride,
                      part_ptr, count_ptr, out_ptr, out_stride, pos_ptr, scale, SPLITS,
-                     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, MAX_SPLITS: tl.constexpr):
+                     HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, MAX_SPLITS: tl.constexpr, PDL: tl.constexpr):
     # One program per (head, split of BLOCK_S cache slots, row): the scores of its slots, their
     # max m, sum of exp l and exp-weighted values acc, written to part[row, head, split] as
     # (acc[0..HEAD_DIM), m, l); splits past the filled slots write m = -inf, l = 0, acc = 0.
     # The last program of a (head, row) to finish (a counter, atomically incremented after
     # the stores) combines the splits and resets the counter for the next step: no second
     # kernel launch.
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     head = tl.program_id(0)
     split = tl.program_id(1)
     row = tl.program_id(2)
@@ -180,6 +196,14 @@ def _attention_split(q_ptr, q_stride, kv_ptr, kv_s_part, kv_s_row, kv_s_head, kv
 
 _row_linear_kernel = triton.jit(_row_linear)
 _attention_split_kernel = triton.jit(_attention_split)
+
+
+def _pdl(device: torch.device) -> bool:
+    """Launch with programmatic dependent launch: on CUDA devices of compute capability 9+,
+    when Triton has it, outside ``torch.compile`` (which passes no launch options through)."""
+    if device.type != "cuda" or gdc_wait is None or torch.compiler.is_compiling():
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def interpreted(device: torch.device) -> bool:
@@ -253,13 +277,14 @@ def row_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *, ln: 
     kv_t = kv if kv is not None else dummy
     kv_strides = (kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3)) if kv is not None else (0, 0, 0, 0)
     res = residual if residual is not None else dummy
-    launch = {} if interpreted(x.device) else {"num_warps": warps}
+    pdl = _pdl(x.device)
+    launch = {} if interpreted(x.device) else {"num_warps": warps, **({"launch_pdl": True} if pdl else {})}
     _row_linear_kernel[(triton.cdiv(n, block_n), rows)](
         x, x.stride(0), ln_w, ln_b if ln_b is not None else ln_w, float(eps), weight, bias if bias is not None else weight,
         res, res.stride(0), out, out.stride(0), kv_t, *kv_strides,
         write_index if write_index is not None else dummy, n, k, hidden, hidden // num_heads,
         HAS_LN=ln is not None, HAS_BIAS=bias is not None, ACT=ACTIVATION_CODES[activation], HAS_RES=residual is not None,
-        KV=kv is not None, BLOCK_N=block_n, BLOCK_K=block_k, **launch)
+        KV=kv is not None, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, **launch)
     return out
 
 
@@ -299,9 +324,10 @@ def decode_attention(q: Tensor, kv: Tensor, key_mask: Tensor, write_index: Tenso
         counters = torch.zeros(rows * heads, dtype=torch.int32, device=q.device)
     elif counters.numel() < rows * heads or counters.dtype != torch.int32:
         raise ValueError(f"counters must hold {rows * heads} int32 zeros")
-    launch = {} if interpreted(q.device) else {"num_warps": num_warps}
+    pdl = _pdl(q.device)
+    launch = {} if interpreted(q.device) else {"num_warps": num_warps, **({"launch_pdl": True} if pdl else {})}
     _attention_split_kernel[(heads, splits, rows)](
         q, q.stride(0), kv, kv.stride(0), kv.stride(1), kv.stride(2), kv.stride(3), key_mask, key_mask.stride(0),
         parts, counters, out, out.stride(0), write_index, float(scale), splits, HEAD_DIM=head_dim, BLOCK_S=block_s,
-        MAX_SPLITS=triton.next_power_of_2(splits), **launch)
+        MAX_SPLITS=triton.next_power_of_2(splits), PDL=pdl, **launch)
     return out
