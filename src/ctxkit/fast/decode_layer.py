@@ -99,6 +99,10 @@ class FusedDecodeLayer(TransformerEncoderLayer):
             return self._fused_step(x, mask, cache), None
         return super().forward(x, mask, need_weights, query_index, cache)
 
+    # Outside torch.compile's graphs (one graph break per layer; inside a captured CUDA graph
+    # that costs nothing): traced, each layer's cache index specialised the graph, one
+    # recompilation per layer up to Dynamo's limit.
+    @torch.compiler.disable
     def _fused_step(self, x: Tensor, mask: Optional[Tensor], cache) -> Tensor:
         """``x (batch, 1, dim)`` -> ``(batch, 1, dim)``; writes this position's keys and
         values into the cache at its write index (the encoder advances it)."""
