@@ -158,8 +158,8 @@ def floor_section() -> list:
         out.append(f"| {r['case']} | {num(r['ctxkit'])} {r['unit']} | {num(r['peer'])} {r['unit']} | {r['speedup']:.1%} | {parts} | "
                    f"{r['ctxkit_variant']} | {r['device']} | {r['date']} |")
     out.append(f"\nCommand: `{rows[0]['command']}` (the H100 inference and pretraining rows; the H100 decode row "
-               "`python benchmarks/floor.py --parts decode`; the H200 rows without `--autotune`, and their decode row "
-               "before the decoding kernels below). Targets (issue 24): inference >= 90 % of the floor, a "
+               "`python benchmarks/floor.py --parts decode`, as the H200 decode row; the other H200 rows without "
+               "`--autotune`). Targets (issue 24): inference >= 90 % of the floor, a "
                "pretraining step >= 75 %, decoding >= 3,500 tokens/s on an H100 (met: 4,077). Where the rest goes: "
                "the inference gap is the LayerNorm/GELU/residual passes between the GEMMs (Inductor's max-autotune, "
                "Triton GEMM templates with fused epilogues, was slower than cuBLAS here: 21.7k vs 22.3k seq/s on the "
@@ -185,6 +185,6 @@ def floor_section() -> list:
                "kernels are counted whole. `benchmarks/decode_kernels.py` times each kernel per tile against cuBLAS "
                "with the weights read from memory: 2.9, 1.6, 3.2 and 2.5 us for the four matrices of a layer "
                "against cuBLAS's 4.7, 4.2, 4.9 and 7.6 us. `benchmarks/generate.py --batch 1` (H100): 4,002 "
-               "tokens/s, 6.7x HF's compiled static cache (597). Batch 64 (cuBLAS GEMMs; the fused layers serve "
+               "tokens/s, 6.7x HF's compiled static cache (597). H200: 4,275 tokens/s (25.0 % of its higher 17.1k floor). Batch 64 (cuBLAS GEMMs; the fused layers serve "
                "one row): 70,291 tokens/s, 2.5x HF's compiled static cache (28,074).")
     return out
