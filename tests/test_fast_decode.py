@@ -32,6 +32,14 @@ def _kernels():
     return decode_kernels
 
 
+@needs_triton
+def test_layer_and_kernels_agree_on_the_activations():
+    from ctxkit.fast.decode_layer import FUSED_ACTIVATIONS
+
+    assert set(FUSED_ACTIVATIONS) == set(_kernels().ACTIVATION_CODES) - {None}
+    assert set(FUSED_ACTIVATIONS) <= set(ACTIVATIONS)
+
+
 def _ln64(x, w, b, eps_):
     x = x.double()
     mean = x.mean(-1, keepdim=True)

@@ -14,6 +14,7 @@ never its parameters (``state_dict`` unchanged), and is idempotent.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from typing import Optional, Tuple
 
@@ -27,20 +28,28 @@ from .attention import FusedQKVAttention, fuse_qkv
 from .rows import OneRowFusedQKVAttention, OneRowLinear
 from ._swap import swap, unswap
 
-try:  # the gpu extra
-    from . import decode_kernels as _kernels
-except ImportError:  # pragma: no cover - exercised where triton is absent
-    _kernels = None
+_kernels = None  # ctxkit.fast.decode_kernels once a layer is fused (it imports triton: the gpu extra)
+# Activations the kernels compute (decode_kernels.ACTIVATION_CODES; tests check the two agree).
+FUSED_ACTIVATIONS = ("gelu_new", "gelu_tanh", "gelu_pytorch_tanh", "gelu", "relu")
 
-__all__ = ["FusedDecodeLayer", "decode_kernels_available", "fuse_decode_layers", "unfuse_decode_layers", "why_not_fused"]
+__all__ = ["FUSED_ACTIVATIONS", "FusedDecodeLayer", "decode_kernels_available", "fuse_decode_layers", "unfuse_decode_layers", "why_not_fused"]
 
 _ATTENTION_TYPES = (MultiHeadAttention, FusedQKVAttention, OneRowFusedQKVAttention)
 _LINEAR_TYPES = (nn.Linear, OneRowLinear)
 
 
 def decode_kernels_available() -> bool:
-    """Whether Triton is importable (the kernels need it; ``pip install ctxkit[gpu]``)."""
-    return _kernels is not None
+    """Whether Triton is installed (the kernels need it; ``pip install ctxkit[gpu]``)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def _load_kernels():
+    global _kernels
+    if _kernels is None:
+        from . import decode_kernels  # lazy: imports triton (the gpu extra), only when a layer is fused
+
+        _kernels = decode_kernels
+    return _kernels
 
 
 def why_not_fused(layer: nn.Module) -> Optional[str]:
@@ -54,7 +63,7 @@ def why_not_fused(layer: nn.Module) -> Optional[str]:
         return "attention projections are not plain Linears with biases"
     if attn.head_dim & (attn.head_dim - 1):
         return f"head size {attn.head_dim} is not a power of two"
-    if type(ffn) is not PositionwiseFFN or ffn.activation_name not in (_kernels.ACTIVATION_CODES if _kernels else {}):
+    if type(ffn) is not PositionwiseFFN or ffn.activation_name not in FUSED_ACTIVATIONS:
         return f"FFN {type(ffn).__name__} / activation {getattr(ffn, 'activation_name', None)!r} has no fused kernel"
     if not all(type(p) in _LINEAR_TYPES and p.bias is not None for p in (ffn.fc1, ffn.fc2)):
         return "FFN projections are not plain Linears with biases"
@@ -86,7 +95,9 @@ class FusedDecodeLayer(TransformerEncoderLayer):
     def _fused_applies(self, x: Tensor, mask, need_weights: bool, query_index, cache) -> bool:
         if cache is None or not cache.cache.is_static or need_weights or query_index is not None or self.training:
             return False
-        if _kernels is None or x.dim() != 3 or x.size(1) != 1 or x.size(0) > self.max_rows or not (x.is_cuda or self.interpret_on_cpu and _kernels.INTERPRETER):
+        if _kernels is None or x.dim() != 3 or x.size(1) != 1 or x.size(0) > self.max_rows:
+            return False
+        if not (x.is_cuda or self.interpret_on_cpu and _kernels.INTERPRETER):
             return False
         return mask is None or (isinstance(mask, Tensor) and mask.dtype == torch.bool
                                 and mask.numel() == x.size(0) * cache.cache.max_len)
@@ -141,8 +152,9 @@ def fuse_decode_layers(model: nn.Module, interpret_on_cpu: Optional[bool] = None
         interpret_on_cpu: also take the fused step for CPU tensors, through Triton's
             interpreter (slow; for tests); None leaves each layer's setting as it is.
     """
-    if _kernels is None:
+    if not decode_kernels_available():
         return 0
+    _load_kernels()
     count = 0
     for module in list(model.modules()):
         if isinstance(module, TransformerEncoderLayer) and why_not_fused(module) is None:
