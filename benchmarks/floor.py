@@ -28,6 +28,7 @@ reached), plus the components in ms.
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import shlex
@@ -83,6 +84,22 @@ def attention_forward(q, k, v):
         F.scaled_dot_product_attention(q, k, v)
 
 
+def kernel_table(fn, calls: int = 3, rows: int = 30) -> str:
+    """The profiler's CUDA kernel table of ``calls`` calls of ``fn``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    try:
+        return prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=80)
+    except (KeyError, AttributeError, ValueError):
+        return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=80)
+
+
 def inference_part(args, out: list) -> None:
     import inference_gpu as ig  # the ctxkit configuration the inference records use
     from ctxkit.inference.gpu import GPUEncoder
@@ -104,11 +121,17 @@ def inference_part(args, out: list) -> None:
     feed = (ids, torch.ones_like(ids).pin_memory(), torch.zeros_like(ids).pin_memory())
     rows = {}
     variants = [("graphs", {}), ("graphs + compile", {"compile": "default"})]
+    if args.gelu_gemm:  # the exact GELU in a Triton GEMM's epilogue (ctxkit.fast.gelu_gemm; Hopper)
+        variants.append(("graphs + compile + GELU GEMM", {"compile": "default", "gelu_gemm": True}))
     if args.autotune:  # Triton GEMM templates with the bias and GELU in their epilogues compete with cuBLAS
         variants.append(("graphs + compile (max-autotune)", {"compile": "max-autotune-no-cudagraphs"}))
     for name, options in variants:
-        gpu = GPUEncoder(model, dtype=torch.bfloat16, **options)
+        # A fresh copy per variant: a fast-path swap changes module classes, which the compiled
+        # graphs of an earlier variant on the same modules would not notice.
+        gpu = GPUEncoder(copy.deepcopy(model), dtype=torch.bfloat16, **options)
         rows[name] = batch / ig.seconds(lambda i, m, t, gpu=gpu: gpu(i, t, m)["logits"], [feed], args.repeat)
+        if args.profile:
+            print(f"inference profile, {name} (3 batches):\n" + kernel_table(lambda gpu=gpu: gpu(*feed[:1], feed[2], feed[1])), flush=True)
         del gpu
     best = max(rows, key=rows.get)
     floor_tp = batch / (floor_ms / 1e3)
@@ -179,8 +202,11 @@ def pretrain_part(args, out: list) -> None:
     pt.args_steps = args.steps
     data = pt.make_batch(cfg, batch, seq, masked)
     rows = {}
-    for variant in ("graphs+compile-model+bf16res",):
+    for variant in args.pretrain_variants:
         rows[variant] = pt.run_ctxkit(cfg, data["ours"], variant) * 1e3
+        if args.profile:
+            print(f"pretraining profile, {variant} (eager steps of the compiled model, 3 steps):\n"
+                  + pt.profile_ctxkit(cfg, data["ours"], variant, rows=30), flush=True)
     best = min(rows, key=rows.get)
     print(f"pretraining floor: GEMMs fwd+bwd {gemm:.2f} ms + attention fwd+bwd {attn:.2f} ms + AdamW {adam:.2f} ms = "
           f"{floor_ms:.2f} ms; ctxkit {rows} ms -> {floor_ms / rows[best]:.1%} of the floor", flush=True)
@@ -269,11 +295,24 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=20, help="timed pretraining steps")
     parser.add_argument("--decode-reps", type=int, default=5, help="timed generate calls")
     parser.add_argument("--autotune", action="store_true", help="inference: also Inductor's max-autotune (minutes of tuning)")
+    parser.add_argument("--gelu-gemm", action=argparse.BooleanOptionalAction, default=True,
+                        help="inference: also the exact GELU inside a Triton GEMM (needs triton and a Hopper GPU)")
+    parser.add_argument("--pretrain-variants", nargs="+",
+                        default=["graphs+compile-model+bf16res", "graphs+compile-model+bf16res+gelugemm"],
+                        help="benchmarks/pretrain_throughput.py variants timed against the pretraining floor")
+    parser.add_argument("--profile", action="store_true", help="also print kernel tables of each variant")
+    parser.add_argument("--gemm-tiles", help="ctxkit.fast.gemm_kernels tiling (every epilogue) as comma-separated GemmConfig fields")
     parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "floor.json"))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/floor.py measures a GPU: no CUDA device here")
     torch.backends.cuda.matmul.allow_tf32 = True
+    if args.gemm_tiles:
+        from ctxkit.fast import gemm_kernels
+
+        fields = [int(v) for v in args.gemm_tiles.split(",")]
+        tiles = gemm_kernels.GemmConfig(*fields[:7], bool(fields[7]), *fields[8:])
+        gemm_kernels.DEFAULT_CONFIG = gemm_kernels.GRAD_CONFIG = tiles
     records: list = []
     parts = {"inference": inference_part, "pretrain": pretrain_part, "decode": decode_part}
     failed = []

@@ -107,7 +107,7 @@ def time_steps(step, warmup: int, steps: int) -> float:
 #                  diagnostic only (what waiting for the slower rank costs)
 OPTIONS = ("compile", "compile-model", "bf16res", "flash", "cudnn", "efficient", "nodrop", "coordesc", "autotune", "bf16grad",
            "overlap", "seg2", "seg3", "seg4", "nosync", "synconly",
-           "aggrfuse", "combo", "tma")
+           "aggrfuse", "combo", "tma", "gelugemm")
 
 
 def parse_variant(name: str) -> set:
@@ -126,6 +126,10 @@ def build_ctxkit(cfg, variant: str, grad_sync=None):
     fuse_qkv(model)  # q/k/v in one GEMM, as the Trainer runs it (ctxkit.training.speed.apply_speed_options)
     if "bf16res" in opts:
         set_stream_dtype(model, torch.bfloat16)
+    if "gelugemm" in opts:  # the exact GELU and its derivative inside Triton GEMM epilogues
+        from ctxkit.fast import fuse_gelu_gemm
+
+        fuse_gelu_gemm(model)
     torch._inductor.config.coordinate_descent_tuning = "coordesc" in opts
     torch._inductor.config.aggressive_fusion = "aggrfuse" in opts
     torch._inductor.config.combo_kernels = "combo" in opts

@@ -3,6 +3,7 @@
 Usage: python -m torch.distributed.run --nproc_per_node 2 grad_sync.py OUT.json
 """
 
+import gc
 import json
 import sys
 
@@ -98,6 +99,10 @@ def main(out: str) -> None:
         }
         with open(out, "w") as f:
             json.dump(result, f)
+    # DDP's reducer holds the process group: freed after destroy_process_group (when main's
+    # locals go), its destructor could hang at exit (seen ~1 run in 10). Free it first.
+    del ddp
+    gc.collect()
     dist.barrier()  # nobody tears gloo down while the other rank still talks
     dist.destroy_process_group()
 

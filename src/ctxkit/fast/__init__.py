@@ -9,6 +9,8 @@ faster kernels:
   concatenated weights (:func:`fuse_qkv`);
 * :class:`Fp8Linear` -- float8 e4m3 GEMMs for the Transformer layers (:func:`convert_to_fp8`);
 * :class:`GeluEpilogueFFN` -- fc1 + bias + tanh GELU as one cuBLASLt GEMM (:func:`enable_gelu_epilogue`);
+* :class:`GemmGeluFFN` -- the exact (erf) GELU and its derivative inside Triton GEMM
+  epilogues, training and inference (:func:`fuse_gelu_gemm`; Hopper, needs the ``gpu`` extra);
 * :class:`StreamDtypeAddNorm` / :class:`StreamDtypeEmbeddings` -- a bf16 residual stream
   under autocast (:func:`set_stream_dtype`);
 * :class:`OneRowLinear` / :class:`OneRowFusedQKVAttention` -- one-row products as fused
@@ -37,6 +39,7 @@ from torch import nn
 from .attention import FusedQKVAttention, fuse_qkv, prepare_inference
 from .decode_layer import (FusedDecodeLayer, decode_kernels_available, fuse_decode_layers, unfuse_decode_layers,
                            why_not_fused)
+from .gelu_gemm import GemmGeluFFN, fuse_gelu_gemm, gelu_gemm_available, linear_gelu, unfuse_gelu_gemm
 from .ffn import GeluEpilogueFFN, enable_gelu_epilogue, linear_gelu_tanh
 from .fp8 import FP8_MAX, Fp8Linear, convert_to_fp8
 from .rows import OneRowFusedQKVAttention, OneRowLinear, one_row_linear, one_row_linears
@@ -49,6 +52,7 @@ __all__ = [
     "FusedDecodeLayer",
     "FusedQKVAttention",
     "GeluEpilogueFFN",
+    "GemmGeluFFN",
     "OneRowFusedQKVAttention",
     "OneRowLinear",
     "SegmentedEncoder",
@@ -58,8 +62,11 @@ __all__ = [
     "convert_to_fp8",
     "decode_kernels_available",
     "enable_gelu_epilogue",
+    "gelu_gemm_available",
     "fuse_decode_layers",
+    "fuse_gelu_gemm",
     "fuse_qkv",
+    "linear_gelu",
     "linear_gelu_tanh",
     "one_row_linear",
     "one_row_linears",
@@ -68,12 +75,13 @@ __all__ = [
     "set_stream_dtype",
     "to_stream_dtype",
     "unfuse_decode_layers",
+    "unfuse_gelu_gemm",
     "why_not_fused",
 ]
 
 
 def apply_fast_paths(model: nn.Module, *, fused_qkv: bool = False, fp8: bool = False, gelu_epilogue: bool = False,
-                     stream_dtype: Optional[torch.dtype] = None, compile_segments: Optional[int] = None) -> nn.Module:
+                     gelu_gemm: bool = False, stream_dtype: Optional[torch.dtype] = None, compile_segments: Optional[int] = None) -> nn.Module:
     """Swap the chosen fast variants into ``model`` in place and return it.
 
     Args:
@@ -85,6 +93,9 @@ def apply_fast_paths(model: nn.Module, *, fused_qkv: bool = False, fp8: bool = F
         gelu_epilogue: each GELU FFN's ``gelu(fc1(x))`` as one GEMM with a tanh-GELU
             epilogue when autograd is off (:func:`enable_gelu_epilogue`; applied after fp8,
             which leaves no plain fc1 to fuse).
+        gelu_gemm: each erf-GELU FFN's GELU (and its derivative) inside Triton GEMM
+            epilogues (:func:`fuse_gelu_gemm`; exact; where the kernels run, else the plain
+            layer; not with ``gelu_epilogue``, which takes those FFNs first).
         stream_dtype: keep the residual stream in this dtype under autocast
             (:func:`set_stream_dtype`); None leaves the model's setting alone.
         compile_segments: split each encoder stack into this many ``torch.compile``
@@ -99,6 +110,8 @@ def apply_fast_paths(model: nn.Module, *, fused_qkv: bool = False, fp8: bool = F
         convert_to_fp8(model)
     if gelu_epilogue:
         enable_gelu_epilogue(model)
+    if gelu_gemm:
+        fuse_gelu_gemm(model)
     if stream_dtype is not None:
         set_stream_dtype(model, stream_dtype)
     if compile_segments is not None:

@@ -128,6 +128,10 @@ class GPUEncoder:
             exact for tanh-GELU models (GPT-2), a declared approximation for erf-GELU models
             such as BERT (|gelu_erf - gelu_tanh| < 5e-4, below bf16's rounding of the
             same values).
+        gelu_gemm: compute each erf-GELU feed-forward block's ``gelu(fc1(x))`` as one Triton
+            GEMM with the bias and the exact GELU in its epilogue
+            (:func:`ctxkit.fast.fuse_gelu_gemm`; Hopper GPUs with the ``gpu`` extra, the
+            plain layer elsewhere). Exact: no declared approximation.
 
     Call it like the model: ``encoder(input_ids, token_type_ids, attention_mask)`` with
     ``(batch, seq)`` tensors on any device. A batch whose mask is all ones (or None) takes
@@ -135,14 +139,15 @@ class GPUEncoder:
     """
 
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, device=None, cuda_graphs: bool = True,
-                 compile=False, max_graphs: int = 8, fp8: bool = False, gelu_epilogue: bool = False):
+                 compile=False, max_graphs: int = 8, fp8: bool = False, gelu_epilogue: bool = False,
+                 gelu_gemm: bool = False):
         if not torch.cuda.is_available():
             raise RuntimeError("GPUEncoder needs a CUDA device; use ctxkit.inference.backends on CPU")
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
         self.model = model.to(self.device, dtype).eval()
         # q/k/v as one GEMM over cached stacked weights, concatenated now (outside any
         # compiled graph); fp8 GEMMs and the GELU epilogue when asked (ctxkit.fast).
-        apply_fast_paths(self.model, fused_qkv=True, fp8=fp8, gelu_epilogue=gelu_epilogue)
+        apply_fast_paths(self.model, fused_qkv=True, fp8=fp8, gelu_epilogue=gelu_epilogue, gelu_gemm=gelu_gemm)
         prepare_inference(self.model)
         self.dtype = dtype
         self.cuda_graphs = cuda_graphs

@@ -23,6 +23,7 @@ from torch import nn
 from ..fast import apply_fast_paths, segment_encoders, set_stream_dtype
 from ..layers.transformer import TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
 from ..core.errors import UserError
+from .fp8 import enable_fp8_training
 from .reducer import OverlappedGradReducer
 
 __all__ = ["compile_blocks", "compile_model", "enable_activation_checkpointing", "set_stream_dtype", "apply_speed_options",
@@ -85,12 +86,17 @@ def compile_model(model: nn.Module, segments: int = 1, mode: str = "default") ->
 
 
 def apply_speed_options(model: nn.Module, config, whole_model: bool = True, segments: int = 1) -> None:
-    """Apply a :class:`~ctxkit.training.TrainConfig`'s ``activation_checkpointing``,
-    ``bf16_residual`` and ``compile`` (whole model in ``compile_segments`` graphs, or per
-    layer when ``whole_model`` is False, as FSDP needs) to ``model`` in place.
-    ``segments`` is used when ``config.compile_segments`` is 0 (automatic). Attention
-    always projects q/k/v of a shared input as one GEMM (:func:`ctxkit.fast.fuse_qkv`)."""
-    apply_fast_paths(model, fused_qkv=True, stream_dtype=torch.bfloat16 if config.bf16_residual else None)
+    """Apply a :class:`~ctxkit.training.TrainConfig`'s ``fp8_training``, ``gelu_gemm``,
+    ``activation_checkpointing``, ``bf16_residual`` and ``compile`` (whole model in
+    ``compile_segments`` graphs, or per layer when ``whole_model`` is False, as FSDP needs)
+    to ``model`` in place. ``segments`` is used when ``config.compile_segments`` is 0
+    (automatic). Attention projects q/k/v of a shared input as one GEMM
+    (:func:`ctxkit.fast.fuse_qkv`) unless the projections are float8 modules."""
+    fp8 = getattr(config, "fp8_training", False)
+    if fp8:
+        enable_fp8_training(model)
+    apply_fast_paths(model, fused_qkv=not fp8, gelu_gemm=getattr(config, "gelu_gemm", False),
+                     stream_dtype=torch.bfloat16 if config.bf16_residual else None)
     if config.activation_checkpointing:
         enable_activation_checkpointing(model)
     if config.compile:

@@ -121,6 +121,13 @@ class TrainConfig:
             the backward pass runs (:class:`~ctxkit.training.reducer.OverlappedGradReducer`;
             ``compile`` then compiles the model in segments) instead of one flat
             all-reduce after it.
+        gelu_gemm: compute erf-GELU feed-forward blocks with the GELU and its derivative
+            inside Triton GEMM epilogues (:func:`ctxkit.fast.fuse_gelu_gemm`; exact; Hopper
+            GPUs with the ``gpu`` extra, the plain blocks elsewhere).
+        fp8_training: the Transformer layers' Linears as float8 GEMMs with row-wise scales
+            (:func:`ctxkit.training.fp8.enable_fp8_training`, torchao; a declared
+            precision; needs the ``gpu`` extra and compute capability >= 8.9). Raises
+            before training where it cannot run.
     """
 
     epochs: float = 3.0
@@ -157,6 +164,8 @@ class TrainConfig:
     grad_reduce_dtype: str = "float32"
     overlap_grad_reduce: bool = False
     data_workers: Optional[int] = None
+    gelu_gemm: bool = False
+    fp8_training: bool = False
 
 
 @dataclass

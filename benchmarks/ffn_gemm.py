@@ -1,0 +1,176 @@
+"""The feed-forward GEMMs with the exact GELU in their epilogue (ctxkit.fast.gemm_kernels)
+against cuBLAS plus a separate GELU pass, at BERT-base's batch 256 x 128 (issue 24).
+
+    python benchmarks/ffn_gemm.py                 # the default tiling, writes benchmarks/results/ffn_gemm.json
+    python benchmarks/ffn_gemm.py --sweep         # also every tiling in SWEEP (an experiment: printed, not recorded)
+
+Three products, each timed (CUDA events, mean of --reps calls) as ctxkit's Triton kernel and
+as the peer, PyTorch's kernels for the same work:
+
+* ``gelu``: ``gelu_erf(x @ W1.T + b1)``, x (32768, 768), W1 (3072, 768). Peer: cuBLAS with
+  the bias in its epilogue, then the GELU compiled by Inductor (the same kernels
+  ``torch.compile`` emits for the layer).
+* ``gelu + pre``: the same, also storing ``x @ W1.T + b1`` (the training forward).
+  Peer: the same two kernels (the GEMM's output is the stored pre-activation).
+* ``gelu_grad``: ``(g @ W2) * gelu_erf'(pre)`` and its column sums (the training
+  backward's input gradient of the second product through the GELU, and the first
+  product's bias gradient), g (32768, 768), W2 (768, 3072). Peer: cuBLAS, then Inductor's
+  compiled GELU backward and column sum.
+* ``bias``: ``x @ W1.T + b1`` alone, against cuBLAS: how close the GEMM itself is.
+
+Every ctxkit result is checked against a float32 computation of the same bf16 inputs
+(the error printed in units of bf16's rounding of the largest output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+# (block_m, block_n, block_k, group_m, stages, warps, epi_split, flatten)
+SWEEP = [  # GemmConfig fields: block_m, block_n, block_k, group_m, stages, warps, epi_split, flatten, ctas_per_sm
+    (128, 256, 64, 8, 3, 8, 2, True, 1), (128, 256, 64, 8, 3, 8, 2, False, 1), (128, 256, 64, 8, 2, 8, 2, True, 1),
+    (128, 128, 64, 8, 4, 8, 1, True, 1), (128, 128, 64, 8, 4, 8, 2, True, 1), (256, 128, 64, 8, 3, 8, 2, True, 1),
+    (128, 128, 64, 8, 2, 8, 1, True, 2), (128, 128, 64, 8, 3, 8, 2, True, 2), (128, 128, 64, 8, 3, 4, 2, True, 2),
+    (128, 128, 64, 8, 2, 4, 1, True, 2), (64, 256, 64, 8, 3, 4, 2, True, 2), (128, 64, 64, 8, 4, 4, 1, True, 2),
+]
+# Warp-specialised variants (Triton's producer/consumer partitions; on Hopper without flatten).
+SWEEP_WS = [
+    (128, 256, 64, 8, 3, 8, 2, False, 1, True), (128, 128, 64, 8, 3, 8, 2, False, 1, True),
+    (128, 128, 64, 8, 4, 4, 2, False, 1, True), (128, 256, 64, 8, 3, 4, 2, False, 1, True),
+    (128, 128, 64, 8, 3, 8, 2, False, 2, True),
+]
+
+
+def event_ms(fn, reps: int = 30, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def gelu_grad_f32(pre):
+    p = pre.float()
+    return 0.5 * (1 + torch.erf(p * 0.7071067811865476)) + p * torch.exp(-0.5 * p * p) * 0.3989422804014327
+
+
+def ulps(got, want) -> float:
+    """Largest error in units of bf16's rounding step at the largest |want|."""
+    step = want.abs().max().item() * 2.0 ** -8
+    return (got.float() - want).abs().max().item() / step
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=256 * 128)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "ws"],
+                        help="time tilings too: 'all' (SWEEP + SWEEP_WS) or 'ws' (SWEEP_WS only)")
+    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "ffn_gemm.json"))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/ffn_gemm.py measures a GPU: no CUDA device here")
+    from ctxkit.fast import gemm_kernels as K
+
+    m, h = args.tokens, args.hidden
+    ffn = 4 * h
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    x, g = torch.randn(m, h, **bf), torch.randn(m, h, **bf) * 0.1
+    w1, b1 = torch.randn(ffn, h, **bf) * 0.04, torch.randn(ffn, **bf) * 0.1
+    w2 = torch.randn(h, ffn, **bf) * 0.02
+    pre_ref = x.float() @ w1.float().T + b1.float()
+    pre = pre_ref.bfloat16()
+    want = {"bias": pre_ref, "gelu": F.gelu(pre_ref)}
+    grad_ref = (g.float() @ w2.float()) * gelu_grad_f32(pre)
+    want["gelu_grad"] = grad_ref
+
+    # Peers: cuBLAS (bias in its epilogue) + Inductor's elementwise kernels.
+    gelu_c = torch.compile(lambda t: F.gelu(t))
+    bwd_c = torch.compile(lambda t, p: (lambda d: (d, d.float().sum(0)))(torch.ops.aten.gelu_backward(t, p)))
+    peers = {
+        "bias": lambda: F.linear(x, w1, b1),
+        "gelu": lambda: gelu_c(F.linear(x, w1, b1)),
+        "gelu + pre": lambda: gelu_c(F.linear(x, w1, b1)),
+        "gelu_grad": lambda: bwd_c(g @ w2, pre),
+    }
+
+    def ours(case, cfg):
+        if case == "bias":
+            return lambda: K.linear_epilogue(x, w1, b1, epilogue="bias", config=cfg)
+        if case == "gelu":
+            return lambda: K.linear_epilogue(x, w1, b1, epilogue="gelu", config=cfg)
+        if case == "gelu + pre":
+            return lambda: K.linear_epilogue(x, w1, b1, epilogue="gelu", store_pre=True, config=cfg)
+        return lambda: K.linear_epilogue(g, w2, epilogue="gelu_grad", pre=pre, weight_kn=True, config=cfg)
+
+    def check(case, cfg) -> float:
+        out, side = ours(case, cfg)()
+        err = ulps(out, want[case.split(" ")[0]])
+        if case == "gelu + pre":
+            err = max(err, ulps(side, pre_ref))
+        if case == "gelu_grad":
+            err = max(err, ulps(side, grad_ref.sum(0)))
+        return err
+
+    peer_ms = {case: event_ms(fn, args.reps) for case, fn in peers.items()}
+    print(f"peers (cuBLAS + Inductor), ms: {peer_ms}", flush=True)
+    best = {}
+    if args.sweep:
+        for tiles in (SWEEP_WS if args.sweep == "ws" else SWEEP + SWEEP_WS):
+            cfg = K.GemmConfig(*tiles)
+            row = {}
+            for case in ("bias", "gelu", "gelu + pre", "gelu_grad"):
+                try:
+                    err = check(case, cfg)
+                    row[case] = (round(event_ms(ours(case, cfg), args.reps), 4), round(err, 2))
+                    if case not in best or row[case][0] < best[case][0]:
+                        best[case] = (row[case][0], list(tiles))
+                except Exception as exc:  # a tiling that does not compile (shared memory) is reported
+                    cause = exc.__cause__ or exc
+                    row[case] = f"{type(exc).__name__}: {str(cause).strip().splitlines()[-1][:120]}"
+            print(f"sweep {tiles}: {row}", flush=True)
+    records = []
+    for case in peers:
+        cfg = K.config_for(m, ffn, h, case.split(" ")[0])
+        err = check(case, cfg)
+        ms = event_ms(ours(case, cfg), args.reps)
+        flops = 2 * m * h * ffn
+        print(f"{case}: ctxkit {ms:.4f} ms ({flops / ms / 1e9:.0f} TFLOP/s), peer {peer_ms[case]:.4f} ms, "
+              f"error {err:.2f} bf16 steps", flush=True)
+        records.append({"benchmark": "ffn_gemm", "case": f"{case}, ({m} x {h}) @ ({h} x {ffn}), bf16", "metric": "time",
+                        "unit": "ms", "ctxkit": round(ms, 4), "ctxkit_tiling": list(cfg),
+                        "peer_name": "cuBLAS GEMM (bias epilogue)" + ("" if case == "bias" else " + Inductor elementwise kernel"),
+                        "peer": round(peer_ms[case], 4), "speedup": round(peer_ms[case] / ms, 3),
+                        "max_error_bf16_steps": round(err, 2)})
+    given = argv if argv is not None else sys.argv[1:]
+    given = [a for i, a in enumerate(given) if a != "--results" and (i == 0 or given[i - 1] != "--results")]
+    base = {"device": f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}", "date": datetime.date.today().isoformat(),
+            "command": ("python benchmarks/ffn_gemm.py " + " ".join(shlex.quote(a) for a in given)).strip()}
+    Path(args.results).write_text(json.dumps([{**r, **base} for r in records], indent=1) + "\n")
+    if best:
+        print("sweep best (ms, tiles): " + json.dumps(best))
+        Path(args.results).with_suffix(".sweep.json").write_text(json.dumps(best) + "\n")
+    print(f"wrote {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
