@@ -3,6 +3,7 @@ against cuBLAS plus a separate GELU pass, at BERT-base's batch 256 x 128 (issue 
 
     python benchmarks/ffn_gemm.py                 # the default tiling, writes benchmarks/results/ffn_gemm.json
     python benchmarks/ffn_gemm.py --sweep         # also every tiling in SWEEP (an experiment: printed, not recorded)
+    python benchmarks/ffn_gemm.py --fp8 [--sweep] # float8 q/k/v and fc1 + GELU vs the exact bf16 kernels
 
 Three products, each timed (CUDA events, mean of --reps calls) as ctxkit's Triton kernel and
 as the peer, PyTorch's kernels for the same work:
@@ -76,6 +77,68 @@ def ulps(got, want) -> float:
     return (got.float() - want).abs().max().item() / step
 
 
+SWEEP_FP8 = [  # float8 operands: 128-byte K slices
+    (128, 128, 128, 8, 3, 8, 2, True, 2), (128, 128, 128, 8, 4, 8, 2, True, 1), (128, 256, 128, 8, 3, 8, 2, True, 1),
+    (128, 256, 128, 8, 4, 8, 2, True, 1), (128, 128, 128, 8, 2, 8, 2, True, 2), (256, 128, 128, 8, 3, 8, 2, True, 1),
+    (128, 256, 64, 8, 4, 8, 2, True, 1), (128, 128, 64, 8, 4, 8, 2, True, 2), (64, 256, 128, 8, 3, 4, 2, True, 2),
+]
+
+
+def fp8_part(args, K, base: dict) -> list:
+    """float8 (e4m3, row-wise scales) products with the scales, bias and GELU in the epilogue,
+    against the exact bf16 kernels that serve the same products (issue 24's FP8 inference):
+    q/k/v (N = 3h, bias) and fc1 (N = 4h, bias + GELU)."""
+    m, h = args.tokens, args.hidden
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    x = torch.randn(m, h, **bf)
+    gelu_c = torch.compile(lambda t: F.gelu(t))
+    records = []
+    for case, n, epilogue in (("q/k/v", 3 * h, "bias"), ("fc1 + GELU", 4 * h, "gelu")):
+        w, b = torch.randn(n, h, **bf) * 0.04, torch.randn(n, **bf) * 0.1
+        xs = (x.float().abs().amax(1) / 448).contiguous()
+        ws = (w.float().abs().amax(1) / 448).contiguous()
+        q = (x.float() / xs[:, None]).to(torch.float8_e4m3fn)
+        qw = (w.float() / ws[:, None]).to(torch.float8_e4m3fn)
+        exact = x.float() @ w.float().T + b.float()
+        exact = F.gelu(exact) if epilogue == "gelu" else exact
+        peers = {"cuBLAS bf16" + (" + Inductor GELU" if epilogue == "gelu" else " (bias epilogue)"):
+                 (lambda: gelu_c(F.linear(x, w, b))) if epilogue == "gelu" else (lambda: F.linear(x, w, b))}
+        if epilogue == "gelu":
+            peers["ctxkit bf16 GELU GEMM"] = lambda: K.linear_epilogue(x, w, b, epilogue="gelu")
+        peers["cuBLAS fp8 row-wise (torch._scaled_mm, bias)"] = lambda: torch._scaled_mm(
+            q, qw.t(), scale_a=xs[:, None], scale_b=ws[None, :], bias=b, out_dtype=torch.bfloat16)
+        peer_ms = {name: event_ms(fn, args.reps) for name, fn in peers.items()}
+
+        def ours(cfg):
+            return lambda: K.linear_epilogue(q, qw, b, epilogue=epilogue, x_scale=xs, w_scale=ws, config=cfg)
+
+        if args.sweep:
+            for tiles in SWEEP_FP8:
+                cfg = K.GemmConfig(*tiles)
+                try:
+                    print(f"fp8 sweep {case} {tiles}: {event_ms(ours(cfg), args.reps):.4f} ms", flush=True)
+                except Exception as exc:
+                    cause = exc.__cause__ or exc
+                    print(f"fp8 sweep {case} {tiles}: {type(exc).__name__}: {str(cause).strip().splitlines()[-1][:120]}")
+        cfg = K.config_for(m, n, h, epilogue, fp8=True)
+        ms = event_ms(ours(cfg), args.reps)
+        out = ours(cfg)()[0]
+        # Against the unquantised float32 product: e4m3's 3 mantissa bits, a few per cent of the row's size.
+        rel = ((out.float() - exact).abs().max(1).values / exact.abs().max(1).values).max().item()
+        bf16_best = min(v for k, v in peer_ms.items() if "bf16" in k)
+        bf16_name = min((k for k in peer_ms if "bf16" in k), key=peer_ms.get)
+        print(f"fp8 {case}: ctxkit {ms:.4f} ms ({2 * m * h * n / ms / 1e9:.0f} TFLOP/s), peers {peer_ms}, "
+              f"max row-relative error vs float32 {rel:.4f}", flush=True)
+        records.append({"benchmark": "ffn_gemm", "case": f"{case}, fp8 e4m3 row-wise scales, ({m} x {h}) @ ({h} x {n}), "
+                        "scales/bias" + ("/GELU" if epilogue == "gelu" else "") + " in the epilogue (declared precision)",
+                        "metric": "time", "unit": "ms", "ctxkit": round(ms, 4), "ctxkit_tiling": list(cfg),
+                        "peer_name": f"fastest exact bf16 kernel for the same product ({bf16_name})", "peer": round(bf16_best, 4),
+                        "speedup": round(bf16_best / ms, 3), "all_peers_ms": {k: round(v, 4) for k, v in peer_ms.items()},
+                        "max_row_relative_error_vs_fp32": round(rel, 4), **base})
+    return records
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=256 * 128)
@@ -83,11 +146,24 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--sweep", nargs="?", const="all", choices=["all", "ws"],
                         help="time tilings too: 'all' (SWEEP + SWEEP_WS) or 'ws' (SWEEP_WS only)")
-    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "ffn_gemm.json"))
+    parser.add_argument("--fp8", action="store_true",
+                        help="time the float8 products instead (q/k/v and fc1 + GELU; writes ffn_gemm_fp8.json)")
+    parser.add_argument("--results", default=None, help="default: benchmarks/results/ffn_gemm.json (ffn_gemm_fp8.json with --fp8)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/ffn_gemm.py measures a GPU: no CUDA device here")
     from ctxkit.fast import gemm_kernels as K
+
+    args.results = args.results or str(REPO / "benchmarks" / "results" / ("ffn_gemm_fp8.json" if args.fp8 else "ffn_gemm.json"))
+    given = argv if argv is not None else sys.argv[1:]
+    given = [a for i, a in enumerate(given) if a != "--results" and (i == 0 or given[i - 1] != "--results")]
+    base = {"device": f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}", "date": datetime.date.today().isoformat(),
+            "command": ("python benchmarks/ffn_gemm.py " + " ".join(shlex.quote(a) for a in given)).strip()}
+    if args.fp8:
+        records = fp8_part(args, K, base)
+        Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
+        print(f"wrote {args.results}")
+        return 0
 
     m, h = args.tokens, args.hidden
     ffn = 4 * h
@@ -160,10 +236,6 @@ def main(argv=None) -> int:
                         "peer_name": "cuBLAS GEMM (bias epilogue)" + ("" if case == "bias" else " + Inductor elementwise kernel"),
                         "peer": round(peer_ms[case], 4), "speedup": round(peer_ms[case] / ms, 3),
                         "max_error_bf16_steps": round(err, 2)})
-    given = argv if argv is not None else sys.argv[1:]
-    given = [a for i, a in enumerate(given) if a != "--results" and (i == 0 or given[i - 1] != "--results")]
-    base = {"device": f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}", "date": datetime.date.today().isoformat(),
-            "command": ("python benchmarks/ffn_gemm.py " + " ".join(shlex.quote(a) for a in given)).strip()}
     Path(args.results).write_text(json.dumps([{**r, **base} for r in records], indent=1) + "\n")
     if best:
         print("sweep best (ms, tiles): " + json.dumps(best))

@@ -125,6 +125,11 @@ def inference_part(args, out: list) -> None:
         variants.append(("graphs + compile + GELU GEMM", {"compile": "default", "gelu_gemm": True}))
     if args.autotune:  # Triton GEMM templates with the bias and GELU in their epilogues compete with cuBLAS
         variants.append(("graphs + compile (max-autotune)", {"compile": "max-autotune-no-cudagraphs"}))
+    fp8_variants = []
+    for scope in args.fp8:  # a declared precision: compared with the best exact bf16 variant, not the floor
+        fp8_variants.append((f"graphs + compile + fp8 {scope}", {"compile": "default", "fp8": scope,
+                                                                  "gelu_gemm": args.gelu_gemm and scope == "all"}))
+    variants += fp8_variants
     for name, options in variants:
         # A fresh copy per variant: a fast-path swap changes module classes, which the compiled
         # graphs of an earlier variant on the same modules would not notice.
@@ -133,8 +138,15 @@ def inference_part(args, out: list) -> None:
         if args.profile:
             print(f"inference profile, {name} (3 batches):\n" + kernel_table(lambda gpu=gpu: gpu(*feed[:1], feed[2], feed[1])), flush=True)
         del gpu
-    best = max(rows, key=rows.get)
+    exact = {k: v for k, v in rows.items() if "fp8" not in k}
+    best = max(exact, key=exact.get)
     floor_tp = batch / (floor_ms / 1e3)
+    for name, _ in fp8_variants:
+        out.append({"benchmark": "floor", "case": f"BERT-base classifier inference, {name.split('+ ')[-1]} (declared precision) "
+                    f"vs exact bf16, batch {batch}, seq {seq}", "metric": "throughput", "unit": "sequences/s",
+                    "ctxkit": round(rows[name], 1), "ctxkit_variant": name,
+                    "peer_name": f"ctxkit exact bf16, fastest variant of the same run ({best})", "peer": round(rows[best], 1),
+                    "speedup": round(rows[name] / rows[best], 3)})
     print(f"inference floor: GEMMs {gemm:.2f} ms + attention {attn:.2f} ms = {floor_ms:.2f} ms -> {floor_tp:,.0f} seq/s; "
           f"ctxkit {rows} -> {rows[best] / floor_tp:.1%} of the floor", flush=True)
     out.append({"benchmark": "floor", "case": f"BERT-base classifier inference, bf16, batch {batch}, seq {seq}",
@@ -215,7 +227,7 @@ def pretrain_part(args, out: list) -> None:
                 "peer_name": "floor: the same GEMMs forward+backward, flash attention forward+backward and fused AdamW alone, same card, same run",
                 "peer": round(floor_ms, 3), "speedup": round(floor_ms / rows[best], 3),
                 "floor_ms": {"gemms": round(gemm, 3), "attention": round(attn, 3), "adamw": round(adam, 3)},
-                "ctxkit_seq_per_s": round(batch / rows[best] * 1e3, 1)})
+                "ctxkit_seq_per_s": round(batch / rows[best] * 1e3, 1), "all": {k: round(v, 3) for k, v in rows.items()}})
 
 
 def decode_part(args, out: list) -> None:
@@ -298,9 +310,12 @@ def main(argv=None) -> int:
     parser.add_argument("--gelu-gemm", action=argparse.BooleanOptionalAction, default=True,
                         help="inference: also the exact GELU inside a Triton GEMM (needs triton and a Hopper GPU)")
     parser.add_argument("--pretrain-variants", nargs="+",
-                        default=["graphs+compile-model+bf16res", "graphs+compile-model+bf16res+gelugemm"],
+                        default=["graphs+compile-model+bf16res", "graphs+compile-model+bf16res+gelugemm",
+                                 "graphs+compile-model+bf16res+gelugemm+maskdrop"],
                         help="benchmarks/pretrain_throughput.py variants timed against the pretraining floor")
     parser.add_argument("--profile", action="store_true", help="also print kernel tables of each variant")
+    parser.add_argument("--fp8", nargs="*", default=["norm_inputs"], choices=["all", "norm_inputs"],
+                        help="fp8 inference variants (convert_to_fp8 scopes) timed against the best exact bf16 variant")
     parser.add_argument("--gemm-tiles", help="ctxkit.fast.gemm_kernels tiling (every epilogue) as comma-separated GemmConfig fields")
     parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "floor.json"))
     args = parser.parse_args(argv)

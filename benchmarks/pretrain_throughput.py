@@ -100,6 +100,8 @@ def time_steps(step, warmup: int, steps: int) -> float:
 #                  upper layers are complete before the lower layers' backward runs
 #   aggrfuse       with compile: Inductor's aggressive_fusion (fuse kernels that share no reads)
 #   combo          with compile: Inductor's combo_kernels (independent small kernels launched as one)
+#   maskdrop       dropout masks from PyTorch's Bernoulli kernel outside the compiled graph
+#                  (ctxkit.fast.fast_dropout; TrainConfig.fast_dropout)
 #   tma            with compile-model+autotune: Hopper TMA persistent matmul templates in the autotuning
 #   nosync         with --scaling: no gradient all-reduce at all -- diagnostic only (what
 #                  running N GPUs at once costs without communication)
@@ -107,7 +109,7 @@ def time_steps(step, warmup: int, steps: int) -> float:
 #                  diagnostic only (what waiting for the slower rank costs)
 OPTIONS = ("compile", "compile-model", "bf16res", "flash", "cudnn", "efficient", "nodrop", "coordesc", "autotune", "bf16grad",
            "overlap", "seg2", "seg3", "seg4", "nosync", "synconly",
-           "aggrfuse", "combo", "tma", "gelugemm")
+           "aggrfuse", "combo", "tma", "gelugemm", "maskdrop")
 
 
 def parse_variant(name: str) -> set:
@@ -130,6 +132,10 @@ def build_ctxkit(cfg, variant: str, grad_sync=None):
         from ctxkit.fast import fuse_gelu_gemm
 
         fuse_gelu_gemm(model)
+    if "maskdrop" in opts:  # Bernoulli masks from PyTorch's kernel instead of per-element Philox in the fused norms
+        from ctxkit.fast import fast_dropout
+
+        fast_dropout(model)
     torch._inductor.config.coordinate_descent_tuning = "coordesc" in opts
     torch._inductor.config.aggressive_fusion = "aggrfuse" in opts
     torch._inductor.config.combo_kernels = "combo" in opts

@@ -112,6 +112,61 @@ def test_linear_epilogue_rejects_bad_operands(target):
         K.linear_epilogue(x, w, b, epilogue="relu")
 
 
+def _fp8_operands(m, n, k, device, seed=0):
+    """Row-scaled e4m3 x (m, k) and W (n, k) with their float32 scales, and a bias."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    x[0] *= 50  # a loud row: its scale must not touch the other rows
+    w = torch.randn(n, k, generator=g) * 0.05
+    xs = (x.abs().amax(1) / 448).float()
+    ws = (w.abs().amax(1) / 448).float()
+    q = (x / xs[:, None]).to(torch.float8_e4m3fn)
+    qw = (w / ws[:, None]).to(torch.float8_e4m3fn)
+    b = torch.randn(n, generator=g)
+    return [t.to(device) for t in (q, xs, qw, ws, b)]
+
+
+@needs_triton
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"{t[0]}-{t[1]}".replace("torch.", ""))
+@pytest.mark.parametrize("epilogue", ["bias", "gelu"])
+def test_fp8_linear_epilogue_matches_float64(target, epilogue):
+    """float8 operands: acc * x_scale * w_scale + bias (+ GELU) from the exact e4m3 products,
+    one rounding to the output dtype (the interpreter's bf16 store: fp16 there)."""
+    device, dtype = target
+    K = _kernels()
+    m, n, k = 200, 96, 256
+    q, xs, qw, ws, b = _fp8_operands(m, n, k, device)
+    cfg = K.GemmConfig(block_m=64, block_n=64, block_k=128, stages=2, warps=4, epi_split=2) if device == "cpu" else None
+    out, side = K.linear_epilogue(q, qw, b.to(dtype), epilogue=epilogue, x_scale=xs, w_scale=ws, out_dtype=dtype, config=cfg)
+    assert side is None and out.dtype == dtype and out.shape == (m, n)
+    # e4m3 products are exact; float32 sums of k of them, then the scales.
+    want = (q.double() @ qw.double().T) * xs.double()[:, None] * ws.double()[None, :] + b.to(dtype).double()
+    scale = ((q.double().abs() @ qw.double().abs().T) * xs.double()[:, None] * ws.double()[None, :]
+             + b.to(dtype).double().abs()).cpu()
+    if epilogue == "gelu":
+        want = F.gelu(want)
+    # Per-element bounds: the loud first row (50x) must not cost the quiet rows precision.
+    assert_close_to_reference(out.cpu(), want.cpu(), dtype=dtype, scale=scale, name=f"fp8 {epilogue}")
+
+
+@needs_triton
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: f"{t[0]}-{t[1]}".replace("torch.", ""))
+def test_fp8_linear_epilogue_rejects_bad_scales(target):
+    device, dtype = target
+    K = _kernels()
+    q, xs, qw, ws, b = _fp8_operands(32, 32, 128, device)
+    with pytest.raises(ValueError, match="x_scale"):
+        K.linear_epilogue(q, qw, b, epilogue="bias", w_scale=ws)
+    with pytest.raises(ValueError, match="w_scale"):
+        K.linear_epilogue(q, qw, b, epilogue="bias", x_scale=xs, w_scale=ws[:16].contiguous())
+    with pytest.raises(ValueError, match="float8 operands only"):
+        K.linear_epilogue(q.to(dtype), qw.to(dtype), b.to(dtype), epilogue="bias", x_scale=xs, w_scale=ws)
+    with pytest.raises(ValueError, match="'bias' or 'gelu'"):
+        K.linear_epilogue(q, qw, b, epilogue="gelu", store_pre=True, x_scale=xs, w_scale=ws)
+    with pytest.raises(ValueError, match="out_dtype"):
+        K.linear_epilogue(q, qw, b, epilogue="bias", x_scale=xs, w_scale=ws, out_dtype=torch.float32)
+
+
 def _ffn_case(device, dtype, seed=0):
     torch.manual_seed(seed)
     plain = PositionwiseFFN(32, 128)

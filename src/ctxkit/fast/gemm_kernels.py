@@ -77,6 +77,11 @@ DEFAULT_CONFIG = GemmConfig(block_m=128, block_n=128, block_k=64, group_m=8, sta
                             flatten=True, ctas_per_sm=2)
 GRAD_CONFIG = GemmConfig(block_m=128, block_n=256, block_k=64, group_m=8, stages=3, warps=8, epi_split=2,
                          flatten=True, ctas_per_sm=1)
+# float8 operands: 128-byte K slices (one TMA swizzle row); chosen by `benchmarks/ffn_gemm.py --fp8 --sweep`.
+FP8_CONFIG = GemmConfig(block_m=128, block_n=128, block_k=128, group_m=8, stages=3, warps=8, epi_split=2,
+                        flatten=True, ctas_per_sm=2)
+
+FP8 = torch.float8_e4m3fn
 
 
 @triton.jit
@@ -107,9 +112,16 @@ def _normal_cdf_pdf(x):
 
 
 @triton.jit
-def _apply(acc, bias_ptr, pre_desc, out_desc, off_m, off_n, N,
-           EPILOGUE: tl.constexpr, STORE_PRE: tl.constexpr, BN: tl.constexpr, OUT_DTYPE: tl.constexpr):
+def _apply(acc, bias_ptr, pre_desc, out_desc, xs_ptr, ws_ptr, off_m, off_n, M, N,
+           EPILOGUE: tl.constexpr, STORE_PRE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, OUT_DTYPE: tl.constexpr,
+           SCALED: tl.constexpr):
     """Epilogue on one float32 (BM, BN) slice at (off_m, off_n); stores the result."""
+    if SCALED:  # float8 operands: undo the row scales of x and the column scales of W first
+        offs_m = off_m + tl.arange(0, BM)
+        offs_c = off_n + tl.arange(0, BN)
+        xs = tl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)
+        ws = tl.load(ws_ptr + offs_c, mask=offs_c < N, other=0.0)
+        acc = acc * xs[:, None] * ws[None, :]
     if EPILOGUE == 2:  # acc * gelu'(pre); bias_ptr: the float32 bias gradient
         pre = pre_desc.load([off_m, off_n]).to(tl.float32)
         cdf, pdf = _normal_cdf_pdf(pre)
@@ -130,11 +142,11 @@ def _apply(acc, bias_ptr, pre_desc, out_desc, off_m, off_n, N,
 
 
 @triton.jit
-def _linear_epilogue_kernel(a_desc, w_desc, out_desc, pre_desc, bias_ptr, M, N, K,
+def _linear_epilogue_kernel(a_desc, w_desc, out_desc, pre_desc, bias_ptr, xs_ptr, ws_ptr, M, N, K,
                             EPILOGUE: tl.constexpr, STORE_PRE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                             BK: tl.constexpr, GROUP_M: tl.constexpr, EPI_SPLIT: tl.constexpr,
                             NUM_PROGRAMS: tl.constexpr, FLATTEN: tl.constexpr, W_KN: tl.constexpr,
-                            OUT_DTYPE: tl.constexpr, WS: tl.constexpr):
+                            OUT_DTYPE: tl.constexpr, WS: tl.constexpr, SCALED: tl.constexpr):
     num_m = tl.cdiv(M, BM)
     num_n = tl.cdiv(N, BN)
     k_tiles = tl.cdiv(K, BK)
@@ -152,13 +164,16 @@ def _linear_epilogue_kernel(a_desc, w_desc, out_desc, pre_desc, bias_ptr, M, N, 
             else:  # weight stored (N, K), a Linear's layout
                 acc = tl.dot(a, w_desc.load([off_n, off_k]).T, acc)
         if EPI_SPLIT == 1:
-            _apply(acc, bias_ptr, pre_desc, out_desc, off_m, off_n, N, EPILOGUE, STORE_PRE, BN, OUT_DTYPE)
+            _apply(acc, bias_ptr, pre_desc, out_desc, xs_ptr, ws_ptr, off_m, off_n, M, N, EPILOGUE, STORE_PRE, BM, BN,
+                   OUT_DTYPE, SCALED)
         else:  # two column halves: half the epilogue's registers live at a time
             acc = tl.reshape(acc, (BM, 2, BN // 2))
             acc = tl.permute(acc, (0, 2, 1))
             left, right = tl.split(acc)
-            _apply(left, bias_ptr, pre_desc, out_desc, off_m, off_n, N, EPILOGUE, STORE_PRE, BN // 2, OUT_DTYPE)
-            _apply(right, bias_ptr, pre_desc, out_desc, off_m, off_n + BN // 2, N, EPILOGUE, STORE_PRE, BN // 2, OUT_DTYPE)
+            _apply(left, bias_ptr, pre_desc, out_desc, xs_ptr, ws_ptr, off_m, off_n, M, N, EPILOGUE, STORE_PRE, BM,
+                   BN // 2, OUT_DTYPE, SCALED)
+            _apply(right, bias_ptr, pre_desc, out_desc, xs_ptr, ws_ptr, off_m, off_n + BN // 2, M, N, EPILOGUE, STORE_PRE,
+                   BM, BN // 2, OUT_DTYPE, SCALED)
 
 
 @functools.lru_cache(maxsize=None)
@@ -179,9 +194,12 @@ def supported(x: Tensor) -> Optional[str]:
     return None
 
 
-def config_for(m: int, n: int, k: int, epilogue: str = "gelu") -> GemmConfig:
-    """The tiling for an ``(m, k) @ (k, n)`` product with ``epilogue``: :data:`GRAD_CONFIG`
-    for ``"gelu_grad"`` on large products, :data:`DEFAULT_CONFIG` otherwise."""
+def config_for(m: int, n: int, k: int, epilogue: str = "gelu", fp8: bool = False) -> GemmConfig:
+    """The tiling for an ``(m, k) @ (k, n)`` product with ``epilogue``: :data:`FP8_CONFIG`
+    for float8 operands, :data:`GRAD_CONFIG` for ``"gelu_grad"`` on large products,
+    :data:`DEFAULT_CONFIG` otherwise."""
+    if fp8:
+        return FP8_CONFIG
     if epilogue == "gelu_grad" and n >= 256 and m * n >= 132 * 128 * 256:
         return GRAD_CONFIG
     return DEFAULT_CONFIG
@@ -191,8 +209,8 @@ def _check(x: Tensor, weight: Tensor, k_axis: int) -> None:
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[k_axis]:
         raise ValueError(f"linear_epilogue: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not multiply "
                          f"(x is (M, K); weight is {'(N, K)' if k_axis == 1 else '(K, N)'})")
-    if x.dtype != weight.dtype or x.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"linear_epilogue: bf16 or fp16 operands of one dtype (got {x.dtype}, {weight.dtype})")
+    if x.dtype != weight.dtype or x.dtype not in (torch.bfloat16, torch.float16, FP8):
+        raise ValueError(f"linear_epilogue: bf16, fp16 or float8_e4m3fn operands of one dtype (got {x.dtype}, {weight.dtype})")
     for name, t in (("x", x), ("weight", weight)):
         # TMA: unit stride along rows, the row stride and the base 16-byte aligned.
         if t.stride(1) != 1 or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
@@ -201,6 +219,8 @@ def _check(x: Tensor, weight: Tensor, k_axis: int) -> None:
 
 def linear_epilogue(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *, epilogue: str = "gelu",
                     pre: Optional[Tensor] = None, store_pre: bool = False, weight_kn: bool = False,
+                    x_scale: Optional[Tensor] = None, w_scale: Optional[Tensor] = None,
+                    out_dtype: Optional[torch.dtype] = None,
                     config: Optional[GemmConfig] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """``x @ weight.T`` (or ``x @ weight`` with ``weight_kn``) with an epilogue, as one
     persistent TMA kernel.
@@ -215,6 +235,10 @@ def linear_epilogue(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
         store_pre: with ``"gelu"``, also return ``acc + bias`` (rounded to x's dtype).
         weight_kn: the weight is stored ``(K, N)`` (e.g. the second FFN product's weight
             when computing its input gradient), read as is: no transposed copy.
+        x_scale, w_scale: float8 operands only (both ``float8_e4m3fn``, the weight
+            ``(N, K)``): float32 ``(M,)`` row scales of x and ``(N,)`` row scales of the
+            weight; the epilogue starts from ``acc * x_scale[:, None] * w_scale[None, :]``.
+        out_dtype: the result's dtype (default x's; bf16 for float8 operands).
         config: the tiling (default: :func:`config_for`).
 
     Returns:
@@ -231,12 +255,24 @@ def linear_epilogue(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     m, k = x.shape
     n = weight.shape[1] if weight_kn else weight.shape[0]
     code = EPILOGUES[epilogue]
+    fp8 = x.dtype == FP8
+    if fp8:
+        if weight_kn or code == 2 or store_pre:
+            raise ValueError("linear_epilogue: float8 operands take an (N, K) weight and the 'bias' or 'gelu' epilogue")
+        for name, t, size in (("x_scale", x_scale, m), ("w_scale", w_scale, n)):
+            if t is None or t.shape != (size,) or t.dtype != torch.float32 or not t.is_contiguous():
+                raise ValueError(f"linear_epilogue: float8 operands need a contiguous float32 {name} of shape ({size},)")
+    elif x_scale is not None or w_scale is not None:
+        raise ValueError("linear_epilogue: x_scale and w_scale go with float8 operands only")
+    out_dtype = out_dtype or (torch.bfloat16 if fp8 else x.dtype)
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"linear_epilogue: out_dtype must be bf16 or fp16, got {out_dtype}")
     if code != 2 and (bias is None or bias.shape != (n,)):
         raise ValueError(f"linear_epilogue: {epilogue!r} needs a bias of shape ({n},)")
     if code == 2 and (pre is None or pre.shape != (m, n) or pre.dtype != x.dtype or not pre.is_contiguous()):
         raise ValueError(f"linear_epilogue: 'gelu_grad' needs a contiguous {x.dtype} pre-activation of shape ({m}, {n})")
-    cfg = config or config_for(m, n, k, epilogue)
-    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    cfg = config or config_for(m, n, k, epilogue, fp8=fp8)
+    out = torch.empty(m, n, device=x.device, dtype=out_dtype)
     side = None
     if code == 1 and store_pre:
         side = torch.empty(m, n, device=x.device, dtype=x.dtype)
@@ -252,9 +288,12 @@ def linear_epilogue(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     vector = side if code == 2 else bias
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     programs = min(tiles, cfg.ctas_per_sm * _num_programs(x.device.index or 0) if x.is_cuda else 4)
+    # Unused scale pointers (half-precision operands) point at the bias / vector: never read.
+    xs, ws = (x_scale, w_scale) if fp8 else (vector, vector)
     _linear_epilogue_kernel[(programs,)](
-        a_desc, w_desc, out_desc, pre_desc, vector, m, n, k,
+        a_desc, w_desc, out_desc, pre_desc, vector, xs, ws, m, n, k,
         EPILOGUE=code, STORE_PRE=code == 1 and store_pre, BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k,
         GROUP_M=cfg.group_m, EPI_SPLIT=cfg.epi_split, NUM_PROGRAMS=programs, FLATTEN=cfg.flatten, W_KN=weight_kn,
-        OUT_DTYPE=tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16, WS=cfg.warp_specialize, num_stages=cfg.stages, num_warps=cfg.warps)
+        OUT_DTYPE=tl.bfloat16 if out_dtype == torch.bfloat16 else tl.float16, WS=cfg.warp_specialize, SCALED=fp8,
+        num_stages=cfg.stages, num_warps=cfg.warps)
     return out, side

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -121,7 +121,10 @@ class GPUEncoder:
         max_graphs: shapes kept captured at once, per path (each holds its activations).
         fp8: also run the Transformer layers' projections and FFN as float8 GEMMs
             (:func:`ctxkit.inference.fp8.convert_to_fp8`; needs a GPU with fp8 tensor
-            cores, e.g. Hopper): a separate, declared precision.
+            cores, e.g. Hopper): a separate, declared precision. True converts every
+            product; ``"norm_inputs"`` only q/k/v and the FFN's first product (their inputs
+            quantised inside the preceding LayerNorm's kernel, bias and GELU in a Triton
+            GEMM epilogue; the fastest fp8 form on an H100, see docs/performance.md).
         gelu_epilogue: compute each feed-forward block's ``gelu(fc1(x))`` as one cuBLASLt
             GEMM with the bias and GELU in its epilogue
             (:func:`ctxkit.fast.linear_gelu_tanh`). cuBLASLt's GELU is the tanh form:
@@ -139,7 +142,7 @@ class GPUEncoder:
     """
 
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, device=None, cuda_graphs: bool = True,
-                 compile=False, max_graphs: int = 8, fp8: bool = False, gelu_epilogue: bool = False,
+                 compile=False, max_graphs: int = 8, fp8: Union[bool, str] = False, gelu_epilogue: bool = False,
                  gelu_gemm: bool = False):
         if not torch.cuda.is_available():
             raise RuntimeError("GPUEncoder needs a CUDA device; use ctxkit.inference.backends on CPU")
