@@ -154,6 +154,8 @@ class GemmGeluFFN(PositionwiseFFN):
 
 @functools.lru_cache(maxsize=None)
 def _runs_on_cached(device_type: str, index: Optional[int]) -> bool:
+    if not gelu_gemm_available():  # no triton (the gpu extra): callers take their PyTorch path
+        return False
     probe = torch.empty(0, device=torch.device(device_type, index) if index is not None else device_type)
     return _load_kernels().supported(probe) is None
 
