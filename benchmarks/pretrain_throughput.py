@@ -102,6 +102,9 @@ def time_steps(step, warmup: int, steps: int) -> float:
 #   combo          with compile: Inductor's combo_kernels (independent small kernels launched as one)
 #   maskdrop       dropout masks from PyTorch's Bernoulli kernel outside the compiled graph
 #                  (ctxkit.fast.fast_dropout; TrainConfig.fast_dropout)
+#   master         nn.Linear weights in bf16 with fp32 masters in a flat AdamW (clipping inside its
+#                  update kernel; ctxkit.training.master.MasterAdamW; TrainConfig.master_weights)
+#   unfusedqkv     q, k and v as three GEMMs (no gradient concatenation in the backward)
 #   tma            with compile-model+autotune: Hopper TMA persistent matmul templates in the autotuning
 #   nosync         with --scaling: no gradient all-reduce at all -- diagnostic only (what
 #                  running N GPUs at once costs without communication)
@@ -109,7 +112,7 @@ def time_steps(step, warmup: int, steps: int) -> float:
 #                  diagnostic only (what waiting for the slower rank costs)
 OPTIONS = ("compile", "compile-model", "bf16res", "flash", "cudnn", "efficient", "nodrop", "coordesc", "autotune", "bf16grad",
            "overlap", "seg2", "seg3", "seg4", "nosync", "synconly",
-           "aggrfuse", "combo", "tma", "gelugemm", "maskdrop")
+           "aggrfuse", "combo", "tma", "gelugemm", "maskdrop", "master", "unfusedqkv")
 
 
 def parse_variant(name: str) -> set:
@@ -125,7 +128,8 @@ def build_ctxkit(cfg, variant: str, grad_sync=None):
         cfg = cfg.replace(dropout=0.0, attention_dropout=0.0)
     torch.manual_seed(0)
     model = PretrainingModel(cfg).cuda().train()
-    fuse_qkv(model)  # q/k/v in one GEMM, as the Trainer runs it (ctxkit.training.speed.apply_speed_options)
+    if "unfusedqkv" not in opts:
+        fuse_qkv(model)  # q/k/v in one GEMM, as the Trainer runs it (ctxkit.training.speed.apply_speed_options)
     if "bf16res" in opts:
         set_stream_dtype(model, torch.bfloat16)
     if "gelugemm" in opts:  # the exact GELU and its derivative inside Triton GEMM epilogues
@@ -145,7 +149,12 @@ def build_ctxkit(cfg, variant: str, grad_sync=None):
     elif "compile-model" in opts:
         segments = max([int(o[3:]) for o in opts if o.startswith("seg")] or [1])
         compile_model(model, segments=segments, mode="max-autotune-no-cudagraphs" if "autotune" in opts else "default")
-    opt = build_adamw(model, 1e-4, 0.01, capturable=True)
+    if "master" in opts:
+        from ctxkit.training.master import build_master_adamw
+
+        opt = build_master_adamw(model, 1e-4, 0.01, capturable=True)
+    else:
+        opt = build_adamw(model, 1e-4, 0.01, capturable=True)
     return GraphedTrainStep(model, opt, 1.0, lambda: torch.autocast("cuda", torch.bfloat16, cache_enabled=False), grad_sync=grad_sync)
 
 

@@ -213,12 +213,17 @@ def load_state_dict_strict(module: nn.Module, state: Mapping[str, Tensor], sourc
     module.load_state_dict(dict(state), strict=True, assign=assign)
 
 
+def _own_storage(t: Tensor) -> Tensor:
+    # A view into a larger buffer (e.g. MasterAdamW's flat parameters) is copied out.
+    return t if t.untyped_storage().nbytes() == t.numel() * t.element_size() else t.clone()
+
+
 def save_weights(state: Mapping[str, Tensor], path: os.PathLike) -> Path:
     """Save a state dict as safetensors, atomically."""
     from safetensors.torch import save_file
 
     # safetensors refuses shared or non-contiguous storage; tied weights must be dropped by the caller.
-    tensors = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+    tensors = {k: _own_storage(v.detach().contiguous().cpu()) for k, v in state.items()}
     return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
 
 

@@ -27,6 +27,8 @@ from typing import Callable, Dict, Optional, Tuple  # noqa: F401
 import torch
 from torch import Tensor, nn
 
+from .optim import clipped_step
+
 __all__ = ["GraphedTrainStep", "graphs_supported"]
 
 
@@ -83,9 +85,8 @@ class GraphedTrainStep:
             self.grad_sync.finish()
         elif self.grad_sync is not None:
             self.grad_sync()
-        if self.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        self.optimizer.step()
+        # Clipping rides into the fused update (ctxkit.training.optim.clipped_step).
+        clipped_step(self.optimizer, self.model.parameters(), self.max_grad_norm)
         # The loss and any other scalar the model reports (e.g. MLM accuracy).
         return {k: v.detach() for k, v in out.items() if torch.is_tensor(v) and v.dim() == 0}
 

@@ -10,7 +10,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from ..core.errors import UserError
 
-__all__ = ["Lamb", "build_adamw", "build_lamb", "linear_warmup_decay", "polynomial_warmup_decay"]
+__all__ = ["Lamb", "build_adamw", "build_lamb", "clipped_step", "linear_warmup_decay", "polynomial_warmup_decay"]
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list:
@@ -53,6 +53,44 @@ def build_adamw(model: nn.Module, lr: float, weight_decay: float = 0.01, betas=(
         except RuntimeError:  # a torch without the fused CPU kernel (or a dtype it lacks)
             pass
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
+
+
+def _fused_adam(optimizer: torch.optim.Optimizer) -> bool:
+    return type(optimizer) in (torch.optim.Adam, torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
+
+
+def clipped_step(optimizer: torch.optim.Optimizer, parameters, max_grad_norm: float) -> None:
+    """Clip the gradients' global 2-norm to ``max_grad_norm`` (0: no clipping), then step.
+
+    The factor is ``torch.nn.utils.clip_grad_norm_``'s, ``min(1, max / (norm + 1e-6))``. A
+    :class:`~ctxkit.training.master.MasterAdamW` applies it inside its update kernel; a fused
+    torch Adam(W) receives it as ``grad_scale`` (the unscaling input it has for AMP), which
+    saves a pass that multiplies every gradient; other optimisers get ``clip_grad_norm_``.
+    """
+    from .master import MasterAdamW  # lazy: master imports this module
+
+    if isinstance(optimizer, MasterAdamW):
+        optimizer.step(max_grad_norm=max_grad_norm)
+        return
+    parameters = list(parameters)
+    grads = [p.grad for p in parameters if p.grad is not None]
+    plain = all(type(g) is torch.Tensor for g in grads)  # not FSDP's DTensor shards: their norm is a collective
+    if max_grad_norm > 0 and grads and plain and _fused_adam(optimizer) and getattr(optimizer, "grad_scale", None) is None:
+        by_kind: dict = {}
+        for g in grads:
+            by_kind.setdefault((g.device, g.dtype), []).append(g)
+        norms = [n.to(torch.float32) for group in by_kind.values() for n in torch._foreach_norm(group)]
+        total = torch.linalg.vector_norm(torch.stack(norms))
+        # The fused kernel divides every gradient by grad_scale.
+        optimizer.grad_scale = torch.clamp((total + 1e-6) / max_grad_norm, min=1.0)
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.grad_scale
+        return
+    if max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
+    optimizer.step()
 
 
 def linear_warmup_decay(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> LambdaLR:

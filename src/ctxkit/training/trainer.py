@@ -35,7 +35,8 @@ from .data import CollatedBatches
 from .distributed import (agree, all_reduce_mean, broadcast_parameters, cpu_copy, full_model_state, full_optimizer_state, load_full_state,
                           setup, shard_model)
 from .graphs import GraphedTrainStep, graphs_supported
-from .optim import build_adamw, build_lamb, build_schedule
+from .master import MasterAdamW, build_master_adamw, check_master_weights
+from .optim import build_adamw, build_lamb, build_schedule, clipped_step
 from .speed import apply_speed_options, graph_grad_sync
 from ..core.errors import UserError
 
@@ -132,6 +133,11 @@ class TrainConfig:
             compiled graph (:func:`ctxkit.fast.fast_dropout`): the same function, a
             memory-bound mask kernel instead of Philox inside the fused norm kernels
             (faster compiled GPU training); a different random stream than without it.
+        master_weights: keep ``nn.Linear`` weights and biases in bf16 with fp32 master copies
+            in the optimiser (:class:`ctxkit.training.master.MasterAdamW`): the numbers of
+            bf16 autocast without its per-step weight casts and fp32 gradient passes; one
+            flat update kernel with the clipping inside. Needs bf16 precision, AdamW and
+            one process; checkpoints and ``best/`` hold the fp32 masters.
     """
 
     epochs: float = 3.0
@@ -171,6 +177,7 @@ class TrainConfig:
     gelu_gemm: bool = False
     fp8_training: bool = False
     fast_dropout: bool = False
+    master_weights: bool = False
 
 
 @dataclass
@@ -294,8 +301,12 @@ class Trainer:
         if self.sharded:
             shard_model(self.model, self.device)
         # Built after sharding: the optimiser must hold FSDP's DTensor shards.
-        self.optimizer = (build_lamb(self.model, config.lr, config.weight_decay) if config.optimizer == "lamb"
-                          else build_adamw(self.model, config.lr, config.weight_decay, capturable=use_graphs))
+        if config.master_weights:
+            check_master_weights(config, self.device, self.world)
+            self.optimizer = build_master_adamw(self.model, config.lr, config.weight_decay, capturable=use_graphs)
+        else:
+            self.optimizer = (build_lamb(self.model, config.lr, config.weight_decay) if config.optimizer == "lamb"
+                              else build_adamw(self.model, config.lr, config.weight_decay, capturable=use_graphs))
         self.scheduler = build_schedule(config, self.optimizer, int(config.warmup_ratio * total), total)
         self.forward = self.model  # fully_shard works in place: no wrapper
         if self.world > 1 and use_graphs:
@@ -316,6 +327,11 @@ class Trainer:
                                             grad_sync=graph_grad_sync(self.model, config) if self.world > 1 else None)
             self.pad_multiple = max(config.pad_multiple, 16)  # few shapes -> few graphs
 
+    def _full_precision(self):
+        """While saving or evaluating: the fp32 masters in place of bf16 weights (MasterAdamW)."""
+        optimizer = getattr(self, "optimizer", None)
+        return optimizer.full_precision() if isinstance(optimizer, MasterAdamW) else contextlib.nullcontext()
+
     # -- checkpoints ------------------------------------------------------------------
 
     def full_state_dict(self) -> Optional[Dict[str, torch.Tensor]]:
@@ -326,7 +342,8 @@ class Trainer:
         if self.sharded:
             state = full_model_state(self.model)
             return state if self.rank == 0 else None
-        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        with self._full_precision():
+            return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
 
     def _save_checkpoint(self, state: dict, weights: Dict[str, torch.Tensor], optimizer_state: dict) -> None:
         extra = {"scheduler": self.scheduler.state_dict()}
@@ -338,7 +355,8 @@ class Trainer:
 
     def _save_best(self, model: nn.Module) -> None:
         """``best/`` replaced as a unit, so its encoder and head always come from one epoch."""
-        write_folder(self.out_dir / "best", lambda folder: self.save_best(model, folder))
+        with self._full_precision():
+            write_folder(self.out_dir / "best", lambda folder: self.save_best(model, folder))
 
     def _tidy_run_folder(self) -> None:
         """At (re)start: a complete checkpoint and best/ back in place after a crash, then
@@ -528,9 +546,7 @@ class Trainer:
             for k, v in out.items():
                 if torch.is_tensor(v) and v.dim() == 0:
                     sums[k] = sums.get(k, 0) + v.detach() * weight
-        if cfg.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-        self.optimizer.step()
+        clipped_step(self.optimizer, self.model.parameters(), cfg.max_grad_norm)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return sums, n_examples, n_tokens
@@ -539,7 +555,8 @@ class Trainer:
         state.update(epoch=epoch, batch_in_epoch=batch_in_epoch, step=step, losses=[float(v) for v in losses])
         if self.config.save_checkpoints and (self.sharded or self.rank == 0):
             # Under FSDP every rank sends its shards and rank 0 receives the whole state.
-            weights = full_model_state(self.model) if self.sharded else self.model.state_dict()
+            with self._full_precision():  # the masters' tensors, saved before the next update
+                weights = full_model_state(self.model) if self.sharded else self.model.state_dict()
             optimizer_state = full_optimizer_state(self.model, self.optimizer) if self.sharded else self.optimizer.state_dict()
             if self.rank == 0:
                 self._save_checkpoint(state, weights, optimizer_state)
@@ -562,7 +579,8 @@ class Trainer:
         if not self.config.eval_each_epoch or self.evaluate is None:
             self._save_best(model)
             return
-        metrics = self.evaluate(self.model)
+        with self._full_precision():
+            metrics = self.evaluate(self.model)
         self.model.train()
         record = {"event": "eval", "epoch": epoch, "step": step, "stop": reason, "elapsed": round(time.time() - start, 2), **metrics}
         self._log(record)
@@ -592,7 +610,8 @@ class Trainer:
                 self._save_best(best_model)
                 state["best_epoch"] = epoch
         elif self.evaluate is not None:
-            metrics = self.evaluate(self.model)
+            with self._full_precision():
+                metrics = self.evaluate(self.model)
             self.model.train()
             record = {"event": "eval", "epoch": epoch, "step": step, "elapsed": round(time.time() - start, 2), **metrics}
             self._log(record)
