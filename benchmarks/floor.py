@@ -312,7 +312,8 @@ def main(argv=None) -> int:
     parser.add_argument("--pretrain-variants", nargs="+",
                         default=["graphs+compile-model+bf16res", "graphs+compile-model+bf16res+gelugemm",
                                  "graphs+compile-model+bf16res+gelugemm+maskdrop",
-                                 "graphs+compile-model+bf16res+gelugemm+maskdrop+master"],
+                                 "graphs+compile-model+bf16res+gelugemm+maskdrop+master",
+                                 "graphs+compile-model+bf16res+gelugemm+maskdrop+master+qkvpack+mixsplit64"],
                         help="benchmarks/pretrain_throughput.py variants timed against the pretraining floor")
     parser.add_argument("--profile", action="store_true", help="also print kernel tables of each variant")
     parser.add_argument("--fp8", nargs="*", default=["norm_inputs"], choices=["all", "norm_inputs"],

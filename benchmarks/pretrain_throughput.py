@@ -105,6 +105,14 @@ def time_steps(step, warmup: int, steps: int) -> float:
 #   master         nn.Linear weights in bf16 with fp32 masters in a flat AdamW (clipping inside its
 #                  update kernel; ctxkit.training.master.MasterAdamW; TrainConfig.master_weights)
 #   unfusedqkv     q, k and v as three GEMMs (no gradient concatenation in the backward)
+#   qkvpack        q/k/v gradients packed and the bias gradient summed in one Triton pass
+#                  (ctxkit.fast.pack_qkv_grad; TrainConfig.packed_qkv_grad)
+#   mixsplit32|mixsplit64|mixsplit128  Inductor's mix-order reductions (norm backward + its
+#                  parameter gradients in one kernel) with this many rows per partial sum
+#                  (default: a heuristic, 16 rows on an H100 at batch 256: 2048 partial rows,
+#                  then one eager column sum per parameter)
+#   mixtune        Inductor benchmarks the mix-order split size per kernel
+#   nosplit        Inductor without split reductions (each bias/norm-parameter gradient one reduction)
 #   tma            with compile-model+autotune: Hopper TMA persistent matmul templates in the autotuning
 #   nosync         with --scaling: no gradient all-reduce at all -- diagnostic only (what
 #                  running N GPUs at once costs without communication)
@@ -112,7 +120,8 @@ def time_steps(step, warmup: int, steps: int) -> float:
 #                  diagnostic only (what waiting for the slower rank costs)
 OPTIONS = ("compile", "compile-model", "bf16res", "flash", "cudnn", "efficient", "nodrop", "coordesc", "autotune", "bf16grad",
            "overlap", "seg2", "seg3", "seg4", "nosync", "synconly",
-           "aggrfuse", "combo", "tma", "gelugemm", "maskdrop", "master", "unfusedqkv")
+           "aggrfuse", "combo", "tma", "gelugemm", "maskdrop", "master", "unfusedqkv", "nosplit", "qkvpack",
+           "mixsplit32", "mixsplit64", "mixsplit128", "mixtune")
 
 
 def parse_variant(name: str) -> set:
@@ -132,6 +141,10 @@ def build_ctxkit(cfg, variant: str, grad_sync=None):
         fuse_qkv(model)  # q/k/v in one GEMM, as the Trainer runs it (ctxkit.training.speed.apply_speed_options)
     if "bf16res" in opts:
         set_stream_dtype(model, torch.bfloat16)
+    if "qkvpack" in opts:
+        from ctxkit.fast import pack_qkv_grad
+
+        pack_qkv_grad(model)
     if "gelugemm" in opts:  # the exact GELU and its derivative inside Triton GEMM epilogues
         from ctxkit.fast import fuse_gelu_gemm
 
@@ -144,6 +157,11 @@ def build_ctxkit(cfg, variant: str, grad_sync=None):
     torch._inductor.config.aggressive_fusion = "aggrfuse" in opts
     torch._inductor.config.combo_kernels = "combo" in opts
     torch._inductor.config.triton.enable_persistent_tma_matmul = "tma" in opts
+    torch._inductor.config.split_reductions = "nosplit" not in opts
+    mix = [int(o[8:]) for o in opts if o.startswith("mixsplit")]
+    if hasattr(torch._inductor.config.triton, "mix_order_reduction_split_size"):  # torch >= 2.10
+        torch._inductor.config.triton.mix_order_reduction_split_size = mix[0] if mix else None
+        torch._inductor.config.triton.mix_order_reduction_autotune_split_size = "mixtune" in opts
     if "compile" in opts:
         compile_blocks(model)
     elif "compile-model" in opts:

@@ -41,12 +41,12 @@ def _block(monkeypatch, *names):
 
 
 def test_importing_every_module_loads_no_optional_package():
-    # ctxkit.core.plots exists to draw with matplotlib, ctxkit.fast.decode_kernels, gemm_kernels, dropout_kernels and adamw_kernels to hold Triton
+    # ctxkit.core.plots exists to draw with matplotlib, ctxkit.fast.decode_kernels, gemm_kernels, dropout_kernels, adamw_kernels and qkv_kernels to hold Triton
     # kernels; every other module must import without extras.
     code = (
         "import pkgutil, ctxkit\n"
         "for m in pkgutil.walk_packages(ctxkit.__path__, 'ctxkit.'):\n"
-        "    if m.name not in ('ctxkit.core.plots', 'ctxkit.fast.decode_kernels', 'ctxkit.fast.gemm_kernels', 'ctxkit.fast.dropout_kernels', 'ctxkit.fast.adamw_kernels'): __import__(m.name)\n"
+        "    if m.name not in ('ctxkit.core.plots', 'ctxkit.fast.decode_kernels', 'ctxkit.fast.gemm_kernels', 'ctxkit.fast.dropout_kernels', 'ctxkit.fast.adamw_kernels', 'ctxkit.fast.qkv_kernels'): __import__(m.name)\n"
         f"print(sorted(m for m in {OPTIONAL!r} if m in sys.modules))"
     )
     done = _run(code)

@@ -13,6 +13,9 @@ faster kernels:
 * :class:`GeluEpilogueFFN` -- fc1 + bias + tanh GELU as one cuBLASLt GEMM (:func:`enable_gelu_epilogue`);
 * :class:`GemmGeluFFN` -- the exact (erf) GELU and its derivative inside Triton GEMM
   epilogues, training and inference (:func:`fuse_gelu_gemm`; Hopper, needs the ``gpu`` extra);
+* :class:`PackedGradQKVAttention` -- the fused q/k/v projection whose backward packs the
+  head gradients and sums the bias gradient in one Triton pass (:func:`pack_qkv_grad`;
+  training, needs the ``gpu`` extra);
 * :class:`MaskDropout` -- dropout masks from PyTorch's Bernoulli kernel, outside compiled
   graphs (:func:`fast_dropout`; training);
 * :class:`StreamDtypeAddNorm` / :class:`StreamDtypeEmbeddings` -- a bf16 residual stream
@@ -47,6 +50,7 @@ from .dropout import MaskDropout, dropout_keep_mask, fast_dropout, unfast_dropou
 from .gelu_gemm import GemmGeluFFN, fuse_gelu_gemm, gelu_gemm_available, linear_gelu, unfuse_gelu_gemm
 from .ffn import GeluEpilogueFFN, enable_gelu_epilogue, linear_gelu_tanh
 from .fp8 import FP8_MAX, FP8_SCOPES, Fp8EpilogueLinear, Fp8GeluFFN, Fp8Linear, convert_to_fp8
+from .qkv_grad import PackedGradQKVAttention, pack_qkv_grad, unpack_qkv_grad
 from .rows import OneRowFusedQKVAttention, OneRowLinear, one_row_linear, one_row_linears
 from .segments import SegmentedEncoder, segment_encoders
 from .stream import StreamDtypeAddNorm, StreamDtypeEmbeddings, set_stream_dtype, to_stream_dtype
@@ -64,6 +68,7 @@ __all__ = [
     "MaskDropout",
     "OneRowFusedQKVAttention",
     "OneRowLinear",
+    "PackedGradQKVAttention",
     "SegmentedEncoder",
     "StreamDtypeAddNorm",
     "StreamDtypeEmbeddings",
@@ -81,6 +86,7 @@ __all__ = [
     "linear_gelu_tanh",
     "one_row_linear",
     "one_row_linears",
+    "pack_qkv_grad",
     "prepare_inference",
     "segment_encoders",
     "set_stream_dtype",
@@ -88,12 +94,14 @@ __all__ = [
     "unfast_dropout",
     "unfuse_decode_layers",
     "unfuse_gelu_gemm",
+    "unpack_qkv_grad",
     "why_not_fused",
 ]
 
 
 def apply_fast_paths(model: nn.Module, *, fused_qkv: bool = False, fp8: Union[bool, str] = False, gelu_epilogue: bool = False,
-                     gelu_gemm: bool = False, dropout_masks: bool = False, stream_dtype: Optional[torch.dtype] = None, compile_segments: Optional[int] = None) -> nn.Module:
+                     gelu_gemm: bool = False, packed_qkv_grad: bool = False, dropout_masks: bool = False,
+                     stream_dtype: Optional[torch.dtype] = None, compile_segments: Optional[int] = None) -> nn.Module:
     """Swap the chosen fast variants into ``model`` in place and return it.
 
     Args:
@@ -110,6 +118,10 @@ def apply_fast_paths(model: nn.Module, *, fused_qkv: bool = False, fp8: Union[bo
         gelu_gemm: each erf-GELU FFN's GELU (and its derivative) inside Triton GEMM
             epilogues (:func:`fuse_gelu_gemm`; exact; where the kernels run, else the plain
             layer; not with ``gelu_epilogue``, which takes those FFNs first).
+        packed_qkv_grad: self-attention's q/k/v projection as one GEMM whose backward packs
+            the head gradients and sums the bias gradient in one Triton pass
+            (:func:`pack_qkv_grad`; implies the fused projection; where the kernel runs,
+            else the fused layer).
         dropout_masks: every ``nn.Dropout`` as :class:`MaskDropout` (:func:`fast_dropout`;
             the same function with masks from PyTorch's Bernoulli kernel; training speed).
         stream_dtype: keep the residual stream in this dtype under autocast
@@ -122,6 +134,8 @@ def apply_fast_paths(model: nn.Module, *, fused_qkv: bool = False, fp8: Union[bo
     """
     if fused_qkv:
         fuse_qkv(model)
+    if packed_qkv_grad:
+        pack_qkv_grad(model)
     if fp8:
         convert_to_fp8(model, "all" if fp8 is True else fp8)
     if gelu_epilogue:

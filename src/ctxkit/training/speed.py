@@ -86,16 +86,18 @@ def compile_model(model: nn.Module, segments: int = 1, mode: str = "default") ->
 
 
 def apply_speed_options(model: nn.Module, config, whole_model: bool = True, segments: int = 1) -> None:
-    """Apply a :class:`~ctxkit.training.TrainConfig`'s ``fp8_training``, ``gelu_gemm``, ``fast_dropout``,
-    ``activation_checkpointing``, ``bf16_residual`` and ``compile`` (whole model in
-    ``compile_segments`` graphs, or per layer when ``whole_model`` is False, as FSDP needs)
-    to ``model`` in place. ``segments`` is used when ``config.compile_segments`` is 0
-    (automatic). Attention projects q/k/v of a shared input as one GEMM
-    (:func:`ctxkit.fast.fuse_qkv`) unless the projections are float8 modules."""
+    """Apply a :class:`~ctxkit.training.TrainConfig`'s ``fp8_training``, ``gelu_gemm``,
+    ``packed_qkv_grad``, ``fast_dropout``, ``activation_checkpointing``, ``bf16_residual``
+    and ``compile`` (whole model in ``compile_segments`` graphs, or per layer when
+    ``whole_model`` is False, as FSDP needs) to ``model`` in place. ``segments`` is used
+    when ``config.compile_segments`` is 0 (automatic). Attention projects q/k/v of a shared
+    input as one GEMM (:func:`ctxkit.fast.fuse_qkv`) unless the projections are float8
+    modules."""
     fp8 = getattr(config, "fp8_training", False)
     if fp8:
         enable_fp8_training(model)
     apply_fast_paths(model, fused_qkv=not fp8, gelu_gemm=getattr(config, "gelu_gemm", False),
+                     packed_qkv_grad=getattr(config, "packed_qkv_grad", False) and not fp8,
                      dropout_masks=getattr(config, "fast_dropout", False),
                      stream_dtype=torch.bfloat16 if config.bf16_residual else None)
     if config.activation_checkpointing:

@@ -125,6 +125,9 @@ class TrainConfig:
         gelu_gemm: compute erf-GELU feed-forward blocks with the GELU and its derivative
             inside Triton GEMM epilogues (:func:`ctxkit.fast.fuse_gelu_gemm`; exact; Hopper
             GPUs with the ``gpu`` extra, the plain blocks elsewhere).
+        packed_qkv_grad: in the backward, pack self-attention's q/k/v gradients and sum the
+            projection's bias gradient in one Triton pass (:func:`ctxkit.fast.pack_qkv_grad`;
+            the same products; needs the ``gpu`` extra, the fused projection elsewhere).
         fp8_training: the Transformer layers' Linears as float8 GEMMs with row-wise scales
             (:func:`ctxkit.training.fp8.enable_fp8_training`, torchao; a declared
             precision; needs the ``gpu`` extra and compute capability >= 8.9). Raises
@@ -175,6 +178,7 @@ class TrainConfig:
     overlap_grad_reduce: bool = False
     data_workers: Optional[int] = None
     gelu_gemm: bool = False
+    packed_qkv_grad: bool = False
     fp8_training: bool = False
     fast_dropout: bool = False
     master_weights: bool = False
