@@ -40,7 +40,8 @@ from ctxkit.training import build_adamw  # noqa: E402
 from ctxkit.training.graphs import GraphedTrainStep  # noqa: E402
 from ctxkit.training.reducer import OverlappedGradReducer  # noqa: E402
 from ctxkit.fast import fuse_qkv  # noqa: E402
-from ctxkit.training.speed import FlatGradAllReduce, compile_blocks, compile_model, set_stream_dtype  # noqa: E402
+from ctxkit.training.speed import (FlatGradAllReduce, compile_blocks, compile_model, set_norm_grad_split,  # noqa: E402
+                                   set_stream_dtype)
 
 
 def measured_peak_tflops(n: int = 8192, reps: int = 20) -> float:
@@ -110,7 +111,7 @@ def time_steps(step, warmup: int, steps: int) -> float:
 #   mixsplit32|mixsplit64|mixsplit128  Inductor's mix-order reductions (norm backward + its
 #                  parameter gradients in one kernel) with this many rows per partial sum
 #                  (default: a heuristic, 16 rows on an H100 at batch 256: 2048 partial rows,
-#                  then one eager column sum per parameter)
+#                  then one eager column sum per parameter; TrainConfig.compile_norm_split)
 #   mixtune        Inductor benchmarks the mix-order split size per kernel
 #   nosplit        Inductor without split reductions (each bias/norm-parameter gradient one reduction)
 #   tma            with compile-model+autotune: Hopper TMA persistent matmul templates in the autotuning
@@ -159,8 +160,7 @@ def build_ctxkit(cfg, variant: str, grad_sync=None):
     torch._inductor.config.triton.enable_persistent_tma_matmul = "tma" in opts
     torch._inductor.config.split_reductions = "nosplit" not in opts
     mix = [int(o[8:]) for o in opts if o.startswith("mixsplit")]
-    if hasattr(torch._inductor.config.triton, "mix_order_reduction_split_size"):  # torch >= 2.10
-        torch._inductor.config.triton.mix_order_reduction_split_size = mix[0] if mix else None
+    if set_norm_grad_split(mix[0] if mix else None):  # TrainConfig.compile_norm_split; torch >= 2.10
         torch._inductor.config.triton.mix_order_reduction_autotune_split_size = "mixtune" in opts
     if "compile" in opts:
         compile_blocks(model)

@@ -247,3 +247,24 @@ def test_gpu_encoder_runs_fused_attention_from_a_prepared_cache():
     # TF32 (10-bit mantissa) may be on for CUDA matmuls: then bound by bf16's epsilon, above it.
     assert_close_to_reference(out, reference, dtype=torch.bfloat16 if torch.backends.cuda.matmul.allow_tf32 else torch.float32,
                               name="GPU encoder", **BLOCK)
+
+
+def test_compile_norm_split_sets_inductor_and_rejects_bad_values():
+    from ctxkit.core.errors import UserError
+    from ctxkit.training import TrainConfig
+    from ctxkit.training.speed import apply_speed_options, set_norm_grad_split
+
+    triton_config = torch._inductor.config.triton
+    if not hasattr(triton_config, "mix_order_reduction_split_size"):  # torch < 2.10: nothing to set
+        assert set_norm_grad_split(64) is False
+        return
+    before = triton_config.mix_order_reduction_split_size
+    try:
+        apply_speed_options(_bert(), TrainConfig(compile=True, compile_norm_split=64))
+        assert triton_config.mix_order_reduction_split_size == 64
+        with pytest.raises(UserError, match="power of two"):
+            set_norm_grad_split(48)
+        assert triton_config.mix_order_reduction_split_size == 64  # a refused value changes nothing
+        assert set_norm_grad_split(None) is True and triton_config.mix_order_reduction_split_size is None
+    finally:
+        triton_config.mix_order_reduction_split_size = before
