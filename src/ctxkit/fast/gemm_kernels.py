@@ -73,7 +73,9 @@ class GemmConfig(NamedTuple):
 # Chosen on an H100 by `benchmarks/ffn_gemm.py --sweep` for BERT-base's (32768 x 768) @ (768 x 3072):
 # the forward epilogues run best two programs per multiprocessor (one's GELU overlaps the other's
 # products), the backward's (which also loads pre) with one program of 128 x 256 tiles.
-DEFAULT_CONFIG = GemmConfig(block_m=128, block_n=128, block_k=64, group_m=8, stages=3, warps=8, epi_split=2,
+# group_m=1 (the tiles of one row block in turn: W, 4.7 MB, stays in L2 anyway) measured 2 % faster than 8
+# for the GELU epilogue (0.316 vs 0.323 ms; bias only 0.245 vs 0.259).
+DEFAULT_CONFIG = GemmConfig(block_m=128, block_n=128, block_k=64, group_m=1, stages=3, warps=8, epi_split=2,
                             flatten=True, ctas_per_sm=2)
 GRAD_CONFIG = GemmConfig(block_m=128, block_n=256, block_k=64, group_m=8, stages=3, warps=8, epi_split=2,
                          flatten=True, ctas_per_sm=1)
