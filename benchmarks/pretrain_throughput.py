@@ -314,7 +314,10 @@ def main(argv=None) -> int:
 
     args_steps = args.steps
     cfg = get_preset(args.preset).config
-    command = "python benchmarks/pretrain_throughput.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    given = argv if argv is not None else sys.argv[1:]
+    # Records name no machine path: the --results destination is left out of the command.
+    given = [a for i, a in enumerate(given) if a != "--results" and (i == 0 or given[i - 1] != "--results")]
+    command = "python benchmarks/pretrain_throughput.py " + " ".join(shlex.quote(a) for a in given)
     if args.scaling:
         args.results = args.results or str(REPO / "benchmarks" / "results" / "pretrain_scaling.json")
         return scaling(cfg, args, command.replace("python ", "torchrun --nproc_per_node N ", 1))

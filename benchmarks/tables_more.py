@@ -183,7 +183,9 @@ def floor_section() -> list:
                "is the norms, which only a GEMM epilogue at cuBLAS speed could absorb), a pretraining step >= 75 % (met: "
                "75.6 %, 77.0 %, 76.3 % and 75.9 % in four runs of `graphs+compile-model+bf16res+gelugemm+maskdrop+"
                "master+qkvpack+mixsplit64`, and 76.4 % in a fifth with the GELU GEMM's row-block tile order, each "
-               "against the floor measured in the same run; before it 74.1-74.9 % with master weights), decoding >= 3,500 tokens/s on an H100 (met: 4,077).")
+               "against the floor measured in the same run; before it 74.1-74.9 % with master weights; against "
+               "transformers' BertForPreTraining in one run of `benchmarks/pretrain_throughput.py`: 5,803 vs 3,756 "
+               "seq/s, 1.54x HF compiled, short of the 1.6x the issue expected 75 % to mean), decoding >= 3,500 tokens/s on an H100 (met: 4,077).")
     fp8_rows = [r for r in everything if "fp8" in r["case"]]
     fp8_gemm = _load("ffn_gemm_fp8.json")
     acc = [r for r in _load("inference_gpu_quality.json") if "norm_inputs" in r.get("model", "")]
