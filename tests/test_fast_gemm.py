@@ -312,33 +312,40 @@ def test_pretraining_step_with_gemm_gelu_matches_plain_on_gpu():
 
 @needs_triton
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(), reason="no Triton target")
-def test_normal_cdf_and_pdf_of_the_epilogue_match_float64_over_a_wide_range():
+def test_normal_cdf_pdf_and_gelu_of_the_epilogue_match_float64_over_a_wide_range():
     """The epilogue's erf (Abramowitz & Stegun 7.1.26) against float64, -12..12: absolute
-    error of Phi below 1e-7 and of phi below float32 rounding, no cancellation in the tail."""
+    error of Phi below 1e-7 and of phi below float32 rounding, no cancellation in the tail;
+    the GELU written as relu(x) - |x| Phi(-|x|) within Phi's error times |x|."""
     import triton
     import triton.language as tl
 
     # A jitted function finds what it calls among its module's globals (not closures); this
     # module cannot import the kernels at the top (CI has no triton).
     globals()["_normal_cdf_pdf"] = _kernels()._normal_cdf_pdf
+    globals()["_gelu"] = _kernels()._gelu
 
     @triton.jit
-    def probe(x_ptr, cdf_ptr, pdf_ptr, n, BLOCK: tl.constexpr):
+    def probe(x_ptr, cdf_ptr, pdf_ptr, gelu_ptr, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
         cdf, pdf = _normal_cdf_pdf(x)  # noqa: F821
         tl.store(cdf_ptr + offs, cdf, mask=offs < n)
         tl.store(pdf_ptr + offs, pdf, mask=offs < n)
+        tl.store(gelu_ptr + offs, _gelu(x), mask=offs < n)  # noqa: F821
 
     device = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
     x = torch.linspace(-12, 12, 4801, dtype=torch.float32, device=device)
-    cdf, pdf = torch.empty_like(x), torch.empty_like(x)
-    probe[(triton.cdiv(x.numel(), 1024),)](x, cdf, pdf, x.numel(), BLOCK=1024)
+    cdf, pdf, gelu = torch.empty_like(x), torch.empty_like(x), torch.empty_like(x)
+    probe[(triton.cdiv(x.numel(), 1024),)](x, cdf, pdf, gelu, x.numel(), BLOCK=1024)
     x64 = x.double().cpu()
     want_cdf = 0.5 * torch.special.erfc(-x64 / 2 ** 0.5)
     want_pdf = torch.exp(-0.5 * x64 * x64) / (2 * torch.pi) ** 0.5
     # erf to 1.5e-7 (the formula) plus float32 rounding of 1 - tail and the fast reciprocal
     assert (cdf.double().cpu() - want_cdf).abs().max().item() < 3e-7
     assert (pdf.double().cpu() - want_pdf).abs().max().item() < 4 * torch.finfo(torch.float32).eps * want_pdf.max().item()
+    want_gelu = x64 * want_cdf  # Phi's error scaled by |x|, plus float32 rounding of the result
+    gelu_bound = 3e-7 * x64.abs() + 2 * torch.finfo(torch.float32).eps * want_gelu.abs() + 1e-30
+    assert ((gelu.double().cpu() - want_gelu).abs() <= gelu_bound).all()
+    assert (gelu.cpu()[x64 < -6] <= 0).all() and (gelu.cpu()[x64 > 6] == x.cpu()[x64 > 6]).all()
     far = x64 < -6  # the tail comes from the product, not from 1 - (something near 1)
     assert (cdf.cpu()[far] > 0).all() and (cdf.cpu()[far].double() <= 2 * want_cdf[far] + 1e-12).all()
