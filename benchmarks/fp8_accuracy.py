@@ -67,7 +67,15 @@ def main(argv=None) -> int:
         metrics, _ = task.evaluate(m.eval(), tokenizer, examples, 64, args.device)
         scores[name] = metrics["accuracy"]
         print(f"{name}: SST-2 dev accuracy {scores[name]:.2f} ({time.time() - start:.0f} s)", flush=True)
-    command = "python benchmarks/fp8_accuracy.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    given = list(argv if argv is not None else sys.argv[1:])
+    for i, a in enumerate(given):  # where the records go is not part of how they were made (and may be a machine path)
+        if a == "--results" and i + 1 < len(given):
+            del given[i:i + 2]
+            break
+        if a.startswith("--results="):
+            del given[i]
+            break
+    command = "python benchmarks/fp8_accuracy.py " + " ".join(shlex.quote(a) for a in given)
     where = (f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}" if args.device.startswith("cuda")
              else f"CPU ({platform.machine()}), GPU arithmetic emulated by torch._scaled_mm")
     base = {"device": where, "date": datetime.date.today().isoformat(), "command": command}
