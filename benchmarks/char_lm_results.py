@@ -25,12 +25,11 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from harness import write_records
 
-from ctxkit.models.char_lm import CHAR_PRESETS, CharLSTMConfig  # noqa: E402
-from ctxkit.pretraining.char_lm import train_char_lm  # noqa: E402
-from ctxkit.training import TrainConfig  # noqa: E402
+from ctxkit.models.char_lm import CHAR_PRESETS, CharLSTMConfig
+from ctxkit.pretraining.char_lm import train_char_lm
+from ctxkit.training import TrainConfig
 
 T12 = CHAR_PRESETS["char_t12_512"]
 # name -> (architecture, auxiliary-loss switches, what the run shows)
@@ -107,7 +106,7 @@ def collect(args) -> None:
             "command": _command(name, s)})
         rows.append(f"| {name} | {RUNS[name][2]} | {s['parameters'] / 1e6:.1f} M | {s['steps']} | {s['wall_time_s']:.0f} s | "
                     f"{s['valid']['bpc']:.3f} | {s['test']['bpc']:.3f} |")
-    Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
+    write_records("char_lm.json", records, args.results)  # a rerun replaces its runs' records, keeps the others
     print("| run | model | parameters | steps | train time | valid bpc | test bpc |\n|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     if base:
@@ -126,7 +125,7 @@ def main(argv=None) -> int:
     parser.add_argument("--eval-chars", type=int, default=1_000_000, help="score the first N characters of valid and test")
     parser.add_argument("--collect", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="toy-size models (CPU check of the path; not a result)")
-    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "char_lm.json"))
+    parser.add_argument("--results", default=None, help="records file (default: benchmarks/results/char_lm.json)")
     args = parser.parse_args(argv)
     if args.collect:
         collect(args)

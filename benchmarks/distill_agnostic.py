@@ -11,24 +11,24 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from harness import command_line, write_records
 
-from ctxkit.models.bert import load_bert, save_bert  # noqa: E402
-from ctxkit.pretraining import build_shards  # noqa: E402
-from ctxkit.pretraining.distill import distill_pretrain  # noqa: E402
-from ctxkit.tasks import finetune, get_task  # noqa: E402
-from ctxkit.tokenizers import WordPieceTokenizer  # noqa: E402
-from ctxkit.training import TrainConfig  # noqa: E402
-from ctxkit.training.distill import every_other_layer, student_from_teacher  # noqa: E402
-from ctxkit.zoo import checkpoint_folder  # noqa: E402
+from ctxkit.models.bert import load_bert, save_bert
+from ctxkit.pretraining import build_shards
+from ctxkit.pretraining.distill import distill_pretrain
+from ctxkit.tasks import finetune, get_task
+from ctxkit.tokenizers import WordPieceTokenizer
+from ctxkit.training import TrainConfig
+from ctxkit.training.distill import every_other_layer, student_from_teacher
+from ctxkit.zoo import checkpoint_folder
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None) -> int:
@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--distill-only", action="store_true", help="stop after distillation (a later call fine-tunes)")
     parser.add_argument("--limit", type=int, default=0, help="smoke test: SST-2 examples per split (records not written)")
-    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "distill_agnostic.json"))
+    parser.add_argument("--results", default=None, help="records file (default: benchmarks/results/distill_agnostic.json)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
                      limit_train=args.limit or None, limit_eval=args.limit or None)
         scores[name] = s["results"]["dev"]["accuracy"]
         print(name, scores[name], flush=True)
-    command = "python benchmarks/distill_agnostic.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = command_line("distill_agnostic.py", argv if argv is not None else sys.argv[1:])
     record = {"task": "sst-2", "split": "dev", "metric": "accuracy", "value": round(scores["distilled"], 2),
               "model": "3-layer student of all_minilm_l6_v2 distilled task-agnostically (DistilBERT triple loss) on the "
                        f"Wikipedia extract ({args.files} files, {meta.get('num_instances')} sequences of 128), then fine-tuned",
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
               "last_losses": {k: summary.get(k) for k in ("loss", "soft_loss", "mlm_loss", "cos_loss")},
               "device": device, "date": datetime.date.today().isoformat(), "command": command}
     if not args.limit:
-        Path(args.results).write_text(json.dumps([record], indent=1) + "\n")
+        write_records("distill_agnostic.json", [record], args.results)
     print(json.dumps(record, indent=1))
     return 0
 

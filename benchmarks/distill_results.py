@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
-import shlex
 import statistics
 import sys
 import time
@@ -26,12 +24,13 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from harness import command_line, write_records
 
-from ctxkit.tasks import finetune, get_task, load_run  # noqa: E402
-from ctxkit.tasks.distill import distill  # noqa: E402
-from ctxkit.training import TrainConfig  # noqa: E402
+from ctxkit.tasks import finetune, get_task, load_run
+from ctxkit.tasks.distill import distill
+from ctxkit.training import TrainConfig
+
+REPO = Path(__file__).resolve().parents[1]
 
 # data folder, epochs, batch, lr, metrics (the first is the main one): as in benchmarks/run_finetune_results.py
 TASKS = {
@@ -42,6 +41,8 @@ TASKS = {
 }
 
 
+# Kept local (not harness.seconds_per_call, a mean over back-to-back calls): the recorded
+# figure is the median latency of single synchronised calls, on the GPU and on the CPU.
 def _time(model: torch.nn.Module, batch: dict, device: str, reps: int) -> float:
     """Median milliseconds of one forward pass (synchronised), after warm-up."""
     model = model.to(device).eval()
@@ -77,15 +78,13 @@ def main(argv=None) -> int:
     parser.add_argument("--alpha", type=float, default=0.5)
     parser.add_argument("--seeds", type=int, nargs="+", default=[42], help="student seeds (the teacher uses the first)")
     parser.add_argument("--limit", type=int, default=0, help="smoke test: first N examples per split (records not written)")
-    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "distill.json"))
+    parser.add_argument("--results", default=None, help="records file (default: benchmarks/results/distill.json)")
     args = parser.parse_args(argv)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
-    command = "python benchmarks/distill_results.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = command_line("distill_results.py", argv if argv is not None else sys.argv[1:])
     date = datetime.date.today().isoformat()
     limit = args.limit or None
-    records = []
-    if Path(args.results).is_file() and not args.limit:  # tasks run in separate calls add up in one file
-        records = [r for r in json.loads(Path(args.results).read_text()) if r.get("task", r.get("case", "")).split()[0] not in args.tasks]
+    records = []  # tasks run in separate calls add up in one file (write_records replaces only what this call measured)
     for name in args.tasks:
         sub, epochs, batch, lr, metrics = TASKS[name]
         data, out = Path(args.data) / sub, Path(args.out) / name
@@ -135,7 +134,7 @@ def main(argv=None) -> int:
                             "peer": round(t_ms, 3), "speedup": round(t_ms / s_ms, 3), "size_ratio": round(size, 3),
                             "device": device if dev == "cuda" else f"CPU of the {device} machine", "date": date, "command": command})
     if not args.limit:
-        Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
+        write_records("distill.json", records, args.results)
     for r in records:
         if "task" in r:
             print(f"{r['task']:<10} {r['metric']:<12} teacher {r['teacher_value']:>6.2f}  distilled {r['value']:>6.2f}  "

@@ -16,7 +16,8 @@ the task, as in Peters et al. (2018), while the biLM stays frozen. Runs:
 --bilm takes a train_bilm run folder (final/ or checkpoint.pt), a save_elmo_lm folder, a bilm-tf
 options.json + weights.hdf5 folder or a checkpoint.pt (see ctxkit.tasks.feature_sources.load_bilm).
 --limit N keeps the first N sentences of every split (smoke tests; the numbers mean nothing).
-Writes quality records (a JSON list in the style of benchmarks/results/*.json) to --out.
+Writes quality records (a JSON list in the style of benchmarks/results/*.json) to --out; a
+rerun replaces the records of the same task, metric, model and device there, the others stay.
 """
 
 from __future__ import annotations
@@ -26,21 +27,19 @@ import datetime
 import gc
 import json
 import platform
-import shlex
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from harness import RESULTS, command_line, write_records
 
-from ctxkit.core.checkpoint import CheckpointError  # noqa: E402
-from ctxkit.data.conll import label_list, read_conll  # noqa: E402
-from ctxkit.models.static import WordVectors  # noqa: E402
-from ctxkit.data.glue import read_sst2  # noqa: E402
-from ctxkit.tasks.feature_models import (  # noqa: E402
+from ctxkit.core.checkpoint import CheckpointError
+from ctxkit.data.conll import label_list, read_conll
+from ctxkit.models.static import WordVectors
+from ctxkit.data.glue import read_sst2
+from ctxkit.tasks.feature_models import (
     ElmoFeatures,
     StaticFeatures,
     load_bilm,
@@ -70,7 +69,7 @@ def device_name(device: torch.device) -> str:
 
 def repo_peer(file: str, label: str, match) -> tuple:
     """(name, value) of the first record of benchmarks/results/<file> that ``match``-es, else (None, None)."""
-    path = REPO / "benchmarks" / "results" / file
+    path = RESULTS / file
     try:
         record = next(r for r in json.loads(path.read_text()) if match(r))
     except (OSError, ValueError, StopIteration):
@@ -121,7 +120,7 @@ def main(argv=None) -> int:
     p.add_argument("--limit", type=int, help="first N sentences of every split only (smoke test)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--out", required=True, help="JSON file for the quality records (overwritten)")
+    p.add_argument("--out", required=True, help="JSON file for the quality records (merged: a rerun replaces its own records)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     ner_epochs, sst2_epochs = (args.epochs, args.epochs) if args.epochs else (args.ner_epochs, args.sst2_epochs)
@@ -155,7 +154,7 @@ def main(argv=None) -> int:
     print(f"biLM: {bilm_info}\nstatic vectors: {vectors} (lookup lowercased first: {lowercase}); device {device}", flush=True)
 
     common = dict(device=device_name(device), date=datetime.date.today().isoformat(),
-                  command="python " + shlex.join(["benchmarks/elmo_results.py", *(sys.argv[1:] if argv is None else argv)]),
+                  command=command_line("elmo_results.py", sys.argv[1:] if argv is None else argv),
                   seed=args.seed, **({"limit": args.limit} if args.limit else {}))
     static_name = f"static vectors {Path(args.static_vectors).name} (dim {vectors.dim}, {len(vectors):,} words; frozen)"
     elmo_name = (f"ELMo biLM {Path(bilm_info['source']).as_posix()} ({bilm_info['parameters'] / 1e6:.1f}M parameters, "
@@ -232,7 +231,7 @@ def main(argv=None) -> int:
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(records, indent=1, ensure_ascii=False) + "\n")
+    write_records(out.name, records, str(out))
     print(f"\n{'result':<34} {'features':<16} {'value':>7}  {'peer':>6}  {'seconds':>7}  notes")
     for what, label, value, note, seconds, peer in table:
         print(f"{what:<34} {label:<16} {value:>7.2f}  {peer if peer is not None else '-':>6}  {seconds:>7.1f}  {note}")

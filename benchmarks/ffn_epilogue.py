@@ -7,22 +7,21 @@ Times (CUDA events, median of --reps) for one block at ``--tokens`` rows:
 ``fc1 GEMM`` alone, ``fc1 + GELU`` eager / compiled / cuBLASLt epilogue (the tanh GELU
 that ``torch._addmm_activation(use_gelu=True)`` folds into the GEMM), and the whole
 block ``LayerNorm(x + fc2(gelu(fc1(x))))`` compiled, with and without the epilogue GELU.
-Prints a table; diagnostic only (no records).
+Prints a table; diagnostic only (no records). The same tanh-GELU epilogue runs in
+``GPUEncoder(model, plan="graphs+compile+qkv+gelutanh")``.
+
+Engineering measurement of a kernel, not a product figure (the product figures come from ctxkit bench).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from ctxkit.fast import linear_gelu_tanh  # noqa: E402
+from ctxkit.fast import linear_gelu_tanh
 
 
 def kernel_table(fn, calls: int, rows: int = 10) -> str:
@@ -34,6 +33,8 @@ def kernel_table(fn, calls: int, rows: int = 10) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=90)
 
 
+# Kept local (not harness.seconds_per_call, a mean over back-to-back calls): the median of
+# per-call CUDA-event times, each call timed on its own (fp8_gemm.py uses it too).
 def time_ms(fn, reps: int = 50) -> float:
     for _ in range(5):
         fn()

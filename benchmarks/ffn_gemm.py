@@ -20,7 +20,11 @@ as the peer, PyTorch's kernels for the same work:
 * ``bias``: ``x @ W1.T + b1`` alone, against cuBLAS: how close the GEMM itself is.
 
 Every ctxkit result is checked against a float32 computation of the same bf16 inputs
-(the error printed in units of bf16's rounding of the largest output).
+(the error printed in units of bf16's rounding of the largest output). A rerun replaces the
+records of the same cases and card (``harness.write_records``). The kernels serve the fast
+plan option ``gelugemm``.
+
+Engineering measurement of a kernel, not a product figure (the product figures come from ctxkit bench).
 """
 
 from __future__ import annotations
@@ -28,15 +32,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import shlex
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from harness import command_line, seconds_per_call, write_records
 
 # (block_m, block_n, block_k, group_m, stages, warps, epi_split, flatten)
 SWEEP = [  # GemmConfig fields: block_m, block_n, block_k, group_m, stages, warps, epi_split, flatten, ctas_per_sm
@@ -54,16 +55,8 @@ SWEEP_WS = [
 
 
 def event_ms(fn, reps: int = 30, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
+    """Mean milliseconds per call over ``reps`` back-to-back calls after ``warmup`` (CUDA events)."""
+    return 1e3 * seconds_per_call(fn, warmup=warmup, reps=reps, device="cuda")
 
 
 def gelu_grad_f32(pre):
@@ -154,15 +147,12 @@ def main(argv=None) -> int:
         raise SystemExit("benchmarks/ffn_gemm.py measures a GPU: no CUDA device here")
     from ctxkit.fast import gemm_kernels as K
 
-    args.results = args.results or str(REPO / "benchmarks" / "results" / ("ffn_gemm_fp8.json" if args.fp8 else "ffn_gemm.json"))
-    given = argv if argv is not None else sys.argv[1:]
-    given = [a for i, a in enumerate(given) if a != "--results" and (i == 0 or given[i - 1] != "--results")]
+    name = "ffn_gemm_fp8.json" if args.fp8 else "ffn_gemm.json"
     base = {"device": f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}", "date": datetime.date.today().isoformat(),
-            "command": ("python benchmarks/ffn_gemm.py " + " ".join(shlex.quote(a) for a in given)).strip()}
+            "command": command_line("ffn_gemm.py", argv if argv is not None else sys.argv[1:])}
     if args.fp8:
         records = fp8_part(args, K, base)
-        Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
-        print(f"wrote {args.results}")
+        print(f"wrote {write_records(name, records, args.results)}")
         return 0
 
     m, h = args.tokens, args.hidden
@@ -236,11 +226,11 @@ def main(argv=None) -> int:
                         "peer_name": "cuBLAS GEMM (bias epilogue)" + ("" if case == "bias" else " + Inductor elementwise kernel"),
                         "peer": round(peer_ms[case], 4), "speedup": round(peer_ms[case] / ms, 3),
                         "max_error_bf16_steps": round(err, 2)})
-    Path(args.results).write_text(json.dumps([{**r, **base} for r in records], indent=1) + "\n")
+    path = write_records(name, [{**r, **base} for r in records], args.results)
     if best:
         print("sweep best (ms, tiles): " + json.dumps(best))
-        Path(args.results).with_suffix(".sweep.json").write_text(json.dumps(best) + "\n")
-    print(f"wrote {args.results}")
+        path.with_suffix(".sweep.json").write_text(json.dumps(best) + "\n")
+    print(f"wrote {path}")
     return 0
 
 

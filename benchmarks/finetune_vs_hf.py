@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
-import json
-import shlex
 import sys
 import tempfile
 import time
@@ -30,10 +27,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from harness import command_line, device_name, speed_record, today, write_records
 
-from ctxkit.tasks.metrics import accuracy, ner_f1, squad_v1  # noqa: E402
+from ctxkit.tasks.metrics import accuracy, ner_f1, squad_v1
+
+REPO = Path(__file__).resolve().parents[1]
 
 HYPER = {  # shared by both sides
     "sst-2": dict(epochs=1, batch_size=32, lr=1e-4, max_length=128),
@@ -57,7 +55,7 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def run_ctxkit(task_name: str, model: str, data: Path, hp: dict) -> dict:
+def run_ctxkit(task_name: str, model: str, data: Path, hp: dict, fast: str = "auto") -> dict:
     from ctxkit.tasks import finetune, get_task
     from ctxkit.training import TrainConfig
 
@@ -66,7 +64,7 @@ def run_ctxkit(task_name: str, model: str, data: Path, hp: dict) -> dict:
     # Like the HF side (save_strategy="no", eval_strategy="no"): no resumable checkpoints,
     # one evaluation at the end.
     cfg = TrainConfig(epochs=hp["epochs"], batch_size=hp["batch_size"], lr=hp["lr"], warmup_ratio=0.1, weight_decay=0.01,
-                      progress=False, log_every=200, eval_each_epoch=False, save_checkpoints=False)
+                      progress=False, log_every=200, eval_each_epoch=False, save_checkpoints=False, fast=fast)
     _sync()
     t0 = time.time()
     with tempfile.TemporaryDirectory() as out:
@@ -74,7 +72,7 @@ def run_ctxkit(task_name: str, model: str, data: Path, hp: dict) -> dict:
     _sync()
     wall = time.time() - t0
     print(f"  ctxkit timings: {summary['timings_s']}", flush=True)
-    return {"score": summary["results"][task.eval_splits[0]][task.main_metric], "wall_s": wall}
+    return {"score": summary["results"][task.eval_splits[0]][task.main_metric], "wall_s": wall, "fast": summary.get("fast")}
 
 
 # ------------------------------------------------------------------------ HF side
@@ -246,7 +244,9 @@ def main(argv=None) -> int:
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data"))
     parser.add_argument("--model", required=True, help="HF-format folder of all-MiniLM-L6-v2 (both sides load it)")
     parser.add_argument("--tasks", nargs="*", default=list(HYPER))
-    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "finetune_vs_hf.json"))
+    parser.add_argument("--fast", default="auto", help="ctxkit fast plans, comma-separated (default: auto)")
+    parser.add_argument("--no-peer", action="store_true", help="time ctxkit only")
+    parser.add_argument("--results", default=None)
     parser.add_argument("--limit", type=int, default=0, help="smoke test: first N examples per split (records not written)")
     args = parser.parse_args(argv)
     global LIMIT
@@ -256,32 +256,37 @@ def main(argv=None) -> int:
         return 2
     import transformers
 
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
-    date = datetime.date.today().isoformat()
-    command = "python benchmarks/finetune_vs_hf.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    device = device_name()
+    script = command_line("finetune_vs_hf.py", argv if argv is not None else sys.argv[1:])
     records = []
     for name in args.tasks:
         runner, sub, metric = HF_RUNNERS[name]
         hp = HYPER[name]
         data = Path(args.data) / sub
-        ours = run_ctxkit(name, args.model, data, hp)
-        print(f"{name}: ctxkit {metric} {ours['score']:.2f} in {ours['wall_s']:.1f}s", flush=True)
-        peer = runner(args.model, data, hp)
-        print(f"{name}: transformers {metric} {peer['score']:.2f} in {peer['wall_s']:.1f}s", flush=True)
-        split = "qa-eval" if name == "squad" else "dev"
-        common = {"device": device, "date": date, "command": command, "hyper": hp}
-        records.append({"benchmark": "finetune_vs_hf", "case": f"{name} ({hp['epochs']} ep, bs {hp['batch_size']}, lr {hp['lr']:g}, bf16)",
-                        "metric": "wall time to dev score", "unit": "s", "ctxkit": round(ours["wall_s"], 1),
-                        "peer_name": f"transformers {transformers.__version__} Trainer", "peer": round(peer["wall_s"], 1),
-                        "speedup": round(peer["wall_s"] / ours["wall_s"], 2), **common})
-        records.append({"task": name, "split": split, "metric": metric, "value": round(ours["score"], 2),
-                        "model": "bert_6_384_12 / all_minilm_l6_v2", "peer_name": f"transformers {transformers.__version__} Trainer, same hyper-parameters",
-                        "peer_value": round(peer["score"], 2), **common})
+        peer = None if args.no_peer else runner(args.model, data, hp)
+        if peer:
+            print(f"{name}: transformers {metric} {peer['score']:.2f} in {peer['wall_s']:.1f}s", flush=True)
+        for plan in args.fast.split(","):
+            ours = run_ctxkit(name, args.model, data, hp, fast=plan)
+            print(f"{name} --fast {plan} ({ours['fast']}): ctxkit {metric} {ours['score']:.2f} in {ours['wall_s']:.1f}s", flush=True)
+            split = "qa-eval" if name == "squad" else "dev"
+            extra = (["--max-seq-len", str(hp["max_length"]), "--doc-stride", str(hp["stride"])] if name == "squad"
+                     else ["--max-length", str(hp["max_length"])])
+            command = " ".join(["ctxkit finetune", name, "--model MODEL --data", f"DATA/{sub}", "--out RUN --epochs", str(hp["epochs"]),
+                                "--batch-size", str(hp["batch_size"]), "--lr", f"{hp['lr']:g}", *extra, "--fast", plan])
+            peer_name = f"transformers {transformers.__version__} Trainer"
+            records.append(speed_record("finetune_vs_hf", f"{name} ({hp['epochs']} ep, bs {hp['batch_size']}, lr {hp['lr']:g}, bf16), "
+                                        f"--fast {plan}", "wall time to dev score", "s", ours["wall_s"], peer_name if peer else None,
+                                        peer["wall_s"] if peer else None, command, lower_is_better=True, device=device,
+                                        ctxkit_plan=ours["fast"], hyper=hp, benchmark_command=script))
+            records.append({"task": name, "split": split, "metric": metric, "value": round(ours["score"], 2),
+                            "model": "bert_6_384_12 / all_minilm_l6_v2", "peer_name": f"{peer_name}, same hyper-parameters" if peer else None,
+                            "peer_value": round(peer["score"], 2) if peer else None, "device": device, "date": today(),
+                            "command": command, "fast": plan, "hyper": hp})
+            print(f"{name} --fast {plan}: ctxkit {ours['wall_s']:.1f}s" + (f", HF {peer['wall_s']:.1f}s, "
+                  f"{peer['wall_s'] / ours['wall_s']:.2f}x" if peer else ""), flush=True)
     if not LIMIT:
-        Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
-    print(f"\n{'task':<11}{'ctxkit':>9}{'HF':>9}{'ctxkit s':>10}{'HF s':>9}{'time ratio':>11}")
-    for speed, quality in zip(records[::2], records[1::2]):
-        print(f"{quality['task']:<11}{quality['value']:>9.2f}{quality['peer_value']:>9.2f}{speed['ctxkit']:>10.1f}{speed['peer']:>9.1f}{speed['ctxkit'] / speed['peer']:>11.2f}")
+        write_records("finetune_vs_hf.json", records, args.results)
     return 0
 
 

@@ -8,17 +8,17 @@ the same run, with the same shapes:
 
 * ``inference`` (BERT-base classifier, bf16, batch 256, seq 128, every row full): the 48
   Transformer GEMMs (fused q/k/v, attention output, FFN in and out, 12 layers, each with its
-  own weights) plus 12 flash-attention calls. ctxkit: ``GPUEncoder`` (CUDA graphs, and
-  compiled), the configuration of ``benchmarks/inference_gpu.py``.
+  own weights) plus 12 flash-attention calls. ctxkit: ``ctxkit bench infer --fast PLAN``
+  (the GPU encoder with each plan of --infer-plans).
 * ``pretrain`` (BERT-base MLM + NSP, bf16 autocast, batch 256, seq 128, 20 masked positions):
   those GEMMs forward and backward (input and weight gradients), the MLM head's GEMMs on the
   masked positions, flash attention forward and backward, and one fused AdamW step over the
-  model's parameters. ctxkit: ``benchmarks/pretrain_throughput.py``'s fastest configuration
-  (whole-step CUDA graph, compiled model, bf16 residual stream).
+  model's parameters. ctxkit: ``ctxkit bench pretrain --fast PLAN`` (the Trainer with each
+  plan of --pretrain-plans, its loader included).
 * ``decode`` (GPT-2 small, bf16, batch 1, greedy, prompt 32, 256 new tokens): reading every
   weight once per token at the bandwidth a device-to-device copy reaches. ctxkit:
-  ``static_generate`` (one CUDA graph per token, compiled step); a profiler table of one
-  token's kernels says where the rest goes.
+  ``generate`` with each plan of --decode-plans (``ctxkit bench decode``); a profiler table
+  of one token's kernels says where the rest goes.
 
 Each record: ``ctxkit`` the measured figure, ``peer`` the floor's figure (``peer_name`` says
 what the floor is), ``speedup`` = ctxkit / floor (for throughputs: the fraction of the floor
@@ -28,39 +28,24 @@ reached), plus the components in ms.
 from __future__ import annotations
 
 import argparse
-import copy
-import datetime
-import json
-import shlex
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from harness import command_line, device_name, seconds_per_call, speed_record, write_records
 
-from ctxkit.models import get_preset  # noqa: E402
+from ctxkit.cli.bench import bench_infer, bench_pretrain
+from ctxkit.models import get_preset
 
 L, H, FFN, HEADS = 12, 768, 3072, 12
 
 
 def event_ms(fn, reps: int = 20, warmup: int = 3) -> float:
-    """Mean GPU time of ``fn()`` in ms (events around ``reps`` back-to-back calls: at these
+    """Mean GPU time of ``fn()`` in ms (CUDA events around ``reps`` back-to-back calls: at these
     sizes every kernel is long enough that the host stays ahead of the GPU)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
+    return 1e3 * seconds_per_call(fn, warmup=warmup, reps=reps)
 
 
 def layer_weights(dtype=torch.bfloat16):
@@ -101,11 +86,6 @@ def kernel_table(fn, calls: int = 3, rows: int = 30) -> str:
 
 
 def inference_part(args, out: list) -> None:
-    import inference_gpu as ig  # the ctxkit configuration the inference records use
-    from ctxkit.inference.gpu import GPUEncoder
-    from ctxkit.models.bert import BertModel
-    from ctxkit.tasks import get_task
-
     batch, seq = args.batch, args.seq
     x = torch.randn(batch * seq, H, device="cuda", dtype=torch.bfloat16)
     weights = layer_weights()
@@ -118,56 +98,40 @@ def inference_part(args, out: list) -> None:
     # the variants take, the same GEMMs were seen to drift by up to 6 % (8.49-8.99 ms on one
     # H100, clocks following temperature), and one side's timing should not pick a clock state.
     before = floor_parts()
-    torch.manual_seed(0)
-    model = get_task("sst-2").build_model(BertModel(get_preset("bert_12_768_12").config)).eval()
-    ids = torch.randint(1000, 20000, (batch, seq)).pin_memory()
-    feed = (ids, torch.ones_like(ids).pin_memory(), torch.zeros_like(ids).pin_memory())
-    rows = {}
-    variants = [("graphs", {}), ("graphs + compile", {"compile": "default"})]
-    if args.gelu_gemm:  # the exact GELU in a Triton GEMM's epilogue (ctxkit.fast.gelu_gemm; Hopper)
-        variants.append(("graphs + compile + GELU GEMM", {"compile": "default", "gelu_gemm": True}))
-    if args.autotune:  # Triton GEMM templates with the bias and GELU in their epilogues compete with cuBLAS
-        variants.append(("graphs + compile (max-autotune)", {"compile": "max-autotune-no-cudagraphs"}))
-    fp8_variants = []
-    for scope in args.fp8:  # a declared precision: compared with the best exact bf16 variant, not the floor
-        fp8_variants.append((f"graphs + compile + fp8 {scope}", {"compile": "default", "fp8": scope,
-                                                                  "gelu_gemm": args.gelu_gemm and scope == "all"}))
-    variants += fp8_variants
-    for name, options in variants:
-        # A fresh copy per variant: a fast-path swap changes module classes, which the compiled
-        # graphs of an earlier variant on the same modules would not notice.
-        gpu = GPUEncoder(copy.deepcopy(model), dtype=torch.bfloat16, **options)
-        rows[name] = batch / ig.seconds(lambda i, m, t, gpu=gpu: gpu(i, t, m)["logits"], [feed], args.repeat)
-        if args.profile:
-            print(f"inference profile, {name} (3 batches):\n" + kernel_table(lambda gpu=gpu: gpu(*feed[:1], feed[2], feed[1])), flush=True)
-        del gpu
+    rows, plans = {}, {}
+    declared = [p for p in args.infer_plans if "fp8" in p]  # compared with the best exact plan, not the floor
+    for plan in args.infer_plans:
+        result = bench_infer(batch=batch, seq=seq, reps=args.repeat, fast=plan)
+        rows[plan], plans[plan] = result["seq_per_s"], result["fast"]
+        print(f"inference --fast {plan} ({result['fast']}): {rows[plan]:,.0f} seq/s", flush=True)
     after = floor_parts()
     del weights, x
     gemm, attn = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
     floor_ms = gemm + attn
-    exact = {k: v for k, v in rows.items() if "fp8" not in k}
+    exact = {k: v for k, v in rows.items() if k not in declared}
     best = max(exact, key=exact.get)
     floor_tp = batch / (floor_ms / 1e3)
-    for name, _ in fp8_variants:
-        out.append({"benchmark": "floor", "case": f"BERT-base classifier inference, {name.split('+ ')[-1]} (declared precision) "
-                    f"vs exact bf16, batch {batch}, seq {seq}", "metric": "throughput", "unit": "sequences/s",
-                    "ctxkit": round(rows[name], 1), "ctxkit_variant": name,
-                    "peer_name": f"ctxkit exact bf16, fastest variant of the same run ({best})", "peer": round(rows[best], 1),
-                    "speedup": round(rows[name] / rows[best], 3)})
+
+    def command(plan):
+        return f"ctxkit bench infer --batch {batch} --seq {seq} --reps {args.repeat} --fast {plan}"
+
+    for plan in declared:
+        out.append(speed_record("floor", f"BERT-base classifier inference, --fast {plan} (declared precision) vs the fastest exact plan, "
+                                f"batch {batch}, seq {seq}", "throughput", "sequences/s", rows[plan],
+                                f"ctxkit exact bf16, fastest plan of the same run (--fast {best})", rows[best], command(plan),
+                                ctxkit_plan=plans[plan]))
     print(f"inference floor (before {sum(before):.2f} ms, after {sum(after):.2f} ms, mean): GEMMs {gemm:.2f} ms + "
           f"attention {attn:.2f} ms = {floor_ms:.2f} ms -> {floor_tp:,.0f} seq/s; "
           f"ctxkit {rows} -> {rows[best] / floor_tp:.1%} of the floor", flush=True)
-    out.append({"benchmark": "floor", "case": f"BERT-base classifier inference, bf16, batch {batch}, seq {seq}",
-                "metric": "throughput vs floor", "unit": "sequences/s", "ctxkit": round(rows[best], 1), "ctxkit_variant": best,
-                "peer_name": "floor: the same 48 GEMMs + 12 flash-attention calls alone, same card, same run",
-                "peer": round(floor_tp, 1), "speedup": round(rows[best] / floor_tp, 3),
-                "floor_ms": {"gemms": round(gemm, 3), "attention": round(attn, 3)},
-                "floor_before_after_ms": [round(sum(before), 3), round(sum(after), 3)],
-                "all": {k: round(v, 1) for k, v in rows.items()}})
+    out.append(speed_record("floor", f"BERT-base classifier inference, bf16, batch {batch}, seq {seq}", "throughput vs floor",
+                            "sequences/s", rows[best], "floor: the same 48 GEMMs + 12 flash-attention calls alone, same card, same run",
+                            floor_tp, command(best), ctxkit_plan=plans[best],
+                            floor_ms={"gemms": round(gemm, 3), "attention": round(attn, 3)},
+                            floor_before_after_ms=[round(sum(before), 3), round(sum(after), 3)],
+                            all={k: round(v, 1) for k, v in rows.items()}))
 
 
 def pretrain_part(args, out: list) -> None:
-    import pretrain_throughput as pt
     from ctxkit.pretraining.train import PretrainingModel
 
     cfg = get_preset("bert_12_768_12").config
@@ -221,30 +185,27 @@ def pretrain_part(args, out: list) -> None:
     del model, params, opt
     torch.cuda.empty_cache()
     floor_ms = gemm + attn + adam
-    pt.args_steps = args.steps
-    data = pt.make_batch(cfg, batch, seq, masked)
-    rows = {}
-    for variant in args.pretrain_variants:
-        rows[variant] = pt.run_ctxkit(cfg, data["ours"], variant) * 1e3
-        if args.profile:
-            print(f"pretraining profile, {variant} (eager steps of the compiled model, 3 steps):\n"
-                  + pt.profile_ctxkit(cfg, data["ours"], variant, rows=30), flush=True)
+    rows, plans = {}, {}
+    for plan in args.pretrain_plans:
+        result = bench_pretrain(batch=batch, seq=seq, masked=masked, steps=args.steps, fast=plan)
+        rows[plan], plans[plan] = batch / result["seq_per_s"] * 1e3, result["fast"]
+        print(f"pretraining --fast {plan} ({result['fast']}): {result['seq_per_s']:,.0f} seq/s, {rows[plan]:.2f} ms a step", flush=True)
     best = min(rows, key=rows.get)
     print(f"pretraining floor: GEMMs fwd+bwd {gemm:.2f} ms + attention fwd+bwd {attn:.2f} ms + AdamW {adam:.2f} ms = "
           f"{floor_ms:.2f} ms; ctxkit {rows} ms -> {floor_ms / rows[best]:.1%} of the floor", flush=True)
-    out.append({"benchmark": "floor", "case": f"BERT-base pretraining step (MLM + NSP), bf16 autocast, batch {batch}, seq {seq}, {masked} masked",
-                "metric": "step time vs floor", "unit": "ms", "ctxkit": round(rows[best], 3), "ctxkit_variant": best,
-                "peer_name": "floor: the same GEMMs forward+backward, flash attention forward+backward and fused AdamW alone, same card, same run",
-                "peer": round(floor_ms, 3), "speedup": round(floor_ms / rows[best], 3),
-                "floor_ms": {"gemms": round(gemm, 3), "attention": round(attn, 3), "adamw": round(adam, 3)},
-                "ctxkit_seq_per_s": round(batch / rows[best] * 1e3, 1), "all": {k: round(v, 3) for k, v in rows.items()}})
+    out.append(speed_record("floor", f"BERT-base pretraining step (MLM + NSP), bf16 autocast, batch {batch}, seq {seq}, {masked} masked",
+                            "step time vs floor", "ms", rows[best],
+                            "floor: the same GEMMs forward+backward, flash attention forward+backward and fused AdamW alone, same card, same run",
+                            floor_ms, f"ctxkit bench pretrain --batch {batch} --seq {seq} --masked {masked} --steps {args.steps} --fast {best}",
+                            lower_is_better=True, ctxkit_plan=plans[best],
+                            floor_ms={"gemms": round(gemm, 3), "attention": round(attn, 3), "adamw": round(adam, 3)},
+                            ctxkit_seq_per_s=round(batch / rows[best] * 1e3, 1), all={k: round(v, 3) for k, v in rows.items()}))
 
 
 def decode_part(args, out: list) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    from ctxkit.decoding import GenerationConfig
-    from ctxkit.decoding.static_decode import static_generate
+    from ctxkit.decoding import GenerationConfig, generate
     from ctxkit.models.gpt2 import GPT2_PRESETS, GPT2LMHeadModel
 
     torch.manual_seed(0)
@@ -262,10 +223,8 @@ def decode_part(args, out: list) -> None:
     mask = torch.ones_like(ids)
     config = GenerationConfig(max_new_tokens=new)
     rows, tokens = {}, {}
-    variants = {"CUDA graph": (False, False), "CUDA graph + compiled step": (True, False),
-                "CUDA graph + Triton layers": (False, True), "CUDA graph + compiled step + Triton layers": (True, True)}
-    for name, (compile_step, fused) in variants.items():
-        run = lambda c=compile_step, f=fused: static_generate(model, ids, mask, config, compile_step=c, fused_layers=f)  # noqa: E731
+    for name in args.decode_plans:
+        run = lambda plan=name: generate(model, ids, mask, config, plan=plan)  # noqa: E731
         try:
             for _ in range(2):
                 tokens[name] = run()
@@ -284,7 +243,7 @@ def decode_part(args, out: list) -> None:
     print(f"decode: share of tokens equal to the first variant's: {same}", flush=True)
     best = max(rows, key=rows.get)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        static_generate(model, ids, mask, config, compile_step=variants[best][0], fused_layers=variants[best][1])
+        generate(model, ids, mask, config, plan=best)
         torch.cuda.synchronize()
     from torch.autograd import DeviceType
 
@@ -299,13 +258,12 @@ def decode_part(args, out: list) -> None:
     print(f"decode: weights {weight_bytes / 1e6:.0f} MB, copy bandwidth {bandwidth / 1e12:.2f} TB/s -> floor {floor_tps:,.0f} tokens/s; "
           f"ctxkit {rows}; kernels per token {launches:.0f}, kernel time per token {kernel_us:.0f} us "
           f"(wall per token {1e6 / rows[best]:.0f} us)\n{table}", flush=True)
-    out.append({"benchmark": "floor", "case": f"GPT-2 small greedy decode, bf16, batch 1, prompt 32, {new} new tokens",
-                "metric": "throughput vs floor", "unit": "tokens/s", "ctxkit": round(rows[best], 1), "ctxkit_variant": best,
-                "peer_name": "floor: every weight read once per token at the measured device-to-device copy bandwidth",
-                "peer": round(floor_tps, 1), "speedup": round(rows[best] / floor_tps, 4),
-                "weight_mb": round(weight_bytes / 1e6, 1), "bandwidth_tb_s": round(bandwidth / 1e12, 3),
-                "kernels_per_token": round(launches, 1), "kernel_us_per_token": round(kernel_us, 1),
-                "all": {k: round(v, 1) for k, v in rows.items()}, "same_tokens": same})
+    out.append(speed_record("floor", f"GPT-2 small greedy decode, bf16, batch 1, prompt 32, {new} new tokens", "throughput vs floor",
+                            "tokens/s", rows[best], "floor: every weight read once per token at the measured device-to-device copy bandwidth",
+                            floor_tps, f"ctxkit bench decode --batch 1 --prompt 32 --new {new} --fast {best}",
+                            weight_mb=round(weight_bytes / 1e6, 1), bandwidth_tb_s=round(bandwidth / 1e12, 3),
+                            kernels_per_token=round(launches, 1), kernel_us_per_token=round(kernel_us, 1),
+                            all={k: round(v, 1) for k, v in rows.items()}, same_tokens=same))
 
 
 def main(argv=None) -> int:
@@ -316,22 +274,16 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=20, help="timed passes of the inference batch")
     parser.add_argument("--steps", type=int, default=20, help="timed pretraining steps")
     parser.add_argument("--decode-reps", type=int, default=5, help="timed generate calls")
-    parser.add_argument("--autotune", action="store_true", help="inference: also Inductor's max-autotune (minutes of tuning)")
-    parser.add_argument("--gelu-gemm", action=argparse.BooleanOptionalAction, default=True,
-                        help="inference: also the exact GELU inside a Triton GEMM (needs triton and a Hopper GPU)")
-    parser.add_argument("--pretrain-variants", nargs="+",
-                        default=["graphs+compile-model+bf16res", "graphs+compile-model+bf16res+gelugemm",
-                                 "graphs+compile-model+bf16res+gelugemm+maskdrop",
-                                 "graphs+compile-model+bf16res+gelugemm+maskdrop+master",
-                                 "graphs+compile-model+bf16res+gelugemm+maskdrop+master+qkvpack+mixsplit64"],
-                        help="benchmarks/pretrain_throughput.py variants timed against the pretraining floor")
-    parser.add_argument("--profile", action="store_true", help="also print kernel tables of each variant")
-    parser.add_argument("--fp8", nargs="*", default=["norm_inputs"], choices=["all", "norm_inputs"],
-                        help="fp8 inference variants (convert_to_fp8 scopes) timed against the best exact bf16 variant")
+    parser.add_argument("--infer-plans", nargs="+", default=["graphs+qkv", "graphs+compile+qkv", "infer", "infer+fp8norm"],
+                        help="fast plans timed against the inference floor (those with fp8 against the fastest exact plan)")
+    parser.add_argument("--pretrain-plans", nargs="+", default=["graphs+compile+qkv+bf16res", "pretrain"],
+                        help="fast plans timed against the pretraining floor")
+    parser.add_argument("--decode-plans", nargs="+", default=["graphs+qkv", "graphs+compile+qkv", "graphs+qkv+decodelayers", "decode"],
+                        help="fast plans timed against the decoding floor")
     parser.add_argument("--gemm-tiles", help="ctxkit.fast.gemm_kernels tiling (every epilogue) as comma-separated GemmConfig fields")
     parser.add_argument("--inductor-pdl", action="store_true",
                         help="Inductor's Triton kernels launched with programmatic dependent launch (Hopper)")
-    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "floor.json"))
+    parser.add_argument("--results", default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/floor.py measures a GPU: no CUDA device here")
@@ -356,14 +308,9 @@ def main(argv=None) -> int:
             traceback.print_exc()
             failed.append(part)
         torch.cuda.empty_cache()
-    given = argv if argv is not None else sys.argv[1:]
-    # Records name no machine path: the --results destination is left out of the command.
-    given = [a for i, a in enumerate(given) if a != "--results" and (i == 0 or given[i - 1] != "--results")]
-    command = "python benchmarks/floor.py " + " ".join(shlex.quote(a) for a in given)
-    base = {"device": f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}", "date": datetime.date.today().isoformat(),
-            "command": command.strip()}
-    records = [{**r, **base} for r in records]
-    Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
+    script = command_line("floor.py", argv if argv is not None else sys.argv[1:])
+    card = device_name()
+    write_records("floor.json", [{**r, "device": card, "benchmark_command": script} for r in records], args.results)
     print(f"wrote {args.results}" + (f"; FAILED parts: {failed}" if failed else ""))
     return 1 if failed else 0
 

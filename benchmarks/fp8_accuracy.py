@@ -1,18 +1,20 @@
 """What fp8 (e4m3) matrix products and the tanh-GELU epilogue cost a fine-tuned
 classifier: SST-2 dev accuracy of the same run in fp32, bf16, bf16 with the FFN's GELU in
-tanh form (``ctxkit.fast.enable_gelu_epilogue``, what ``GPUEncoder(gelu_epilogue=True)``
-computes), fp8 (``ctxkit.inference.fp8``: Transformer-layer projections and FFN in
-float8 with per-row activation and per-channel weight scales) and fp8 of the norm-fed
-products only (``convert_to_fp8(model, "norm_inputs")``: q/k/v and fc1, scales, bias and
-GELU in the GEMM epilogue -- emulated here in float32 with one rounding, as the kernel
-computes it).
+tanh form (``ctxkit.fast.enable_gelu_epilogue``, what the fast plan option ``gelutanh``
+computes: ``GPUEncoder(model, plan="graphs+compile+qkv+gelutanh")``), fp8
+(``ctxkit.inference.fp8``: Transformer-layer projections and FFN in float8 with per-row
+activation and per-channel weight scales; plan option ``fp8``) and fp8 of the norm-fed
+products only (``convert_to_fp8(model, "norm_inputs")``, plan option ``fp8norm``: q/k/v and
+fc1, scales, bias and GELU in the GEMM epilogue -- emulated here in float32 with one
+rounding, as the kernel computes it).
 
     python benchmarks/fp8_accuracy.py --run RUN_DIR      # a `ctxkit finetune sst-2` run
 
 The arithmetic is the GPU's (``torch._scaled_mm`` with fp32 accumulation and row-wise
 scales), run on the CPU, so no GPU is needed; speed is measured by
-``benchmarks/inference_gpu.py --fp8`` on a GPU. Appends quality records to
-benchmarks/results/inference_gpu_quality.json.
+``benchmarks/inference_gpu.py --fast graphs+compile+qkv+fp8,graphs+compile+qkv+fp8norm`` on a
+GPU. Writes quality records to benchmarks/results/inference_gpu_quality.json (a rerun
+replaces the records of the same run, variant and device).
 """
 
 from __future__ import annotations
@@ -20,21 +22,17 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
-import json
 import platform
-import shlex
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from harness import command_line, write_records
 
-from ctxkit.inference.fp8 import convert_to_fp8  # noqa: E402
-from ctxkit.fast import enable_gelu_epilogue  # noqa: E402
-from ctxkit.tasks import load_run  # noqa: E402
+from ctxkit.inference.fp8 import convert_to_fp8
+from ctxkit.fast import enable_gelu_epilogue
+from ctxkit.tasks import load_run
 
 
 def main(argv=None) -> int:
@@ -42,7 +40,7 @@ def main(argv=None) -> int:
     parser.add_argument("--run", required=True, help="a fine-tuned SST-2 run folder (ctxkit finetune sst-2 ...)")
     parser.add_argument("--data", default=None, help="SST-2 folder (default: the run's)")
     parser.add_argument("--device", default="cpu", help="cpu (the GPU arithmetic emulated) or cuda (the GPU kernels themselves)")
-    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "inference_gpu_quality.json"))
+    parser.add_argument("--results", default=None, help="records file (default: benchmarks/results/inference_gpu_quality.json)")
     args = parser.parse_args(argv)
     task, model, tokenizer, info = load_run(args.run, args.device)
     if task.name != "sst-2":
@@ -67,15 +65,8 @@ def main(argv=None) -> int:
         metrics, _ = task.evaluate(m.eval(), tokenizer, examples, 64, args.device)
         scores[name] = metrics["accuracy"]
         print(f"{name}: SST-2 dev accuracy {scores[name]:.2f} ({time.time() - start:.0f} s)", flush=True)
-    given = list(argv if argv is not None else sys.argv[1:])
-    for i, a in enumerate(given):  # where the records go is not part of how they were made (and may be a machine path)
-        if a == "--results" and i + 1 < len(given):
-            del given[i:i + 2]
-            break
-        if a.startswith("--results="):
-            del given[i]
-            break
-    command = "python benchmarks/fp8_accuracy.py " + " ".join(shlex.quote(a) for a in given)
+    # Where the records go is not part of how they were made (and may be a machine path).
+    command = command_line("fp8_accuracy.py", argv if argv is not None else sys.argv[1:])
     where = (f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}" if args.device.startswith("cuda")
              else f"CPU ({platform.machine()}), GPU arithmetic emulated by torch._scaled_mm")
     base = {"device": where, "date": datetime.date.today().isoformat(), "command": command}
@@ -87,12 +78,7 @@ def main(argv=None) -> int:
                    "the GEMM epilogue; out_proj and fc2 bf16)" if name == "fp8 norm_inputs" else ""),
                 "peer_name": "the same run in fp32", "peer_value": round(scores["fp32"], 2), "drop": round(scores["fp32"] - scores[name], 2),
                 **base} for name in ("bf16", "bf16 + tanh GELU", "fp8", "fp8 norm_inputs") if name in scores]
-    path = Path(args.results)
-    kept = [r for r in json.loads(path.read_text())] if path.is_file() else []
-    # Records of an earlier run of this benchmark on the same kind of device are replaced.
-    kept = [r for r in kept if not (r.get("command", "").startswith("python benchmarks/fp8_accuracy.py")
-                                    and ("CPU" in r.get("device", "")) == ("CPU" in where))]
-    path.write_text(json.dumps(kept + records, indent=1) + "\n")
+    path = write_records("inference_gpu_quality.json", records, args.results)
     print(f"wrote {path}")
     return 0
 

@@ -4,13 +4,16 @@ Linears in float8 (row-wise scales, torchao) against the same run in bf16.
     python benchmarks/fp8_training.py --text ../shared/data/wikipedia-en-extract/AA/wiki_0[0-7].xz \\
         --tokenizer VOCAB_DIR --out runs/fp8 --steps 600
 
-Both runs see the same shards, seed, initial weights, batches and masks (``ctxkit.pretraining.pretrain``
-with ``TrainConfig(fp8_training=...)``); only the Linears' precision differs. The figure of
+Both runs see the same shards, seed, initial weights, batches and masks (``ctxkit.pretraining.pretrain``;
+the bf16 run with ``TrainConfig(fast="train")``, i.e. CUDA graphs and fused q/k/v, no compilation, the
+float8 run with ``TrainConfig(fast="train+fp8train-qkv-master")``, i.e. CUDA graphs and torchao's
+float8 Linears); only the Linears' precision differs. The figure of
 merit is the MLM loss averaged over the log entries of the last fifth of the steps (one
 entry per ``--log-every`` steps, each itself a mean over its steps): the float8 run passes
 when it is within ``--tolerance`` (1 %) of the bf16 run's. Throughput of both runs is
 recorded too (the float8 casts are extra kernels; at BERT-base sizes they may cost more
-than the faster GEMMs save). Writes quality records to benchmarks/results/fp8_training.json.
+than the faster GEMMs save). Writes quality records to benchmarks/results/fp8_training.json
+(a rerun replaces the records of the same case and card).
 """
 
 from __future__ import annotations
@@ -18,18 +21,20 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import shlex
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+import torch
 
-import torch  # noqa: E402
+from harness import command_line, write_records
 
-from ctxkit.pretraining import MaskingConfig, build_shards  # noqa: E402
-from ctxkit.pretraining.train import pretrain  # noqa: E402
-from ctxkit.training import TrainConfig  # noqa: E402
+from ctxkit.pretraining import MaskingConfig, build_shards
+from ctxkit.pretraining.train import pretrain
+from ctxkit.training import TrainConfig
+
+# The two runs' fast plans: the eager graphed step ("CUDA graphs, eager" in the records), and
+# the same with torchao's float8 Linears (three float8 q/k/v GEMMs, no master weights).
+PLANS = {"bf16": "train", "fp8": "train+fp8train-qkv-master"}
 
 
 def tail_mean(log_path: Path, key: str, from_step: int) -> float:
@@ -52,7 +57,7 @@ def main(argv=None) -> int:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--log-every", type=int, default=20)
     parser.add_argument("--tolerance", type=float, default=0.01, help="largest relative MLM-loss difference that passes")
-    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "fp8_training.json"))
+    parser.add_argument("--results", default=None, help="records file (default: benchmarks/results/fp8_training.json)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/fp8_training.py trains on a GPU: no CUDA device here")
@@ -66,7 +71,7 @@ def main(argv=None) -> int:
     for name in ("bf16", "fp8"):
         config = TrainConfig(epochs=1000, max_steps=args.steps, batch_size=args.batch, lr=args.lr, warmup_ratio=0.1,
                              seed=0, log_every=args.log_every, progress=False, eval_each_epoch=False,
-                             save_checkpoints=False, peak_tflops=None, fp8_training=name == "fp8")
+                             save_checkpoints=False, peak_tflops=None, fast=PLANS[name])
         summary = pretrain(shards, args.preset, out / name, config, tokenizer_dir=args.tokenizer,
                            masking=MaskingConfig(max_predictions=20))
         from_step = args.steps - args.steps // 5
@@ -78,10 +83,8 @@ def main(argv=None) -> int:
     verdict = "PASS" if abs(rel) <= args.tolerance else "FAIL"
     print(f"fp8 vs bf16 MLM loss over the last {args.steps // 5} of {args.steps} steps: {runs['fp8']['mlm_loss']:.4f} vs "
           f"{runs['bf16']['mlm_loss']:.4f} ({rel:+.2%}; tolerance {args.tolerance:.0%}): {verdict}", flush=True)
-    given = argv if argv is not None else sys.argv[1:]
-    given = [a for i, a in enumerate(given) if a != "--results" and (i == 0 or given[i - 1] != "--results")]
     base = {"device": f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}", "date": datetime.date.today().isoformat(),
-            "command": ("python benchmarks/fp8_training.py " + " ".join(shlex.quote(a) for a in given)).strip()}
+            "command": command_line("fp8_training.py", argv if argv is not None else sys.argv[1:])}
     split = f"pretraining shards, steps {args.steps - args.steps // 5 + 1}-{args.steps} of {args.steps} (batch {args.batch}, seq 128)"
     records = [
         {"task": f"{args.preset} MLM pretraining, fp8 training (torchao row-wise) vs bf16", "split": split,
@@ -97,8 +100,7 @@ def main(argv=None) -> int:
          "speedup": round(runs["fp8"]["seq_per_s"] / runs["bf16"]["seq_per_s"], 3)
          if runs["fp8"]["seq_per_s"] and runs["bf16"]["seq_per_s"] else None},
     ]
-    Path(args.results).write_text(json.dumps([{**r, **base} for r in records], indent=1) + "\n")
-    print(f"wrote {args.results}")
+    print(f"wrote {write_records('fp8_training.json', [{**r, **base} for r in records], args.results)}")
     return 0 if verdict == "PASS" else 1
 
 

@@ -44,6 +44,22 @@ def _load(path: Path) -> list:
     return data if isinstance(data, list) else data.get("records", [])
 
 
+# What names a ctxkit configuration inside a case: the plan (", --fast PLAN") of a tree with
+# fast plans, or the variant in parentheses of an older one. Cases are matched without it,
+# and each side keeps its best configuration (both trees run the same set of them).
+_CONFIGURATION = re.compile(r"(, --fast \S+$)|( \((?:ctxkit )?graphs[^)]*\)$)|( \(best ctxkit variant\)$)")
+
+
+def case_key(case: str) -> str:
+    """A record's case without the configuration that produced it."""
+    return _CONFIGURATION.sub("", case)
+
+
+def _better(a: dict, b: dict) -> bool:
+    lower = str(a.get("unit", "")).split("/")[0].strip() in LOWER_IS_BETTER
+    return a["ctxkit"] < b["ctxkit"] if lower else a["ctxkit"] > b["ctxkit"]
+
+
 def _records(folder: Path) -> dict:
     out = {}
     if not any(r.get("benchmark") == "generate" for p in folder.glob("*.json") for r in _load(p)):
@@ -51,7 +67,9 @@ def _records(folder: Path) -> dict:
     for path in sorted(folder.glob("*.json")):
         for r in _load(path):
             if "ctxkit" in r and isinstance(r.get("ctxkit"), (int, float)):
-                out[(r["benchmark"], r["case"], r["metric"])] = r
+                key = (r["benchmark"], case_key(r["case"]), r["metric"])
+                if key not in out or _better(r, out[key]):
+                    out[key] = r
     return out
 
 

@@ -28,7 +28,8 @@ peer runs alternating and the order rotated each round; each figure is the media
 Same threads everywhere (PyTorch and every ONNX Runtime session).
 
 Each precision's fastest ctxkit backend is compared with that precision's fastest peer;
-speedup > 1 means ctxkit is faster. Writes benchmarks/results/inference_cpu.json.
+speedup > 1 means ctxkit is faster. Writes benchmarks/results/inference_cpu.json (a rerun
+replaces the records of the same cases, peers and machine; the others stay).
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import copy
 import datetime
 import json
 import os
-import shlex
 import shutil
 import sys
 import tempfile
@@ -48,19 +48,21 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from cpu_batches import file_order_batches, interleaved_seconds, length_sorted_batches, median_seconds, token_counts
+from harness import command_line, write_records
 
-from cpu_batches import file_order_batches, interleaved_seconds, length_sorted_batches, median_seconds, token_counts  # noqa: E402
-from ctxkit.inference.backends import PrecisionModel, median_ms  # noqa: E402
-from ctxkit.inference.cpu_compile import CompiledCPUModel  # noqa: E402
-from ctxkit.inference.export import OrtTaskModel, export_onnx, quantize_onnx  # noqa: E402
-from ctxkit.models.bert import BertModel, save_bert  # noqa: E402
-from ctxkit.models.presets import PRESETS  # noqa: E402
-from ctxkit.tasks import get_task  # noqa: E402
-from ctxkit.tokenizers import WordPieceTokenizer  # noqa: E402
-from ctxkit.training import predict  # noqa: E402
+# median_ms (batch-1 latency): the median of single calls, not harness.seconds_per_call's
+# mean over back-to-back calls; the throughput rounds are cpu_batches.interleaved_seconds.
+from ctxkit.inference.backends import PrecisionModel, median_ms
+from ctxkit.inference.cpu_compile import CompiledCPUModel
+from ctxkit.inference.export import OrtTaskModel, export_onnx, quantize_onnx
+from ctxkit.models.bert import BertModel, save_bert
+from ctxkit.models.presets import PRESETS
+from ctxkit.tasks import get_task
+from ctxkit.tokenizers import WordPieceTokenizer
+from ctxkit.training import predict
+
+REPO = Path(__file__).resolve().parents[1]
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -183,7 +185,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sentences", type=int, default=None, help="only the first N SST-2 dev sentences (default: all)")
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "glue" / "SST-2"))
     parser.add_argument("--run", default=None, help="a fine-tuned SST-2 run: also report fp32 vs int8 dev accuracy")
-    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "inference_cpu.json"))
+    parser.add_argument("--results", default=None, help="records file (default: benchmarks/results/inference_cpu.json)")
     parser.add_argument("--smoke", action="store_true",
                         help="check that everything runs: defaults " + ", ".join(f"{k} {v}" for k, v in SMOKE.items())
                              + " (options given still win); writes no records")
@@ -224,9 +226,8 @@ def main(argv=None) -> int:
     model_name = "BERT-base classifier" if args.preset == "bert_12_768_12" else f"{args.preset} classifier"
     device = f"CPU ({args.threads} threads), torch {torch.__version__}"
     # Records name no machine path: an absolute argument is written by its last component.
-    args_text = (Path(a).name if os.path.isabs(a) else a for a in (argv if argv is not None else sys.argv[1:]))
-    command = "python benchmarks/inference_cpu.py " + " ".join(shlex.quote(a) for a in args_text)
-    base = {"device": device, "date": datetime.date.today().isoformat(), "command": command.strip()}
+    args_text = [Path(a).name if os.path.isabs(a) else a for a in (argv if argv is not None else sys.argv[1:])]
+    base = {"device": device, "date": datetime.date.today().isoformat(), "command": command_line("inference_cpu.py", args_text)}
     records = []
     for seq in args.seq:
         ids = torch.randint(1000, 20000, (1, seq))
@@ -276,10 +277,8 @@ def main(argv=None) -> int:
         print(json.dumps(records, indent=1))
         print(f"smoke run: the {len(records)} records above, not written")
         return 0
-    if args.run is None and Path(args.results).is_file():  # keep the accuracy records of an earlier --run
-        records += [r for r in json.loads(Path(args.results).read_text()) if "task" in r]
-    Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
-    print(f"wrote {args.results}")
+    # Merged: the accuracy records of an earlier --run (and cases not rerun) stay.
+    print(f"wrote {write_records('inference_cpu.json', records, args.results)}")
     return 0
 
 

@@ -1,18 +1,29 @@
-"""Render docs/results.md and docs/performance.md from the JSON records in
-benchmarks/results/ (the records are the source of truth; the pages are views).
+"""Render docs/results.md, docs/performance.md and docs/notes/performance-history.md from
+the JSON records in benchmarks/results/ (the records are the source of truth; the pages are
+views).
 
     python benchmarks/make_tables.py
+
+performance.md is the reader's page: one table per question (how fast are fine-tuning,
+pretraining, inference and decoding, on which card, against which peer, with which command),
+the newest record per case only. Every record, the ablations and the hand-written engineering
+notes are on notes/performance-history.md (benchmarks/tables_history.py).
 """
 
 from __future__ import annotations
 
+import re
 import sys
+import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from records_io import fmt as _fmt, load_records as _load  # noqa: E402
-from tables_more import char_lm_section, distill_speed_section, floor_section, quaternion_mt_section, sparse_attention_section  # noqa: E402
-from tables_xl import xl_performance_section, xl_results_section  # noqa: E402
+from records_io import card, figure, fmt as _fmt, load_records as _load, newest, record_key  # noqa: E402
+from tables_history import NOTES_HEADING, history_page, with_kept_notes  # noqa: F401 (docs/hooks.py uses them from here)
+from tables_more import char_lm_section, distill_speed_section, quaternion_mt_section  # noqa: E402
+from tables_xl import xl_results_section  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,33 +74,6 @@ scikit-learn's `LogisticRegression` is trained on the full SST-2 train split (67
 sentences), reported on SST-2 dev (`ctxkit.features.probe.linear_probe`).
 """
 
-PERF_INTRO = """# Performance
-
-Generated from `benchmarks/results/*.json` by `python benchmarks/make_tables.py`.
-Speed is benchmarked here, never asserted in tests. `speedup` > 1 means ctxkit is faster.
-
-## Fine-tuning: ctxkit vs Hugging Face transformers
-
-`benchmarks/finetune_vs_hf.py` fine-tunes the same checkpoint (all-MiniLM-L6-v2) with the
-same hyper-parameters (epochs, batch size 32, learning rate, warmup, weight decay,
-clipping, bf16) on the same GPU in one process. The HF side follows the official example
-scripts' logic (`Trainer`, dynamic padding collators, first-sub-word NER labels, run_qa.py
-windowing with `padding="max_length"` and n-best post-processing); both sides are scored
-by the same metric code. Wall time runs from loading the model to having the dev score
-(tokenisation, training, evaluation).
-
-Where the time goes: on this hardware a MiniLM training step is bound by kernel launches
-(~20 ms per step eager for both frameworks, ~700 launches), not by arithmetic. ctxkit
-captures the whole step — forward, loss, backward, clipping and the fused AdamW update —
-as one CUDA graph per padded shape (`ctxkit.training.graphs`), and batches by length so
-few shapes occur; a replay costs about as much as one launch. The graphed path is checked
-against the eager path on the GPU (`tests/test_cuda_graphs.py`, losses and weights equal
-within bf16 tolerance; skipped on CPU-only CI).
-"""
-
-
-#: where the hand-written part of docs/performance.md starts (make_tables keeps it)
-NOTES_HEADING = "## Engineering notes (moved from architecture.md)"
 
 def _elmo_section() -> list:
     """Issue 7: context-free vectors vs ELMo vs fine-tuned MiniLM."""
@@ -316,228 +300,210 @@ def results_page() -> str:
     return "\n".join(out) + "\n"
 
 
-def performance_page() -> str:
-    speed = [r for r in _load("finetune_vs_hf.json") if "benchmark" in r]
-    out = [PERF_INTRO]
-    out.append("| case | metric | ctxkit (s) | peer | peer (s) | speedup | device | date |")
-    out.append("|---|---|---|---|---|---|---|---|")
-    for r in speed:
-        out.append(f"| {r['case']} | {r['metric']} | {_fmt(r['ctxkit'])} | {r['peer_name']} | {_fmt(r['peer'])} | {_fmt(r['speedup'])} | {r['device']} | {r['date']} |")
-    if speed:
-        out.append("\nCommand: `" + speed[0]["command"] + "`.")
-    eager = _load("finetune_vs_hf_eager.json")
-    if eager:
-        out.append("\n### Ablation: the same benchmark with eager ctxkit steps (earlier revision)\n")
-        out.append("| case | ctxkit eager (s) | peer (s) | speedup | device | date |")
-        out.append("|---|---|---|---|---|---|")
-        for r in eager:
-            out.append(f"| {r['case']} | {_fmt(r['ctxkit'])} | {_fmt(r['peer'])} | {_fmt(r['speedup'])} | {r['device']} | {r['date']} |")
-        out.append("\nWithout graphs ctxkit is launch-bound like the Trainer (about 20 ms per step for both on "
-                   "SST-2). The eager SQuAD run was slower than the Trainer; it was not profiled further once the "
-                   "graphed path replaced it (its phase timings were not recorded in that revision).")
-    pre = _load("pretrain_throughput.json")
-    if pre:
-        out.append("\n## BERT pretraining throughput (issue 4)\n")
-        out.append("`benchmarks/pretrain_throughput.py`: the same random MLM+NSP batches (BERT-base, seq 128, 20 masked "
-                   "positions per sequence, no padding), bf16 autocast, fused AdamW, one GPU, peers measured in the same run; "
-                   "MFU against the bf16 matmul peak measured in that run, with the same FLOPs (ctxkit's gather-first count) "
-                   "credited to every side. ctxkit runs whole-step CUDA graphs, a compiled model, the sparse last layer "
-                   "(only [CLS] and the masked positions), fused q/k/v, mask-free flash/cuDNN attention and a bf16 residual "
-                   "stream (`--compile --bf16-residual` of `ctxkit pretrain`).\n")
-        out.append("| case | ctxkit seq/s | ctxkit MFU | peer | peer seq/s | peer MFU | speedup | device | date |")
-        out.append("|---|---|---|---|---|---|---|---|---|")
-        for r in pre:
-            out.append(f"| {r['case']} | {_fmt(r['ctxkit'])} | {_fmt(r['ctxkit_mfu'])} | {r['peer_name']} | {_fmt(r['peer'])} | "
-                       f"{_fmt(r['peer_mfu'])} | {_fmt(r['speedup'])} | {r['device']} | {r['date']} |")
-        out.append("\nAgainst the issue's targets: >= 2.0x HF eager is met on both cards (2.12x H100, 2.04x H200); "
-                   ">= 1.6x HF + torch.compile is not (1.43x H100, 1.41x H200). What the remaining time goes to is in "
-                   "[Engineering notes: pretraining status](#pretraining-status-issue-4-in-progress) below.")
-    ablation = _load("pretrain_ablation.json")
-    if ablation:
-        out.append("\n### Where the speed comes from (ablation)\n")
-        out.append("| ctxkit configuration | seq/s | HF eager, same run | ratio | device | revision |")
-        out.append("|---|---|---|---|---|---|")
-        for r in ablation:
-            out.append(f"| {r['case'].split(': ctxkit ', 1)[-1]} | {_fmt(r['ctxkit'])} | {_fmt(r['peer'])} | {_fmt(r['speedup'])} | {r['device']} | {r['revision']} |")
-    scaling = _load("pretrain_scaling.json")
-    if scaling:
-        out.append("\n### Two GPUs of one host (weak scaling, 256 sequences per GPU)\n")
-        out.append("`torchrun --nproc_per_node 2 benchmarks/pretrain_throughput.py --scaling --hf-scaling-peer`: rank 0 alone "
-                   "first, then both ranks with the gradient average as one flat all-reduce inside the CUDA graph; the peer "
-                   "is HF with DDP.\n")
-        out.append("| case | gradient average | ctxkit scaling | ctxkit seq/s (1 -> 2 GPUs) | peer | peer scaling | peer seq/s | device | date |")
-        out.append("|---|---|---|---|---|---|---|---|---|")
-        for r in scaling:
-            one, two = r["ctxkit_seq_per_s"]
-            p1, p2 = r.get("peer_seq_per_s", ["-", "-"])
-            peer = f"{r['peer']:.3f}x" if r.get("peer") else "-"
-            out.append(f"| {r['case']} | {r.get('all_reduce', '-')} | {r['ctxkit']:.3f}x | {_fmt(one)} -> {_fmt(two)} | "
-                       f"{r.get('peer_name') or '-'} | {peer} | {_fmt(p1)} -> {_fmt(p2)} | {r['device']} | {r['date']} |")
-        out.append("\nRows in file order (older first). The issue's >= 1.9x is met with bf16 gradient communication "
-                   "(`--grad-reduce-dtype bfloat16`, the rounding of DDP's `bf16_compress_hook`): 1.905x and 1.915x in two "
-                   "runs. With exact fp32 gradients the flat all-reduce then (copying the sums back) scaled 1.88-1.90x (HF + DDP 1.92x in the same "
-                   "run): borderline, not met. What the step pays on 2 H100s (diagnostic rows): ranks that never communicate "
-                   "scale 1.987x; all-reducing one number per step 1.972x (waiting for the slower rank, ~1.5 %); the 440 MB "
-                   "fp32 all-reduce alone takes 1.43 ms at 307 GB/s bus bandwidth (bf16: 0.74 ms; `torchrun --nproc_per_node 2 "
-                   "benchmarks/nccl_allreduce.py`), exposed after a ~47 ms step. Packing the gradients with multi-tensor "
-                   "copies instead of one copy kernel per parameter and dividing the loss instead of the gradients by the "
-                   "world size took the flat fp32 path from 1.84-1.87x to 1.88-1.90x. Overlapping the all-reduce with the "
-                   "backward pass (model compiled as 2 or 4 segments so upper-layer gradients arrive early, buckets sent from "
-                   "gradient hooks) gave 1.85-1.87x: NCCL's kernels take SMs from the backward kernels they run beside. More "
-                   "NCCL channels (`NCCL_MIN_NCHANNELS=32`) changed nothing. Latest revision (last three rows): the summed "
-                   "flat buffer becomes the gradients (each `p.grad` a view of it, as DDP's `gradient_as_bucket_view`), so "
-                   "the copy back is gone: fp32 gradients scaled 1.904x, 1.907x and 1.905x (HF + DDP 1.929x in the first "
-                   "run), at the >= 1.9x target in all three runs, by a margin of under 0.5 %.")
-    gen = _load("generate.json")
-    if gen:
-        out.append("\n## Decoding speed (issue 5)\n")
-        out.append("`benchmarks/generate.py`: GPT-2 small with random weights (the same weights on both sides), a 32-token "
-                   "prompt, 256 greedy new tokens, after a warm-up run of the same length; `same tokens` is the share of "
-                   "output tokens both sides agree on.\n")
-        out.append("| case | ctxkit tokens/s | peer | peer tokens/s | speedup | same tokens | device | date |")
-        out.append("|---|---|---|---|---|---|---|---|")
-        for r in gen:
-            out.append(f"| {r['case']} | {_fmt(r['ctxkit'])} | {r['peer_name']} | {_fmt(r['peer'])} | {_fmt(r['speedup'])} | "
-                       f"{_fmt(r['same_tokens_share'])} | {r['device']} | {r['date']} |")
-        out.append("\nctxkit's fastest variant per row is named in `ctxkit_variant` of each record (all variants are in "
-                   "`ctxkit_variants`). GPU: the one-token step runs over a static KV cache with fixed shapes and is "
-                   "replayed as one CUDA graph per token (`ctxkit.decoding.static_decode`, used by `generate` on CUDA); "
-                   "compiling that step fuses the elementwise work between GEMMs; the prompt pass is captured too (once "
-                   "per prompt length), each layer writes its new key and value with one kernel (one buffer per layer), "
-                   "and greedy argmax over the 50k logits runs in two stages (batch 1: plain loop 188, CUDA graph 1,448, "
-                   "graph + compiled step 2,044 tokens/s; batch 16: 4,070 / 18,662 / 26,223). Against the targets: batch 1 "
-                   "is 2,044 tokens/s (target 2,000, met; 3.6x HF's static cache; ~480 us per step for 129 kernels, the "
-                   "weights alone need ~85 us of HBM time, so launch latency still dominates) and batch 16 is 3.0x HF's "
-                   "static cache (target 1.5x, met). An earlier revision (before the three changes above) measured "
-                   "1,882 / 1,907 tokens/s at batch 1. Since 2026-11-27 a batch-1 compiled step computes each one-row "
-                   "product as a fused multiply + sum reduction (`ctxkit.fast.rows`; cuBLAS's GEMM kernels take 4-5 us "
-                   "per matrix at one row): batch 1 2,206 tokens/s on the H100 (+7 % on 2,058 measured the day before, "
-                   "same greedy tokens); batch 16 is unchanged (more than one row keeps the GEMMs). `same tokens` below 1 on the GPU "
-                   "is bf16 rounding: random weights give near-flat logits, so argmax ties break differently as soon as "
-                   "the kernels differ (ctxkit's own plain loop and graph agree with each other to the same degree); in "
-                   "fp32 the graph path equals the plain loop token for token (`tests/test_cuda_graphs.py`).\n")
-        out.append("CPU (fp32, 2 threads): decoding one token reads every weight once (~500 MB), and PyTorch's MKL "
-                   "matrix-vector product reads at ~13 GB/s on this AMD CPU, where NumPy's OpenBLAS reaches ~28 GB/s. "
-                   "`generate` routes one- and two-row products to NumPy (`ctxkit.decoding.cpu_gemv`: 45 tokens/s, no "
-                   "compilation); `generate(..., compile=True)` / `ctxkit generate --compile` compiles the static-cache step "
-                   "with frozen weights and Inductor's C++ GEMM templates (59 tokens/s = 2.15x HF, target 2x met; about 20 s "
-                   "to compile once per shape).")
-    inf = [r for r in _load("inference_cpu.json") if r.get("benchmark") == "inference_cpu"]
-    if inf:
-        out.append("\n## CPU inference and deployment (issue 6, in progress)\n")
-        out.append("`benchmarks/inference_cpu.py`: a BERT-base sentence classifier (random weights, the same encoder on both "
-                   "sides), 2 threads. Latency is the median of batch-1 runs; for each precision ctxkit's fastest backend "
-                   "(named) against the fastest peer (named); `all backends` lists every measurement. Throughput runs the "
-                   "872 real SST-2 dev sentences at batch 32: ctxkit batches by length (its `predict`), and each precision "
-                   "has two peer rows from the same timed rounds: the peer fed the very batches `predict` runs (same "
-                   "sentences, boundaries and padding: `peer on ctxkit's length-sorted batches`, which compares model code "
-                   "alone) and the peer fed file-order batches padded to their longest (`peer in file order`, as a plain "
-                   "loop would). Each throughput figure is the median of interleaved rounds (ctxkit and peer passes "
-                   "alternating, the order rotated each round, same threads; `statistic` in each record).\n")
-        out.append("| case | ctxkit | ctxkit backend | peer | peer name | speedup | all backends | device | date |")
-        out.append("|---|---|---|---|---|---|---|---|---|")
-        for r in inf:
-            every = "; ".join(f"{side} {k}: {v}" for side, values in (r.get("all_ms") or r.get("all_sentences_per_s") or {}).items()
-                              for k, v in values.items())
-            unit = r["unit"]
-            if r["metric"].startswith("int8 / fp32"):
-                out.append(f"| {r['case']} | {_fmt(r['ctxkit'])} {unit} | ONNX int8 vs fp32 safetensors | | | | "
-                           f"{r['sizes_mb']} MB | {r['device']} | {r['date']} |")
-                continue
-            out.append(f"| {r['case']} | {_fmt(r['ctxkit'])} {unit} | {r['ctxkit_backend']} | {_fmt(r['peer'])} {unit} | {r['peer_name']} | "
-                       f"{_fmt(r['speedup'])} | {every} | {r['device']} | {r['date']} |")
-        out.append("\nCommand: `" + inf[0]["command"] + "`.")
-        out.append("\nAgainst the issue's targets (this run): SST-2 dev throughput is 1.92x (fp32) and 1.87x (int8) the best "
-                   "peer (target 1.5x, met: length bucketing removes the padding the peers compute); int8 is 0.25x the fp32 "
-                   "size (target <= 0.3x, met) and loses 0.11 points on SST-2 dev (target <= 0.5, met; results.md; measured "
-                   "before the change below, which is exact in fp32). bf16: the compiled backend (`ctxkit.inference.cpu_compile`: "
-                   "frozen weights, Inductor C++ GEMMs, fused elementwise work) is 1.44x / 1.29x faster than transformers' bf16 "
-                   "autocast at seq 128 / 256 (met). fp32 and int8: ctxkit's best backend and the best peer run the same ONNX "
-                   "Runtime kernels, so until this revision they sat at parity within run-to-run noise (earlier runs: fp32 "
-                   "1.23x / 1.02x, then 0.89x / 1.05x; int8 1.01x / 0.98x, then 1.25x / 1.00x). A sentence classifier reads only "
-                   "[CLS], so ctxkit now runs the last encoder layer at [CLS] alone (keys and values still from every token; "
-                   "exact, tested), ~7 % fewer FLOPs: fp32 1.04x / 1.07x and int8 1.05x / 1.08x the fastest peer (ONNX Runtime "
-                   "on the HF export) at seq 128 / 256 in this run, and 1.04x / 1.07x, 1.06x / 1.08x in a repeat run right after "
-                   "(`benchmarks/results/logs/inference_cpu_repeat_2026-11-26.json`): **met in relative terms, by a margin "
-                   "that matches the skipped work**. The absolute thresholds (fp32 <= 55 ms, int8 <= 20 ms at seq 128) are not "
-                   "reachable on this machine: the peers themselves run 2-2.5x slower here than in the issue's measurements "
-                   "(ORT fp32 138 vs 54.8 ms, ORT int8 41 vs 20.4 ms).")
-    gpu = _load("inference_gpu.json")
-    if gpu:
-        out.append("\n## GPU inference (issue 6)\n")
-        out.append("`benchmarks/inference_gpu.py`: a BERT-base sentence classifier with random weights (the same weights and "
-                   "head on both sides), bf16 weights, one GPU, peers measured in the same run. Batch-1 latency is the median "
-                   "of synchronised calls including the host-to-device copy of the inputs; throughput runs full rows (batch "
-                   "256, seq 128) or the 872 real SST-2 dev sentences in file order, 256 at a time, padded to each batch's "
-                   "longest and fed identically to both sides. ctxkit is `ctxkit.inference.gpu.GPUEncoder` "
-                   "(`--backend gpu`): CUDA graphs for full rows, packed rows (flash attention's variable-length kernel, no "
-                   "compute on padding) otherwise; `all` lists every variant.\n")
-        out.append("| case | ctxkit | ctxkit variant | peer | peer name | speedup | all | device | date |")
-        out.append("|---|---|---|---|---|---|---|---|---|")
-        for r in gpu:
-            every = "; ".join(f"{k}: {v}" for k, v in r["all"].items())
-            case = r["case"] + (f" ({r['revision']})" if r.get("revision") else "")
-            out.append(f"| {case} | {_fmt(r['ctxkit'])} {r['unit']} | {r['ctxkit_variant']} | {_fmt(r['peer'])} {r['unit']} | "
-                       f"{r['peer_name']} | {_fmt(r['speedup'])} | {every} | {r['device']} | {r['date']} |")
-        out.append("\nCommand: `" + gpu[0]["command"] + "` (with the repository's copy of the tokenizer and SST-2 on the GPU "
-                   "machine). Against the issue's targets (latest runs, in file order last): batch 1 takes 0.49-0.51 ms "
-                   "(target <= 1.5 ms, met). Batch 256, exact bf16: 1.13x the faster HF mode. With BERT's GELU computed in "
-                   "tanh form inside the fc1 GEMM's cuBLASLt epilogue (`GPUEncoder(gelu_epilogue=True)`, a declared "
-                   "approximation: |gelu_erf - gelu_tanh| < 5e-4, below bf16's rounding; SST-2 dev accuracy 90.48, equal to "
-                   "fp32, in results.md): 24.2-24.7k seq/s, 1.26x the higher and 1.38x the lower HF-compiled measurement of "
-                   "the same run (HF compiled varied 17.5-19.5k between cases). Target 1.5x: **not met**, and out of reach "
-                   "with cuBLAS and cuDNN kernels: `benchmarks/fp8_gemm.py` times BERT-base's four GEMMs at batch 256 x 128 at "
-                   "0.183 + 0.073 + 0.229 + 0.217 = 0.70 ms per layer and the profile shows cuDNN attention at 0.07 ms; "
-                   "twelve layers of those alone take 9.3 ms per batch, 27.7k seq/s = 1.42x HF compiled's 19.5k even if every "
-                   "LayerNorm, residual add and activation were free. Variable lengths: packed batches now replay from "
-                   "bucketed CUDA graphs (`GPUEncoder`: the token count rounded up by at most 1/8 with filler rows, one graph "
-                   "per bucket), which took SST-2 dev from 46.2k sentences/s (the same packed work launched from Python) to "
-                   "64.6k, 1.81x HF compiled, and 78.1k (2.19x) with the GELU epilogue; `benchmarks/packed_overhead.py` "
-                   "shows the per-batch wall time falling from 4.4 to 3.9 ms against 3.2-3.4 ms of GPU kernels. FP8 (q/k/v "
-                   "as one fp8 GEMM): 18.0k vs 22.0k seq/s for bf16, still slower. `benchmarks/fp8_gemm.py --profile` says "
-                   "why: quantising the fc2 input per row (GELU, a row maximum over 3,072 values and the cast, which "
-                   "Inductor emits as a looped reduction) takes 459 us per layer against 156 us for the bf16 GELU, and "
-                   "row-scaled fp8 GEMMs run only 1.1-1.4x faster than bf16 at these shapes (tensor-scaled: 1.3-1.5x). "
-                   "Calibrated per-tensor scales would remove both costs, but the estimate (tensor-scaled GEMMs 0.49 ms "
-                   "per layer plus the norms, GELU and attention) is ~0.79 ms per layer against ~0.86 ms for bf16 with the "
-                   "GELU epilogue: ~8 %; not done. (Since then: fp8 for the norm-fed products only, with the "
-                   "quantisation inside the norm's kernel and the bias and GELU in a Triton epilogue, is 1.145x faster "
-                   "than exact bf16: `GPUEncoder(fp8=\"norm_inputs\")`, in the hardware-floor section below.)")
-    out.extend(xl_performance_section())
-    out.extend(sparse_attention_section())
-    out.extend(floor_section())
-    out.extend(regression_section())
-    return "\n".join(out) + "\n"
+PERF_INTRO = """# Performance
+
+How fast ctxkit is against the usual alternative, one table per question. Generated from the
+records in `benchmarks/results/*.json` by `python benchmarks/make_tables.py`; each table shows
+the newest record per case and peer, and under it the command that measured it.
+Speed is benchmarked here, never asserted in tests. `speedup` > 1 means ctxkit is faster.
+"""
+
+#: the last line of the reader's page
+PERF_HISTORY_LINK = ("Older runs, ablations, the distance to the hardware floor, the regression checks and the "
+                     "negative results: [Performance history](notes/performance-history.md).")
+
+_CTXKIT_VARIANT = re.compile(r" \(ctxkit [^)]*\)$")
 
 
-def regression_section() -> list[str]:
-    """Before/after figures of a structural change (benchmarks/gpu_regression.sh and .py)."""
-    rows = _load("refactor_regression.json")
+@dataclass(frozen=True)
+class ReaderTable:
+    """One table of docs/performance.md: which records of which file, and how a row reads.
+
+    Attributes:
+        name: the records' file in benchmarks/results/.
+        keep: which records of the file belong in the table (before keeping the newest).
+        key: what makes two records the same measurement (:func:`records_io.record_key`).
+        case: the row's case as the reader sees it (shared prefixes are in the intro).
+        unit: the unit to print instead of the record's (None: the record's).
+    """
+
+    name: str
+    keep: Callable[[dict], bool] = lambda r: "benchmark" in r
+    key: Callable[[dict], tuple] = record_key
+    case: Callable[[dict], str] = lambda r: r["case"]
+    unit: str | None = None
+
+    def records(self) -> list:
+        """The newest product figure per case and peer (a record whose command is one ``ctxkit``
+        command a reader can run), in the order the cases first appear in the file."""
+        return newest([r for r in _load(self.name) if self.keep(r) and is_product(r)], self.key)
+
+
+def is_product(r: dict) -> bool:
+    """A figure a user reproduces with one ``ctxkit`` command (older records name a benchmark
+    script: they are on the history page)."""
+    return str(r.get("command", "")).startswith("ctxkit ")
+
+
+def _strip(prefix: str) -> Callable[[dict], str]:
+    """A ``case`` function that drops a prefix the section's intro already states."""
+    return lambda r: r["case"].removeprefix(prefix)
+
+
+def _pretrain_key(r: dict) -> tuple:
+    # ctxkit's configuration is part of the case string; a newer configuration measures the
+    # same workload, so it replaces the older one instead of adding a row
+    return r.get("benchmark"), _CTXKIT_VARIANT.sub("", r["case"]), r.get("metric"), r.get("peer_name")
+
+
+def _scaling_case(r: dict) -> str:
+    grads = "bf16 gradients (`--grad-reduce-dtype bfloat16`)" if "+bf16grad" in r["case"] else "exact fp32 gradients"
+    return f"2 GPUs vs 1, {grads}"
+
+
+def _user_scaling(r: dict) -> bool:
+    # the configurations `ctxkit pretrain` runs; overlap experiments and diagnostics (ranks that
+    # never communicate) are negative results and live on the history page
+    return r["case"].endswith(("(graphs+compile-model+bf16res)", "(graphs+compile-model+bf16res+bf16grad)")) \
+        and not r.get("diagnostic")
+
+
+FINETUNE = ReaderTable("finetune_vs_hf.json")
+PRETRAIN = ReaderTable("pretrain_throughput.json", key=_pretrain_key, case=lambda r: _CTXKIT_VARIANT.sub("", r["case"]))
+SCALING = ReaderTable("pretrain_scaling.json", keep=_user_scaling, case=_scaling_case, unit="x")
+GPU = ReaderTable("inference_gpu.json",
+                  case=lambda r: _strip("BERT-base classifier, ")(r).replace(" (872 sentences, 21943 tokens)", ""))
+FLOOR = ReaderTable("floor.json", keep=lambda r: r["case"].startswith("BERT-base classifier inference"),
+                    case=_strip("BERT-base classifier inference, "))
+CPU = ReaderTable("inference_cpu.json", keep=lambda r: r.get("benchmark") == "inference_cpu" and r.get("speedup") is not None,
+                  case=_strip("BERT-base classifier, "))
+DECODE = ReaderTable("generate.json", case=_strip("gpt2_117m random weights, prompt 32, 256 new tokens, greedy, "))
+XL = ReaderTable("transformer_xl.json", key=lambda r: record_key(r) + (r.get("task"),),  # one run per corpus
+                 case=lambda r: f"{r['task'].split()[0]}, {r['case'].split(', bf16 autocast')[0]}")
+SPARSE = ReaderTable("sparse_attention.json", keep=lambda r: "time" in r["metric"],  # memory is not speed: history page
+                     case=lambda r: f"{r['case'].replace(', batch 1, 8 heads x 64, bf16', '')}: {r['metric']}")
+DISTILL = ReaderTable("distill_speed.json", case=_strip("3-layer student vs 6-layer teacher (MiniLM shapes), "))
+
+#: (heading, intro, tables) of docs/performance.md, in the order a reader asks
+READER_SECTIONS = [
+    ("## How fast is fine-tuning?",
+     ("Wall time from loading all-MiniLM-L6-v2 to having its dev score (tokenisation, training, evaluation): `ctxkit "
+      "finetune` against the Hugging Face `Trainer` with the same hyper-parameters, on the same GPU in one process. Both "
+      "sides reach the same scores ([results](results.md))."), [FINETUNE]),
+    ("## How fast is pretraining?",
+     ("BERT-base MLM + NSP steps (seq 128, batch 256, bf16 autocast, the same random batches on both sides), sequences "
+      "per second on one GPU against transformers' `BertForPreTraining`, eager and compiled, in the same run. The ctxkit "
+      "side is the Trainer with the plan of `--fast`, its loader masking the batches."), [PRETRAIN]),
+    ("### On two GPUs of one host",
+     ("Weak scaling, 256 sequences per GPU: `ctxkit` is the 2-GPU over the 1-GPU throughput, the peer's the same for "
+      "transformers + DDP, and `speedup` the ratio of the two (rows without a peer ran ctxkit alone)."), [SCALING]),
+    ("## How fast is inference on a GPU?",
+     ("A BERT-base sentence classifier (random weights, the same on both sides, bf16) on one GPU against transformers "
+      "in the same run: batch-1 latency with the host-to-device copy, full batches of 256 x 128, and the 872 SST-2 dev "
+      "sentences in file order. fp8 and tanh-GELU rows are declared approximations."), [GPU]),
+    ("### Against the hardware floor",
+     ("The floor is the same GEMMs and attention calls timed alone on the same card in the same run; the fp8 row "
+      "(`--fast infer+fp8norm`) is compared with ctxkit's exact bf16 of the same run."), [FLOOR]),
+    ("## How fast is inference on a CPU?",
+     ("The same BERT-base classifier on 2 CPU threads: batch-1 latency per precision, and SST-2 dev throughput at batch "
+      "32, ctxkit's fastest backend against the fastest peer. The throughput peer is fed either ctxkit's length-sorted "
+      "batches (model code alone) or file-order batches padded to their longest (a plain loop)."), [CPU]),
+    ("## How fast is decoding?",
+     ("GPT-2 small (random weights, the same on both sides): a 32-token prompt, 256 greedy new tokens after a warm-up, "
+      "new tokens per second against transformers' `generate` with its dynamic cache and with its static cache compiled "
+      "by transformers."), [DECODE]),
+    ("## Other models",
+     ("The systems beside BERT and GPT-2, each against the closest thing it replaces."), []),
+    ("### Transformer-XL",
+     ("Tokens per second inside the Transformer-XL runs (training; test at twice the training memory) against ctxkit's "
+      "vanilla Transformer LM of the same size, batch 64 x 64 tokens, bf16: below 1 is the cost of the memory."), [XL]),
+    ("### Sparse attention",
+     ("One attention call (batch 1, 8 heads x 64, bf16) with the Sparse Transformer's strided and fixed patterns, against "
+      "dense causal flash attention: the sparse calls overtake it at 8k tokens (forward) and 16k (forward+backward)."), [SPARSE]),
+    ("### Distilled student",
+     ("A 3-layer student of all-MiniLM-L6-v2 against its 6-layer teacher on the same path (eager bf16, or ctxkit's GPU "
+      "inference path), median of 100 calls."), [DISTILL]),
+]
+
+
+def _speedup(r: dict) -> str:
+    if r.get("speedup") is None:
+        return "-"
+    if str(r.get("peer_name", "")).startswith("floor"):
+        return f"{r['speedup']:.1%} of the floor"
+    return f"{r['speedup']:g}x"  # as recorded: the history page and the notes quote the same digits
+
+
+def reader_cells(table: ReaderTable, r: dict) -> list[str]:
+    """The cells of a record's row: case, ctxkit, peer, peer figure, speedup, card, date."""
+    unit = table.unit if table.unit is not None else r.get("unit", "")
+    return [table.case(r), figure(r["ctxkit"], unit), r.get("peer_name") or "-", figure(r.get("peer"), unit),
+            _speedup(r), card(r["device"]), r["date"]]
+
+
+def reader_row(table: ReaderTable, r: dict, cmd: int | None = None) -> str:
+    """One row of a reader's table; ``cmd`` numbers the command when the table has several."""
+    cells = reader_cells(table, r) + ([str(cmd)] if cmd is not None else [])
+    return "| " + " | ".join(cells) + " |"
+
+
+def reader_table(table: ReaderTable) -> list[str]:
+    """The table of the newest records, then the command(s) they carry."""
+    rows = table.records()
     if not rows:
         return []
-    out = ["\n## No regression from structural changes (issue 19)\n",
-           "`benchmarks/gpu_regression.sh` runs the four GPU benchmarks (pretrain_throughput, inference_gpu, generate, "
-           "finetune_vs_hf) on the tree before a change and on the tree after it, back to back on one card; "
-           "`benchmarks/gpu_regression.py` compares ctxkit's figures and fails when one is more than 3 % worse. "
-           f"Change: {rows[0].get('change', '')}.\n",
-           "| benchmark | case | metric | before | after | unit | after vs before | device | date |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        out.append(f"| {r['benchmark']} | {r['case']} | {r['metric']} | {_fmt(r['peer'])} | {_fmt(r['ctxkit'])} | {r['unit']} | "
-                   f"x{r['speedup']:.3f} | {r['device']} | {r['date']} |")
-    out.append("\nCommand: `" + rows[0]["command"] + "`.")
+    commands = list(dict.fromkeys(r["command"] for r in rows))
+    several = len(commands) > 1
+    out = ["| case | ctxkit | peer | peer figure | speedup | card | date |" + (" cmd |" if several else ""),
+           "|---|---|---|---|---|---|---|" + ("---|" if several else "")]
+    out += [reader_row(table, r, commands.index(r["command"]) + 1 if several else None) for r in rows]
+    if several:
+        out += ["", "Commands (the `cmd` column):", ""] + [f"{i}. `{c}`" for i, c in enumerate(commands, 1)]
+    else:
+        out += ["", f"Command: `{commands[0]}`"]
     return out
 
 
+#: what a question without a product figure yet says
+NOT_YET = ("Not measured through a `ctxkit` command yet; the earlier figures (benchmark scripts) are on the "
+           "[history page](notes/performance-history.md).")
+
+
+def performance_page() -> str:
+    """docs/performance.md: one short section per question, each with the newest figures and their commands."""
+    sections = []  # (heading, lines, has figures)
+    for heading, intro, tables in READER_SECTIONS:
+        body = [line for table in tables for line in reader_table(table)]
+        if tables and not body:
+            if not heading.startswith("## "):
+                continue  # a sub-question without product figures yet
+            body = [NOT_YET]
+        # intros are wrapped like hand-written Markdown; only table rows and commands run long
+        lines = [heading, "", textwrap.fill(intro, 100, break_on_hyphens=False), ""] + body + ([""] if body else [])
+        sections.append((heading, lines, bool(tables)))
+    out = [PERF_INTRO]
+    for i, (heading, lines, has_tables) in enumerate(sections):
+        if not has_tables:  # a group heading: only with a sub-question under it
+            following = [s for s in sections[i + 1:]]
+            if not following or following[0][0].startswith("## "):
+                continue
+        out += lines
+    out.append(PERF_HISTORY_LINK)
+    return "\n".join(out) + "\n"
+
+
 def main() -> None:
-    (REPO / "docs" / "results.md").write_text(results_page(), encoding="utf-8")
-    # The hand-written engineering notes at the end of performance.md (measurements, findings
+    """Write docs/results.md, docs/performance.md and docs/notes/performance-history.md."""
+    docs = REPO / "docs"
+    (docs / "results.md").write_text(results_page(), encoding="utf-8")
+    (docs / "performance.md").write_text(performance_page(), encoding="utf-8")
+    # The hand-written engineering notes at the end of the history page (measurements, findings
     # and plans) are kept as they are; only the generated tables above them are rewritten.
-    perf = REPO / "docs" / "performance.md"
-    old = perf.read_text(encoding="utf-8") if perf.is_file() else ""
-    notes = old[old.index(NOTES_HEADING):] if NOTES_HEADING in old else ""
-    perf.write_text(performance_page().rstrip("\n") + ("\n\n" + notes if notes else "\n"), encoding="utf-8")
-    print("wrote docs/results.md and docs/performance.md")
+    history = docs / "notes" / "performance-history.md"
+    history.parent.mkdir(exist_ok=True)
+    old = history.read_text(encoding="utf-8") if history.is_file() else ""
+    history.write_text(with_kept_notes(history_page(), old), encoding="utf-8")
+    print("wrote docs/results.md, docs/performance.md and docs/notes/performance-history.md")
 
 
 if __name__ == "__main__":

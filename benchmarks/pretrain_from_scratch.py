@@ -4,6 +4,11 @@ next to the same architecture from random initialisation.
     python benchmarks/pretrain_from_scratch.py --shards SHARDS --tokenizer VOCAB_DIR \\
         --sst2 ../shared/data/glue/SST-2 --preset bert_4_256_4 --minutes 15 --out runs/scratch
 
+How fast the pretraining runs is the fast plan ``--fast`` (``TrainConfig.fast``; default
+``auto``, e.g. ``--fast auto+compile+bf16res``; ``python -m ctxkit.fast.plan`` lists the
+options). The old flags ``--compile`` and ``--bf16-residual`` still work: they add
+``+compile`` and ``+bf16res`` to the plan.
+
 A budget longer than one sitting (e.g. the device tool's 10-minute calls) is spent in
 parts: ``--phase pretrain --budget 25 --minutes 9`` run repeatedly continues the same
 pretraining run (exact resume) until 25 minutes of pretraining are used, then
@@ -20,20 +25,23 @@ import argparse
 import datetime
 import json
 import logging
-import shlex
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from harness import RESULTS, command_line
 
-from ctxkit.models import BertModel, get_preset, save_bert  # noqa: E402
-from ctxkit.pretraining import MaskingConfig  # noqa: E402
-from ctxkit.pretraining.train import pretrain  # noqa: E402
-from ctxkit.tasks import finetune, get_task  # noqa: E402
-from ctxkit.tokenizers import WordPieceTokenizer  # noqa: E402
-from ctxkit.training import TrainConfig, set_seed  # noqa: E402
+from ctxkit.models import BertModel, get_preset, save_bert
+from ctxkit.pretraining import MaskingConfig
+from ctxkit.pretraining.train import pretrain
+from ctxkit.tasks import finetune, get_task
+from ctxkit.tokenizers import WordPieceTokenizer
+from ctxkit.training import TrainConfig, set_seed
+
+
+def fast_plan(args) -> str:
+    """The pretraining's fast plan: ``--fast`` plus what the old flags ask for."""
+    return args.fast + ("+compile" if args.compile else "") + ("+bf16res" if args.bf16_residual else "")
 
 
 def main(argv=None) -> int:
@@ -45,19 +53,20 @@ def main(argv=None) -> int:
     parser.add_argument("--minutes", type=float, default=15.0, help="pretraining minutes in this call")
     parser.add_argument("--budget", type=float, default=None, help="total pretraining minutes over all calls (default: --minutes)")
     parser.add_argument("--phase", choices=("all", "pretrain", "finetune"), default="all")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model (see TrainConfig.compile)")
-    parser.add_argument("--bf16-residual", action="store_true", help="bf16 residual stream (see TrainConfig.bf16_residual)")
+    parser.add_argument("--fast", default="auto", help="the pretraining's fast plan (TrainConfig.fast; default: auto)")
+    parser.add_argument("--compile", action="store_true", help="old flag: adds +compile to --fast")
+    parser.add_argument("--bf16-residual", action="store_true", help="old flag: adds +bf16res to --fast")
     parser.add_argument("--steps", type=int, default=40000, help="schedule length (the budget usually stops earlier)")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--out", default="runs/scratch")
     parser.add_argument("--limit", type=int, default=0, help="smoke test: first N SST-2 examples")
-    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "pretrain_from_scratch.json"))
+    parser.add_argument("--results", default=None, help="records file (default: benchmarks/results/pretrain_from_scratch.json)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     import torch
 
-    this_command = "python benchmarks/pretrain_from_scratch.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    this_command = command_line("pretrain_from_scratch.py", argv if argv is not None else sys.argv[1:])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     budget_file = out / "pretrain_budget.json"
@@ -69,7 +78,7 @@ def main(argv=None) -> int:
                            TrainConfig(epochs=1000, max_steps=args.steps, batch_size=args.batch, lr=args.lr, warmup_ratio=0.02,
                                        progress=False, log_every=200, eval_each_epoch=False,
                                        max_minutes=min(args.minutes, budget - used["minutes"]), peak_tflops=None, save_every=2000,
-                                       compile=args.compile, bf16_residual=args.bf16_residual),
+                                       fast=fast_plan(args)),
                            tokenizer_dir=args.tokenizer, masking=MaskingConfig(max_predictions=20), resume=used["calls"] > 0)
         used = {"minutes": used["minutes"] + (time.time() - t0) / 60, "calls": used["calls"] + 1, "summary": summary,
                 "commands": used.get("commands", []) + [this_command]}
@@ -100,7 +109,10 @@ def main(argv=None) -> int:
         "peer_name": f"{args.preset} from random initialisation, same fine-tuning", "peer_value": round(scores["random_init"], 2),
         "pretrain": summary, "device": device, "date": datetime.date.today().isoformat(), "command": command,
     }
-    Path(args.results).write_text(json.dumps([record], indent=1) + "\n")
+    # The file holds this one experiment, rewritten whole. Not harness.write_records: its key
+    # holds the model text, which names this run's steps and minutes, so a rerun would add a
+    # record beside the old one (and the tables read the first) instead of replacing it.
+    (Path(args.results) if args.results else RESULTS / "pretrain_from_scratch.json").write_text(json.dumps([record], indent=1) + "\n")
     print(json.dumps(record, indent=1))
     return 0
 

@@ -13,7 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from harness import write_records
+
 RUNS = {  # preset -> what it shows
     "transformer_3_256_8": "real-valued Transformer 3+3 x 256 (the reference)",
     "quaternion_3_256_8": "quaternion Transformer, same depth and width (quaternion projections and FFN)",
@@ -31,7 +32,7 @@ def main(argv=None) -> int:
     parser.add_argument("runs", help="the folder holding one translate-train run per preset")
     parser.add_argument("--device", required=True, help="the card the runs used, e.g. 'NVIDIA H200'")
     parser.add_argument("--date", default=datetime.date.today().isoformat())
-    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "quaternion_mt.json"))
+    parser.add_argument("--results", default=None, help="records file (default: benchmarks/results/quaternion_mt.json)")
     args = parser.parse_args(argv)
     ref = json.loads((Path(args.runs) / "transformer_3_256_8" / "results.json").read_text())
     ref_bleu = {b: bleu(Path(args.runs) / "transformer_3_256_8" / f"test2016_beam{b}.log") for b in (4, 1)}
@@ -51,7 +52,7 @@ def main(argv=None) -> int:
                            f"--max-minutes 2.2; ctxkit translate --beams {beams})"})
         rows.append(f"| {preset} | {s['parameters'] / 1e6:.2f} M | {s['steps']} | {s['wall_time_s']:.0f} s | "
                     f"{bleu(folder / 'test2016_beam4.log'):.2f} | {bleu(folder / 'test2016_beam1.log'):.2f} |")
-    Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
+    write_records("quaternion_mt.json", records, args.results)
     print("| preset | parameters | steps | train time | test2016 BLEU beam 4 | greedy |\n|---|---|---|---|---|---|")
     print("\n".join(rows))
     return 0

@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import logging
-import shlex
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from harness import command_line, write_records
 
-from ctxkit.tasks import finetune, get_task  # noqa: E402
-from ctxkit.training import TrainConfig  # noqa: E402
+from ctxkit.tasks import finetune, get_task
+from ctxkit.training import TrainConfig
+
+REPO = Path(__file__).resolve().parents[1]
 
 MODEL = "all_minilm_l6_v2"
 # task: (data sub-folder, epochs, batch size, learning rates, task options, metrics to record, anchors)
@@ -114,11 +113,11 @@ def main(argv=None) -> int:
     parser.add_argument("--probe", action="store_true", help="also run the frozen-feature SST-2 baseline")
     parser.add_argument("--model", default=MODEL, help="checkpoint name, or a folder holding the same files (verified by SHA-256)")
     parser.add_argument("--limit", type=int, default=0, help="smoke test: first N examples per split")
-    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "finetune_minilm.json"))
+    parser.add_argument("--results", default=None, help="records file (default: benchmarks/results/finetune_minilm.json)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     data_root, out_root = Path(args.data), Path(args.out)
-    command = "python benchmarks/run_finetune_results.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = command_line("run_finetune_results.py", argv if argv is not None else sys.argv[1:])
     device, date = _device(), datetime.date.today().isoformat()
     if Path(args.model).is_dir():
         # A copy of the packaged checkpoint (e.g. on a GPU machine without the package):
@@ -135,12 +134,9 @@ def main(argv=None) -> int:
         records += run_probe(data_root, args.limit, args.model)
     for r in records:
         r.update(device=device, date=date, command=command)
-    path = Path(args.results)
-    old = json.loads(path.read_text()) if path.is_file() else []
-    done = {(r["task"], r["split"], r["metric"], r["model"]) for r in records}
-    merged = [r for r in old if (r["task"], r["split"], r["metric"], r["model"]) not in done] + records
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(merged, indent=1) + "\n")
+    if args.results:
+        Path(args.results).parent.mkdir(parents=True, exist_ok=True)
+    path = write_records("finetune_minilm.json", records, args.results)  # replaces the same task, split, metric, model, device
     print(f"\n{'task':<12}{'split':<9}{'metric':<13}{'ctxkit':>8}{'anchor':>8}  anchor source")
     for r in records:
         anchor = "" if r["peer_value"] is None else f"{r['peer_value']:.1f}"

@@ -25,7 +25,7 @@ busy-loop process beside the server (another job on the machine, as on a shared 
 a node running a second service). CPU time used by other processes during each run is
 recorded (``background_cores``, the busy loops included): on a shared machine it moves
 every figure. Writes benchmarks/results/serve_load.json (no peer: settings of one server
-compared).
+compared; a rerun replaces the records of the same cases and machine).
 """
 
 from __future__ import annotations
@@ -49,8 +49,9 @@ from pathlib import Path
 
 import numpy as np
 
+from harness import write_records
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 
 SETTINGS = {  # name: (extra CLI arguments, OMP_NUM_THREADS or None for unset, description)
     "default": ([], None, "default (no --threads, OMP_NUM_THREADS unset)"),
@@ -154,7 +155,10 @@ def server(run: Path, args: list, omp, log_path: Path):
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     if omp is not None:
         env["OMP_NUM_THREADS"] = omp
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
+    # The server imports the same ctxkit as this process (installed, or on PYTHONPATH).
+    import ctxkit
+
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(ctxkit.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
     with open(log_path, "wb") as log:  # a file, not a pipe: a full pipe would stall the server's log lines
         proc = subprocess.Popen([sys.executable, "-m", "ctxkit", "serve", str(run), "--port", str(port), "--device", "cpu",
                                  *args], stdout=subprocess.DEVNULL, stderr=log, env=env)
@@ -250,7 +254,7 @@ def main(argv=None) -> int:
                              "each count is a case (default: 0)")
     parser.add_argument("--offline-reps", type=int, default=15, help="batch-of-32 repetitions; 0 skips them")
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "glue" / "SST-2"))
-    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "serve_load.json"))
+    parser.add_argument("--results", default=None, help="records file (default: benchmarks/results/serve_load.json)")
     args = parser.parse_args(argv)
 
     import torch
@@ -313,8 +317,7 @@ def main(argv=None) -> int:
                 records.append({"benchmark": "serve_load", "case": case, "metric": metric, "unit": unit,
                                 "ctxkit": round(r[key], digits) if digits else r[key], **detail,
                                 "all_rounds": [round(x[key], digits) if digits else x[key] for x in results], **base})
-        Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
-        print(f"wrote {args.results}")
+        print(f"wrote {write_records('serve_load.json', records, args.results)}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

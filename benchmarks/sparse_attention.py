@@ -21,7 +21,8 @@ difference between the sparse output and SDPA with the boolean mask (both bf16).
 
 Writes speed records (``ctxkit`` = the sparse kernel, ``peer`` = causal flash SDPA,
 ``speedup`` = peer / ctxkit, for memory the factor saved) to
-benchmarks/results/sparse_attention.json (--results to change) and prints a markdown table.
+benchmarks/results/sparse_attention.json (--results to change; a rerun replaces the records
+of the same cases and card) and prints a markdown table.
 ``--smoke`` runs on CPU with tiny shapes and float32 (FlexAttention has no CPU backward:
 the sparse path's backward there is the dense fallback) and writes no records unless
 --results is given.
@@ -31,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import shlex
 import statistics
 import sys
 import time
@@ -41,14 +40,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from harness import RESULTS, command_line, write_records
 
-from ctxkit.layers import SparsePattern  # noqa: E402 (after the path insert)
+from ctxkit.layers import SparsePattern
 
-DEFAULT_RESULTS = REPO / "benchmarks" / "results" / "sparse_attention.json"
+DEFAULT_RESULTS = RESULTS / "sparse_attention.json"
 
 
+# Kept local (not harness.seconds_per_call, a mean over back-to-back calls): the records hold
+# the median of per-call times and the peak memory of one call above what was allocated.
 def measure(fn, device: str, warmup: int, reps: int):
     """``(median ms, peak MiB above the start or None)`` of ``fn()``."""
     cuda = device == "cuda"
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--no-mask-sdpa", action="store_true", help="skip dense SDPA with the boolean masks")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, float32, no records unless --results")
-    parser.add_argument("--results", default=None, help=f"records file (default {DEFAULT_RESULTS.relative_to(REPO)})")
+    parser.add_argument("--results", default=None, help="records file (default benchmarks/results/sparse_attention.json)")
     args = parser.parse_args(argv)
     if args.smoke:
         device, dtype = "cpu", torch.float32
@@ -105,11 +105,8 @@ def main(argv=None) -> int:
     results = Path(args.results) if args.results else (None if args.smoke else DEFAULT_RESULTS)
     device_name = (f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}" if device == "cuda"
                    else f"CPU, {torch.get_num_threads()} threads, torch {torch.__version__}")
-    argv_list = list(argv if argv is not None else sys.argv[1:])
-    if "--results" in argv_list:  # where the records went is no part of how they were made (and names a machine's path)
-        i = argv_list.index("--results")
-        del argv_list[i:i + 2]
-    command = " ".join(["python benchmarks/sparse_attention.py"] + [shlex.quote(a) for a in argv_list])
+    # Where the records went is no part of how they were made (and names a machine's path).
+    command = command_line("sparse_attention.py", argv if argv is not None else sys.argv[1:])
     patterns = {"strided": SparsePattern("strided", args.stride, block_size=args.block_size),
                 "fixed": SparsePattern("fixed", args.stride, summary=args.summary, block_size=args.block_size)}
     dt_name = {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
@@ -200,7 +197,7 @@ def main(argv=None) -> int:
         print(f"| {n} | {kind} | {tiles} / {causal_tiles} | {f(fb)} | {f(pfb)} | {f(mfb)} | {f(fo)} | {f(pfo)} | {f(mem, 0)} | {f(pmem, 0)} "
               f"| {f(mmem, 0)} | {'' if diff is None else f'{diff:.3g}'} |")
     if results is not None:
-        results.write_text(json.dumps(records, indent=1) + "\n")
+        write_records(results.name, records, str(results))
         print(f"\nwrote {len(records)} records to {results}")
     return 0
 

@@ -15,8 +15,9 @@ SST-2 train and scores SST-2 dev after the last epoch (no epoch selection on dev
 * controls with random vectors over the same vocabulary (frozen and fine-tuned), which show
   how much the pre-trained vectors add.
 
-Appends quality records (SST-2 dev accuracy per variant, analogy accuracy) to
-benchmarks/results/static_vectors.json (--results to change). Training time and words/s
+Writes quality records (SST-2 dev accuracy per variant, analogy accuracy) to
+benchmarks/results/static_vectors.json (--results to change; a rerun replaces the records of
+the same variant, vectors and machine, the others stay). Training time and words/s
 ride along in every record. Data: ../shared/data beside the checkout, or $CTXKIT_DATA.
 """
 
@@ -24,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -35,12 +34,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from harness import command_line, write_records
 
-from ctxkit.models.bag_of_embeddings import train_bag_classifier  # noqa: E402
-from ctxkit.models.static import WordVectors, train_word2vec  # noqa: E402
-from ctxkit.data.glue import read_sst2  # noqa: E402
+from ctxkit.models.bag_of_embeddings import train_bag_classifier
+from ctxkit.models.static import WordVectors, train_word2vec
+from ctxkit.data.glue import read_sst2
+
+REPO = Path(__file__).resolve().parents[1]
 
 NEIGHBOUR_WORDS = ("bank", "king", "river", "money", "france", "film", "good", "war")
 # (a, b, c, expected d): "a is to b as c is to d". Hand-picked, not the Google analogy set;
@@ -91,8 +91,8 @@ def main(argv=None) -> int:
     parser.add_argument("--bag-epochs", type=int, default=5)
     parser.add_argument("--out-dir", default=str(REPO / ".devstatic"))
     parser.add_argument("--reuse", action="store_true", help="load the saved .npz instead of training")
-    parser.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "static_vectors.json"))
-    parser.add_argument("--no-results", action="store_true", help="print only, do not append records")
+    parser.add_argument("--results", default=None, help="records file (default: benchmarks/results/static_vectors.json)")
+    parser.add_argument("--no-results", action="store_true", help="print only, do not write records")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -154,8 +154,7 @@ def main(argv=None) -> int:
         return 0
     device = f"CPU: {cpu_name()} (2 cores shared with other jobs; torch threads {args.threads})"
     date = datetime.date.today().isoformat()
-    command = "python " + " ".join(shlex.quote(a) for a in [Path(__file__).relative_to(REPO).as_posix()]
-                                   + list(argv if argv is not None else sys.argv[1:]))
+    command = command_line("static_baselines.py", argv if argv is not None else sys.argv[1:])
     model = (f"{'fastText-style ' if args.subwords else ''}{args.model} dim {args.dim}, window {args.window}, "
              f"negative {args.negative}, min_count {args.min_count}, {args.epochs} epochs on WikiText-2 train "
              f"(lowercased, {meta['train_tokens']:,} tokens, {len(vectors):,} words)")
@@ -174,10 +173,8 @@ def main(argv=None) -> int:
                         metric="top-1 accuracy", value=round(100 * correct / max(1, answered), 2), model=model,
                         peer_name=None, peer_value=None, analogies=analogy_log, neighbours=neighbours, **train,
                         device=device, date=date, command=command))
-    path = Path(args.results)
-    existing = json.loads(path.read_text()) if path.exists() else []
-    path.write_text(json.dumps(existing + records, indent=1, ensure_ascii=False) + "\n")
-    print(f"appended {len(records)} records to {path}")
+    path = write_records("static_vectors.json", records, args.results)
+    print(f"wrote {len(records)} records to {path}")
     return 0
 
 

@@ -157,7 +157,7 @@ def floor_section() -> list:
                      f"{r['kernel_us_per_token']} us of kernels per token")
         num = (lambda v: f"{v:,.0f}" if v >= 1000 else f"{v:.2f}")  # noqa: E731
         out.append(f"| {r['case']} | {num(r['ctxkit'])} {r['unit']} | {num(r['peer'])} {r['unit']} | {r['speedup']:.1%} | {parts} | "
-                   f"{r['ctxkit_variant']} | {r['device']} | {r['date']} |")
+                   f"{r.get('ctxkit_variant') or r.get('ctxkit_plan', '')} | {r['device']} | {r['date']} |")
     out.append(f"\nCommand: `{rows[0]['command']}` (the first H100 inference and pretraining rows; the H100 decode row "
                "`python benchmarks/floor.py --parts decode`, as the H200 decode row; the H200 rows are from before the "
                "GELU GEMM; the last two rows, from the seventh session, `python benchmarks/floor.py --parts inference "
@@ -305,7 +305,7 @@ def _floor_rest() -> list:
         out.append("| product | ctxkit (Triton) | peer | peer ms | speedup | error (bf16 steps) |")
         out.append("|---|---|---|---|---|---|")
         for r in ffn:
-            out.append(f"| {r['case']} | {r['ctxkit']} | {r['peer_name']} | {r['peer']} | {r['speedup']:.2f}x | "
+            out.append(f"| {r['case']} | {r['ctxkit']} | {r.get('peer_name') or ''} | {r['peer']} | {r['speedup']:.2f}x | "
                        f"{r['max_error_bf16_steps']} |")
         out.append("\nWhen the GELU GEMM first landed (sixth session), the plain product was 16 % slower than cuBLAS "
                    "(0.268 vs 0.225 ms) and the GELU epilogue added 0.06-0.07 ms a call to it, not overlapped "

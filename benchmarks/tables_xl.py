@@ -1,4 +1,4 @@
-"""Issue 8 sections of docs/results.md and docs/performance.md (used by make_tables.py)."""
+"""Issue 8 sections of docs/results.md and docs/notes/performance-history.md (used by make_tables.py and tables_history.py)."""
 
 from __future__ import annotations
 

@@ -21,14 +21,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import shlex
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from harness import RESULTS, command_line
 
-from ctxkit.cli import main as cli_main  # noqa: E402
+from ctxkit.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _corpus(data: Path, split: str) -> str:
@@ -80,10 +80,10 @@ def main(argv=None) -> int:
     p.add_argument("--eval-every", type=int, default=1000)
     p.add_argument("--device", default="auto")
     p.add_argument("--out", type=Path, default=Path("runs/xl_wt2"))
-    p.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results" / "transformer_xl.json")
+    p.add_argument("--results", type=Path, default=RESULTS / "transformer_xl.json")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    command = "python benchmarks/transformer_xl_wt2.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = command_line("transformer_xl_wt2.py", argv if argv is not None else sys.argv[1:])
 
     # The XL's cosine schedule runs over its time budget; the vanilla model's runs over the
     # XL's final step count: the same learning-rate curve, the same tokens, the same updates.
@@ -116,7 +116,9 @@ def main(argv=None) -> int:
         records.append({"benchmark": "transformer_xl", "case": case, "metric": "throughput", "unit": "tokens/s",
                         "ctxkit": ours, "peer_name": "ctxkit vanilla Transformer LM (same size, no memory)", "peer": theirs,
                         "speedup": round(ours / theirs, 3), **base})
-    # Replace this corpus's records, keep the others (one file for every corpus).
+    # Replace this corpus's records, keep the others (one file for every corpus). Not
+    # harness.write_records: its key holds the model text, which names this run's steps and
+    # minutes, so a rerun would add records beside the old ones instead of replacing them.
     old = json.loads(args.results.read_text()) if args.results.is_file() else []
     keep = [r for r in old if r.get("task", "wikitext-2 language modelling" if "benchmark" in r else None)
             != f"{args.corpus} language modelling"]

@@ -27,20 +27,20 @@ import datetime
 import json
 import logging
 import math
-import shlex
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
+from harness import RESULTS, command_line
 
-from ctxkit.models.presets import XLNET_PRESETS  # noqa: E402
-from ctxkit.pretraining import MaskingConfig  # noqa: E402
-from ctxkit.pretraining.train import pretrain  # noqa: E402
-from ctxkit.pretraining.xlnet_pretrain import pretrain_xlnet  # noqa: E402
-from ctxkit.tasks import finetune, get_task  # noqa: E402
-from ctxkit.training import TrainConfig  # noqa: E402
+from ctxkit.models.presets import XLNET_PRESETS
+from ctxkit.pretraining import MaskingConfig
+from ctxkit.pretraining.train import pretrain
+from ctxkit.pretraining.xlnet_pretrain import pretrain_xlnet
+from ctxkit.tasks import finetune, get_task
+from ctxkit.training import TrainConfig
+
+REPO = Path(__file__).resolve().parents[1]
 
 logger = logging.getLogger("ctxkit")
 
@@ -105,8 +105,12 @@ def run_finetuning(args, state: dict, command: str) -> list:
             "finetune": f"3 epochs, batch 32, lr {args.ft_lr:g}" + (", SQuAD windows of 384 tokens, stride 128" if task == "squad" else ""),
             "pretrain": {"xlnet": x, "bert": b},
             "device": device, "date": datetime.date.today().isoformat(), "command": command})
-    Path(args.results).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.results).write_text(json.dumps(records, indent=1) + "\n")
+    # The file holds this one experiment, rewritten whole. Not harness.write_records: its key
+    # holds the model and peer texts, which name this run's final losses, so a rerun would add
+    # records beside the old ones (and the tables read the first) instead of replacing them.
+    path = Path(args.results) if args.results else RESULTS / "xlnet_vs_bert.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(records, indent=1) + "\n")
     return records
 
 
@@ -125,10 +129,10 @@ def main(argv=None) -> int:
                    help="pretrain-xlnet / pretrain-bert: one model per call (e.g. over two device sittings)")
     p.add_argument("--limit", type=int, default=0, help="smoke test: first N examples of every fine-tuning split")
     p.add_argument("--out", default="runs/xvb")
-    p.add_argument("--results", default=str(REPO / "benchmarks" / "results" / "xlnet_vs_bert.json"))
+    p.add_argument("--results", default=None, help="records file (default: benchmarks/results/xlnet_vs_bert.json)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    command = "python benchmarks/xlnet_vs_bert.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = command_line("xlnet_vs_bert.py", argv if argv is not None else sys.argv[1:])
     Path(args.out).mkdir(parents=True, exist_ok=True)
     state_file = Path(args.out) / "pretrain_state.json"
     if args.phase.startswith("pretrain"):

@@ -1,10 +1,11 @@
 """Build-time hooks of the documentation site (``hooks:`` in ``mkdocs.yml``).
 
-Generated pages. ``results.md`` and ``performance.md`` are rendered from
-``benchmarks/results/*.json`` by ``benchmarks/make_tables.py`` (the same functions its
-``main()`` writes the committed files with; the hand-written "Engineering notes" at the end
-of performance.md are kept), and ``zoo.md`` from ``ctxkit list-models --markdown``. The
-committed files are the same views; the site never shows a stale one.
+Generated pages. ``results.md``, ``performance.md`` and ``notes/performance-history.md`` are
+rendered from ``benchmarks/results/*.json`` by ``benchmarks/make_tables.py`` (the same
+functions its ``main()`` writes the committed files with; performance.md is generated whole,
+and the hand-written "Engineering notes" at the end of the history page are kept), and
+``zoo.md`` from ``ctxkit list-models --markdown``. The committed files are the same views; the
+site never shows a stale one.
 
 Tutorials. Every ``tutorials/NN_slug.py`` (jupytext percent script) becomes the page
 ``tutorials/NN_slug/``, listed in the nav and on ``tutorials/index.md``. mkdocs-jupyter
@@ -134,9 +135,10 @@ def on_page_markdown(markdown, page, config, files):
     if uri == "results.md":
         return _make_tables().results_page()
     if uri == "performance.md":
+        return _make_tables().performance_page()
+    if uri == "notes/performance-history.md":
         tables = _make_tables()
-        notes = markdown[markdown.index(tables.NOTES_HEADING):] if tables.NOTES_HEADING in markdown else ""
-        return tables.performance_page().rstrip("\n") + ("\n\n" + notes if notes else "\n")
+        return tables.with_kept_notes(tables.history_page(), markdown)
     if uri == "zoo.md":
         return _zoo_markdown(markdown)
     if uri == "tutorials/index.md":

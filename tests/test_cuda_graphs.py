@@ -30,8 +30,8 @@ def _model():
 def test_graphed_steps_match_eager_steps(tmp_path, precision):
     feats = _features()
     common = dict(epochs=2, batch_size=16, lr=1e-4, device="cuda", precision=precision, progress=False, pad_multiple=16, seed=3)
-    eager = Trainer(_model(), feats, TrainConfig(cuda_graphs=False, **common), tmp_path / "eager")
-    graphed = Trainer(_model(), feats, TrainConfig(cuda_graphs=True, **common), tmp_path / "graphed")
+    eager = Trainer(_model(), feats, TrainConfig(fast="reference+qkv", **common), tmp_path / "eager")
+    graphed = Trainer(_model(), feats, TrainConfig(fast="graphs+qkv", **common), tmp_path / "graphed")
     a, b = eager.train(), graphed.train()
     assert graphed.graphed is not None and graphed.graphed.replays > 0.6 * len(b.losses)
     tol = 2e-4 if precision == "fp32" else 3e-2
@@ -70,6 +70,7 @@ def test_overlapped_reducer_and_compiled_layers_inside_graphs(tmp_path, compiled
 
 @pytest.mark.parametrize("compile_step", [False, True])
 def test_graph_captured_decoding_equals_the_plain_loop(compile_step):
+    plan = "graphs+qkv" + ("+compile" if compile_step else "")
     from ctxkit.decoding import GenerationConfig, generate, left_pad
     from ctxkit.decoding.static_decode import static_generate
     from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel
@@ -82,11 +83,11 @@ def test_graph_captured_decoding_equals_the_plain_loop(compile_step):
     for cfg in (GenerationConfig(max_new_tokens=24), GenerationConfig(max_new_tokens=24, repetition_penalty=1.3)):
         plain = generate(model, ids, mask, cfg, static=False)
         for _ in range(2):  # the second call replays the cached graph
-            assert torch.equal(static_generate(model, ids, mask, cfg, compile_step=compile_step), plain)
+            assert torch.equal(static_generate(model, ids, mask, cfg, plan=plan), plain)
     same = ids[:1].expand(2, -1).contiguous()
     first = generate(model, same, None, GenerationConfig(max_new_tokens=3), static=False)[0, -1].item()
     cfg = GenerationConfig(max_new_tokens=40, eos_token_id=first)
-    assert torch.equal(static_generate(model, same, None, cfg, compile_step=compile_step),
+    assert torch.equal(static_generate(model, same, None, cfg, plan=plan),
                        generate(model, same, None, cfg, static=False))
     sampled = static_generate(model, ids, mask, GenerationConfig(max_new_tokens=16, do_sample=True, top_k=3))
     full = torch.ones_like(sampled)
@@ -97,8 +98,8 @@ def test_graph_captured_decoding_equals_the_plain_loop(compile_step):
     assert (top3 == sampled[:, ids.size(1):, None]).any(-1).all()
 
 
-@pytest.mark.parametrize("compile", [False, "default"])
-def test_gpu_encoder_graphs_and_packed_batches_match_eager(compile):
+@pytest.mark.parametrize("plan", ["graphs+qkv", "graphs+compile+qkv"])
+def test_gpu_encoder_graphs_and_packed_batches_match_eager(plan):
     """GPUEncoder: the graph replay of a full batch equals the plain forward (fp32), a second
     replay with new inputs is not stale, and the packed (unpadded, flash varlen) path in bf16
     agrees with the fp32 padded forward at every real token."""
@@ -107,7 +108,7 @@ def test_gpu_encoder_graphs_and_packed_batches_match_eager(compile):
     ref = _model().eval()
     g = torch.Generator().manual_seed(0)
     full = torch.randint(8, 500, (4, 32), generator=g)
-    fp32 = GPUEncoder(_model(), dtype=torch.float32, compile=compile)
+    fp32 = GPUEncoder(_model(), dtype=torch.float32, plan=plan)
     with torch.no_grad():
         for ids in (full, full.flip(0)):
             expect = ref(ids)["logits"]
@@ -119,7 +120,7 @@ def test_gpu_encoder_graphs_and_packed_batches_match_eager(compile):
             mask[row, n:] = 0
         ids = full * mask
         expect = ref.encoder(ids, None, mask).last_hidden_state
-        bf16 = GPUEncoder(_model().encoder, dtype=torch.bfloat16, compile=compile)
+        bf16 = GPUEncoder(_model().encoder, dtype=torch.bfloat16, plan=plan)
         got = bf16(ids, None, mask).last_hidden_state.float().cpu()
         assert bf16.last_path == "packed graph"  # packed, bucketed, replayed
         real = mask.bool()
@@ -205,7 +206,7 @@ def test_gpu_encoder_gelu_epilogue_stays_close_to_erf_gelu():
     ids = torch.randint(8, 500, (8, 32), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expect = ref(ids)["logits"]
-    fused = GPUEncoder(_model(), dtype=torch.float32, compile="default", gelu_epilogue=True)
+    fused = GPUEncoder(_model(), dtype=torch.float32, plan="graphs+compile+qkv+gelutanh")
     got = fused(ids, torch.zeros_like(ids), torch.ones_like(ids))["logits"].cpu()
     assert fused.last_path == "graph"
     assert 0 < (got - expect).abs().max() < 1e-2
@@ -219,15 +220,15 @@ def test_gpu_encoder_gelu_epilogue_stays_close_to_erf_gelu():
     assert 0 < (got - expect).abs().max() < 1e-2
 
 
-@pytest.mark.parametrize("compile", [False, "default"])
+@pytest.mark.parametrize("compile", ["", "+compile"])
 def test_gpu_encoder_replays_packed_batches_from_bucketed_graphs(compile):
     """Variable-length batches replay from bucketed graphs: the same answers as the
     ungraphed packed path, fresh inputs on every replay (no stale rows), one graph per
     bucket, and cut back to each caller's shape."""
     from ctxkit.inference.gpu import GPUEncoder
 
-    graphed = GPUEncoder(_model(), dtype=torch.bfloat16, compile=compile)
-    plain = GPUEncoder(_model(), dtype=torch.bfloat16, compile=compile, cuda_graphs=False)
+    graphed = GPUEncoder(_model(), dtype=torch.bfloat16, plan="graphs+qkv" + compile)
+    plain = GPUEncoder(_model(), dtype=torch.bfloat16, plan="qkv" + compile)
     g = torch.Generator().manual_seed(3)
     shapes = [(4, 32), (4, 32), (6, 20), (40, 64)]  # the first three share a bucket
     for rows, seq in shapes:
@@ -244,6 +245,6 @@ def test_gpu_encoder_replays_packed_batches_from_bucketed_graphs(compile):
         assert got.shape == expect.shape == (rows, 2)
         assert (got.float() - expect.float()).abs().max() < 2e-2 and expect.float().abs().mean() > 1e-2  # bf16
     assert len(graphed._packed_graphs) == 2
-    fp32 = GPUEncoder(_model(), dtype=torch.float32)  # fp32 attends per sequence: packed, never graphed
+    fp32 = GPUEncoder(_model(), dtype=torch.float32, plan="graphs+qkv")  # fp32 attends per sequence: packed, never graphed
     fp32(ids, None, mask)
     assert fp32.last_path == "packed" and not fp32._packed_graphs

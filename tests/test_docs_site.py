@@ -2,8 +2,9 @@
 
 One build into a temporary folder, with nothing executed (``CTXKIT_DOCS_EXECUTE`` unset:
 tutorials are rendered as code), shared by the checks below: the API reference carries
-the docstrings' tensor shapes, the results and performance pages are rendered from
-``benchmarks/results/*.json``, the model zoo is there, and every tutorial has a page.
+the docstrings' tensor shapes, the results, performance and performance-history pages are
+rendered from ``benchmarks/results/*.json``, the model zoo is there, and every tutorial has a
+page.
 ``--strict`` turns every warning into a failure: a broken link or ``#anchor`` in docs/*.md,
 a docstring mkdocstrings cannot parse, a tutorial showing an error output.
 About 14 s of CPU (mkdocstrings over the whole package ~5 s, search index ~3 s, nine
@@ -29,6 +30,15 @@ TUTORIAL_PATTERN = "[0-9][0-9]_*.py"
 def _records_io():
     spec = importlib.util.spec_from_file_location("ctxkit_test_records_io", REPO / "benchmarks" / "records_io.py")
     module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _make_tables():
+    """benchmarks/make_tables.py as a module (it puts benchmarks/ on sys.path for its helpers)."""
+    spec = importlib.util.spec_from_file_location("ctxkit_test_docs_make_tables", REPO / "benchmarks" / "make_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -93,12 +103,27 @@ def test_results_and_performance_pages_come_from_the_records(site):
     for r in scores:
         assert re.search(rf"<td>{re.escape(r['task'])}</td>\s*<td>{re.escape(r['split'])}</td>\s*"
                          rf"<td>{re.escape(r['metric'])}</td>\s*<td>{re.escape(fmt(r['value']))}</td>", results), r
+    # performance.md: the newest product figure (a ctxkit command) per (benchmark, case, peer), its row as make_tables renders it
+    tables = _make_tables()
     performance = _page(site_dir, "performance")
-    speed = [r for r in json.loads((REPO / "benchmarks/results/finetune_vs_hf.json").read_text()) if "benchmark" in r]
-    assert speed
-    for r in speed:
-        assert f"<td>{fmt(r['speedup'])}</td>" in performance, r
-    assert "Engineering notes" in performance  # the hand-written part is kept
+    history = _page(site_dir, "notes/performance-history")
+    for _, _, section in tables.READER_SECTIONS:
+        for table in section:
+            newest = table.records()
+            for r in newest:
+                cells = [html_lib.escape(c, quote=False) for c in tables.reader_cells(table, r)[1:]]
+                assert re.search(r"<td>" + r"</td>\s*<td>".join(map(re.escape, cells)) + "</td>", performance), \
+                    (table.name, r["case"])
+            # the rest (older runs of the same case) is on the history page
+            for r in tables._load(table.name):
+                if ("benchmark" in r and r not in newest and not tables.is_product(r)
+                        and table.name in ("pretrain_throughput.json", "inference_gpu.json")):
+                    assert f"<td>{fmt(r['speedup'])}</td>" in history, (table.name, r["case"], r["speedup"])
+    # the hand-written part is kept on the history page (the nav names "Engineering notes" on every page)
+    notes = 'id="engineering-notes-moved-from-architecturemd"'
+    assert notes in history and notes not in performance
+    assert 'id="pretraining-status-issue-4-in-progress"' in history
+    assert 'href="notes/performance-history/"' in performance or 'href="../notes/performance-history/"' in performance
 
 
 def test_zoo_page(site):

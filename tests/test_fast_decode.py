@@ -267,14 +267,17 @@ def test_greedy_decoding_with_fused_layers_is_the_plain_loop():
 
     kernels.decode_attention = counting
     try:
-        assert torch.equal(static_generate(model, ids, mask, cfg, capture=False, fused_layers=True), plain)
+        assert torch.equal(static_generate(model, ids, mask, cfg, capture=False, plan="qkv+decodelayers"), plain)
     finally:
         kernels.decode_attention = original
     assert len(calls) == 2 * (cfg.max_new_tokens - 1)  # every step after the prompt, every layer
 
 
 def test_static_decoder_fuses_only_when_asked():
-    """The default on a CPU is the plain layers (an earlier fusing is undone); True fuses."""
+    """The default on a CPU is the plain layers (an earlier fusing is undone); the plan's
+    decodelayers fuses where the kernels run and is refused, naming why, where they do not."""
+    from ctxkit.core.errors import UserError
+    from ctxkit.fast import supported
     from ctxkit.decoding import GenerationConfig, left_pad
     from ctxkit.decoding.static_decode import static_generate
     from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel
@@ -285,8 +288,13 @@ def test_static_decoder_fuses_only_when_asked():
     fuse_decode_layers(model)
     static_generate(model, ids, mask, GenerationConfig(max_new_tokens=2), capture=False)
     assert not any(isinstance(m, FusedDecodeLayer) for m in model.modules())
-    static_generate(model, ids, mask, GenerationConfig(max_new_tokens=2), capture=False, fused_layers=True)
-    assert sum(isinstance(m, FusedDecodeLayer) for m in model.modules()) == (2 if decode_kernels_available() else 0)
+    why = supported("decode_layers", "cpu")
+    if why is not None:  # no triton, or no interpreter: an explicit ask is refused before any work
+        with pytest.raises(UserError, match="decodelayers: " + why.split(" (")[0]):
+            static_generate(model, ids, mask, GenerationConfig(max_new_tokens=2), capture=False, plan="qkv+decodelayers")
+        return
+    static_generate(model, ids, mask, GenerationConfig(max_new_tokens=2), capture=False, plan="qkv+decodelayers")
+    assert sum(isinstance(m, FusedDecodeLayer) for m in model.modules()) == 2
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and decode_kernels_available()), reason="compiled Triton kernels need a GPU")
@@ -305,5 +313,5 @@ def test_cuda_graph_decoding_with_fused_layers_is_the_plain_loop(compile_step):
     ids, mask = ids.cuda(), mask.cuda()
     cfg = GenerationConfig(max_new_tokens=24)
     plain = generate(model, ids, mask, cfg, static=False)
-    assert torch.equal(static_generate(model, ids, mask, cfg, compile_step=compile_step), plain)
+    assert torch.equal(static_generate(model, ids, mask, cfg, plan="graphs+qkv+decodelayers" + ("+compile" if compile_step else "")), plain)
     assert sum(type(m) is FusedDecodeLayer for m in model.modules()) == 2

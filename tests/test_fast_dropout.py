@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from ctxkit.fast import MaskDropout, apply_fast_paths, dropout_keep_mask, fast_dropout, unfast_dropout
+from ctxkit.fast import MaskDropout, apply, dropout_keep_mask, fast_dropout, unfast_dropout
 
 
 def _binomial_bound(n: int, p: float, sigmas: float = 6.0) -> float:
@@ -95,7 +95,7 @@ def test_fast_dropout_swaps_dropout_modules_in_place_and_back():
     assert fast_dropout(model) == 0  # swapping twice is swapping once
     assert list(model.state_dict()) == keys
     assert unfast_dropout(model) == 2 and type(model[1]) is nn.Dropout
-    assert apply_fast_paths(model, dropout_masks=True) is model and type(model[1]) is MaskDropout
+    assert apply(model, "maskdrop") is model and type(model[1]) is MaskDropout
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
@@ -118,15 +118,15 @@ def test_compiled_mask_dropout_draws_once_per_call_and_reuses_the_mask_in_backwa
     torch.testing.assert_close(x.grad, (y1 != 0).float() * weights * scale, rtol=1e-6, atol=0)
 
 
-def test_trainer_config_swaps_dropout():
-    from ctxkit.training import TrainConfig
-    from ctxkit.training.speed import apply_speed_options
+def test_trainer_plan_swaps_dropout():
+    from ctxkit.fast import resolve
+    from ctxkit.training.speed import prepare_model
 
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1))
-    apply_speed_options(model, TrainConfig(fast_dropout=True))
+    prepare_model(model, resolve("auto+maskdrop", use="train", device="cpu"))
     assert type(model[1]) is MaskDropout
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1))
-    apply_speed_options(model, TrainConfig())
+    prepare_model(model, resolve("auto", use="train", device="cpu"))  # on a CPU auto leaves dropout alone
     assert type(model[1]) is nn.Dropout
 
 

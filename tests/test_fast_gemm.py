@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ctxkit.fast import GemmGeluFFN, apply_fast_paths, fuse_gelu_gemm, gelu_gemm_available, unfuse_gelu_gemm
+from ctxkit.fast import GemmGeluFFN, apply, fuse_gelu_gemm, gelu_gemm_available, unfuse_gelu_gemm
 from ctxkit.layers.ffn import PositionwiseFFN
 from tolerance import assert_close_to_reference, assert_same_function, magnitude
 
@@ -278,7 +278,7 @@ def test_fuse_gelu_gemm_takes_only_erf_gelu_blocks_with_plain_linears():
     assert all(type(model[k]) is PositionwiseFFN for k in ("tanh", "relu", "odd"))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     fresh = torch.nn.Sequential(PositionwiseFFN(16, 64))
-    assert apply_fast_paths(fresh, gelu_gemm=True) is fresh and type(fresh[0]) is GemmGeluFFN
+    assert apply(fresh, "gelugemm") is fresh and type(fresh[0]) is GemmGeluFFN
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and gelu_gemm_available()

@@ -190,7 +190,7 @@ def test_flat_and_overlapped_gradient_all_reduce_equal_ddp(tmp_path):
 
 
 def test_bf16_residual_stream_under_autocast():
-    from ctxkit.training.speed import set_stream_dtype
+    from ctxkit.fast import set_stream_dtype
 
     torch.manual_seed(0)
     config = get_preset("bert_2_128_2").config.replace(vocab_size=300, max_position=64)
@@ -234,9 +234,9 @@ def test_compiled_layers_and_checkpointing_train_like_eager(wiki_shards, tmp_pat
     base = presets.get_preset("bert_2_128_2")
     quiet = dataclasses.replace(base, config=base.config.replace(dropout=0.0, attention_dropout=0.0, num_layers=1))
     monkeypatch.setitem(presets.PRESETS, "bert_2_128_2", quiet)
-    eager = [r["loss"] for r in _pretrain_steps(wiki_shards, tmp_path / "eager")]
-    compiled = [r["loss"] for r in _pretrain_steps(wiki_shards, tmp_path / "compiled", compile=True)]
-    ckpt = [r["loss"] for r in _pretrain_steps(wiki_shards, tmp_path / "ckpt", activation_checkpointing=True)]
+    eager = [r["loss"] for r in _pretrain_steps(wiki_shards, tmp_path / "eager", fast="reference")]
+    compiled = [r["loss"] for r in _pretrain_steps(wiki_shards, tmp_path / "compiled", fast="compile")]
+    ckpt = [r["loss"] for r in _pretrain_steps(wiki_shards, tmp_path / "ckpt", fast="ckpt")]
     assert len(eager) == 4 and len(set(eager)) == 4  # four real steps on different batches
     assert compiled == pytest.approx(eager, abs=2e-4)
     assert ckpt == pytest.approx(eager, abs=1e-5)
@@ -262,9 +262,12 @@ def test_polynomial_schedule_from_config_and_cli(wiki_shards, tmp_path, capsys):
     rc = main(["pretrain", "--data", str(wiki_shards), "--preset", "bert_2_128_2", "--out", str(tmp_path / "run"), "--max-steps", "2",
                "--batch-size", "4", "--device", "cpu", "--no-progress", "--schedule", "polynomial", "--schedule-power", "3",
                "--activation-checkpointing"])
-    assert rc == 0 and json.loads(capsys.readouterr().out)["steps"] == 2
-    start = json.loads((tmp_path / "run" / "log.jsonl").read_text().splitlines()[0])["config"]
-    assert (start["schedule"], start["schedule_power"], start["activation_checkpointing"]) == ("polynomial", 3.0, True)
+    captured = capsys.readouterr()
+    assert rc == 0 and json.loads(captured.out)["steps"] == 2
+    start = json.loads((tmp_path / "run" / "log.jsonl").read_text().splitlines()[0])
+    # The old --activation-checkpointing flag still parses: it is the plan option ckpt now.
+    assert (start["config"]["schedule"], start["config"]["schedule_power"], start["config"]["fast"]) == ("polynomial", 3.0, "auto+ckpt")
+    assert start["fast"] == "qkv+ckpt" and "--fast auto+ckpt" in captured.err
 
 
 def test_keyed_masks_depend_on_the_key_not_on_call_order():

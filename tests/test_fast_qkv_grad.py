@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from ctxkit.fast import FusedQKVAttention, apply_fast_paths, fuse_qkv
+from ctxkit.fast import FusedQKVAttention, apply, fuse_qkv
 from ctxkit.fast.qkv_grad import PackedGradQKVAttention, pack_qkv_grad, unpack_qkv_grad
 from ctxkit.layers.attention import MultiHeadAttention
 from tolerance import assert_close_to_reference, magnitude
@@ -192,4 +192,4 @@ def test_pack_qkv_grad_swaps_only_plain_and_fused_attention():
     assert type(model["relative"]) is Relative
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     fresh = torch.nn.Sequential(MultiHeadAttention(16, 2))
-    assert apply_fast_paths(fresh, packed_qkv_grad=True) is fresh and type(fresh[0]) is PackedGradQKVAttention
+    assert apply(fresh, "qkvpack") is fresh and type(fresh[0]) is PackedGradQKVAttention

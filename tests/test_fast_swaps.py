@@ -19,7 +19,7 @@ from ctxkit.fast import (
     SegmentedEncoder,
     StreamDtypeAddNorm,
     StreamDtypeEmbeddings,
-    apply_fast_paths,
+    apply,
     enable_gelu_epilogue,
     fuse_qkv,
     segment_encoders,
@@ -55,16 +55,16 @@ def _identity(model):
     return [(name, id(p)) for name, p in model.named_parameters()], list(model.state_dict())
 
 
-SWAPS = {
-    "fused_qkv": (dict(fused_qkv=True), MultiHeadAttention, FusedQKVAttention),
-    "stream_dtype": (dict(stream_dtype=torch.bfloat16), AddNorm, StreamDtypeAddNorm),
-    "compile_segments": (dict(compile_segments=2), TransformerEncoder, SegmentedEncoder),
+SWAPS = {  # plan option -> (plain module, its fast variant)
+    "qkv": (MultiHeadAttention, FusedQKVAttention),
+    "bf16res": (AddNorm, StreamDtypeAddNorm),
+    "seg2": (TransformerEncoder, SegmentedEncoder),
 }
 
 
 @pytest.mark.parametrize("name", sorted(SWAPS))
 def test_swap_keeps_outputs_parameters_and_keys_and_is_idempotent(name):
-    options, plain, fast = SWAPS[name]
+    plain, fast = SWAPS[name]
     model = _bert()
     ids, mask = _inputs()
     reference = _run(float64(model), ids, mask)
@@ -72,20 +72,20 @@ def test_swap_keeps_outputs_parameters_and_keys_and_is_idempotent(name):
         before = _run(model, ids, mask)
     params, keys = _identity(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # holds the parameters across the swap
-    assert apply_fast_paths(model, **options) is model
+    assert apply(model, name) is model
     swapped = [m for m in model.modules() if isinstance(m, plain)]
     assert swapped and all(isinstance(m, fast) for m in swapped)
     assert _identity(model) == (params, keys)  # same Parameter objects, same state_dict keys
     assert {id(p) for g in optimizer.param_groups for p in g["params"]} == {id(p) for p in model.parameters()}
     with torch.no_grad():
         after = _run(model, ids, mask)
-    if name == "fused_qkv":  # one GEMM for three: float32 sums in another order
+    if name == "qkv":  # one GEMM for three: float32 sums in another order
         assert_close_to_reference(before, reference, name="plain", **BLOCK)
         assert_close_to_reference(after, reference, name=f"{name} swapped", **BLOCK)
     else:  # the same operations without autocast (the cast is inert) or torch.compile (no breaks)
         assert torch.equal(after, before)
     classes = [type(m) for m in model.modules()]
-    apply_fast_paths(model, **options)
+    apply(model, name)
     assert [type(m) for m in model.modules()] == classes  # swapping twice = swapping once
     assert _identity(model) == (params, keys)
     with torch.no_grad():
@@ -219,11 +219,11 @@ def test_trainer_speed_options_and_decoding_fuse_the_model_in_place():
     from ctxkit.decoding import GenerationConfig, generate
     from ctxkit.models.gpt2 import GPT2LMHeadModel
     from ctxkit.models.presets import GPT2_PRESETS
-    from ctxkit.training import TrainConfig
-    from ctxkit.training.speed import apply_speed_options
+    from ctxkit.fast import resolve
+    from ctxkit.training.speed import prepare_model
 
     model = _bert()
-    apply_speed_options(model, TrainConfig(bf16_residual=True))
+    prepare_model(model, resolve("auto+bf16res", use="train", device="cpu"))
     assert all(isinstance(m, FusedQKVAttention) for m in model.modules() if isinstance(m, MultiHeadAttention))
     assert isinstance(model.embeddings, StreamDtypeEmbeddings)
     torch.manual_seed(0)
@@ -239,7 +239,7 @@ def test_gpu_encoder_runs_fused_attention_from_a_prepared_cache():
     model = _bert()
     ids, _ = _inputs()
     reference = _run(float64(model), ids, None)
-    gpu = GPUEncoder(model, dtype=torch.float32)
+    gpu = GPUEncoder(model, dtype=torch.float32, plan="graphs+qkv")
     attn = gpu.model.encoder.layers[0].self_attn
     assert isinstance(attn, FusedQKVAttention) and len(attn._fused_cache) == 1  # concatenated before any capture
     out = gpu(ids, None, None).last_hidden_state.cpu()
@@ -251,8 +251,8 @@ def test_gpu_encoder_runs_fused_attention_from_a_prepared_cache():
 
 def test_compile_norm_split_sets_inductor_and_rejects_bad_values():
     from ctxkit.core.errors import UserError
-    from ctxkit.training import TrainConfig
-    from ctxkit.training.speed import apply_speed_options, set_norm_grad_split
+    from ctxkit.fast import FastPlan
+    from ctxkit.training.speed import prepare_model, set_norm_grad_split
 
     triton_config = torch._inductor.config.triton
     if not hasattr(triton_config, "mix_order_reduction_split_size"):  # torch < 2.10: nothing to set
@@ -260,7 +260,7 @@ def test_compile_norm_split_sets_inductor_and_rejects_bad_values():
         return
     before = triton_config.mix_order_reduction_split_size
     try:
-        apply_speed_options(_bert(), TrainConfig(compile=True, compile_norm_split=64))
+        prepare_model(_bert(), FastPlan.parse("compile+normsplit64"))
         assert triton_config.mix_order_reduction_split_size == 64
         with pytest.raises(UserError, match="power of two"):
             set_norm_grad_split(48)

@@ -1,4 +1,4 @@
-"""ctxkit.training.fp8: the float8 training option (torchao, row-wise scales).
+"""ctxkit.fast.fp8_training: the float8 training option (torchao, row-wise scales).
 
 Where it cannot run (no torchao, no GPU with float8 tensor cores) it must refuse before
 any compute with a message saying what is missing; on such a GPU it swaps the Transformer
@@ -14,9 +14,10 @@ import torch
 from ctxkit.core.errors import UserError
 from ctxkit.models import get_preset
 from ctxkit.pretraining.train import PretrainingModel
-from ctxkit.training import TrainConfig
-from ctxkit.training.fp8 import enable_fp8_training, fp8_training_unavailable
-from ctxkit.training.speed import apply_speed_options
+from ctxkit.training import TrainConfig, Trainer
+from ctxkit.fast.fp8_training import enable_fp8_training, fp8_training_unavailable
+from ctxkit.fast import FastPlan
+from ctxkit.training.speed import prepare_model
 
 HAS_FP8 = (importlib.util.find_spec("torchao") is not None and torch.cuda.is_available()
            and torch.cuda.get_device_capability() >= (8, 9))
@@ -28,15 +29,17 @@ def _model():
     return PretrainingModel(cfg)
 
 
-def test_fp8_training_refuses_where_it_cannot_run():
+def test_fp8_training_refuses_where_it_cannot_run(tmp_path):
     model = _model()  # on the CPU
     why = fp8_training_unavailable(torch.device("cpu"))
     assert why is not None and ("torchao" in why or "CUDA GPU" in why)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(UserError, match="fp8_training needs"):
+    with pytest.raises(UserError, match="fp8train needs"):
         enable_fp8_training(model)
-    with pytest.raises(UserError, match="fp8_training needs"):  # through the trainer's options too
-        apply_speed_options(model, TrainConfig(fp8_training=True))
+    with pytest.raises(UserError, match="fp8train needs"):  # through the trainer's plan too
+        prepare_model(model, FastPlan.parse("fp8train"))
+    with pytest.raises(UserError, match="fp8train: needs"):  # and refused when the plan is resolved, before any work
+        Trainer(model, [{"input_ids": [1, 2, 3]}], TrainConfig(device="cpu", fast="auto+fp8train-qkv", progress=False), tmp_path)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # nothing changed
     assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
 

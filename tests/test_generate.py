@@ -250,7 +250,7 @@ def test_compiled_static_step_on_cpu_equals_the_plain_loop():
     small = GPT2LMHeadModel(GPT2Config(num_layers=1, hidden_size=32, num_heads=2, vocab_size=96, max_position=64, ffn_size=32)).eval()
     ids, mask = left_pad([[5, 17, 42, 8, 9, 30], [11, 3]])  # the second row left-padded: the step's key mask too
     cfg = GenerationConfig(max_new_tokens=16)
-    assert torch.equal(generate(small, ids, mask, cfg, compile=True), generate(small, ids, mask, cfg, static=False, cpu_gemv=False))
+    assert torch.equal(generate(small, ids, mask, cfg, plan="auto+compile"), generate(small, ids, mask, cfg, static=False, cpu_gemv=False))
 
 
 def test_static_decoders_are_shared_across_prompt_lengths(model):

@@ -145,7 +145,7 @@ def _cfg(**kw):
 def test_trainer_master_weights_gives_autocast_numbers_and_saves_masters(tmp_path):
     feats = _toy_features(48)
     plain = Trainer(_model(0.0), feats, TrainConfig(**_cfg()), tmp_path / "plain").train()
-    trainer = Trainer(_model(0.0), feats, TrainConfig(**_cfg(master_weights=True)), tmp_path / "master")
+    trainer = Trainer(_model(0.0), feats, TrainConfig(**_cfg(fast="auto+master")), tmp_path / "master")
     master = trainer.train()
     assert isinstance(trainer.optimizer, MasterAdamW)
     assert len(master.losses) == len(plain.losses) == 6
@@ -166,7 +166,7 @@ def test_trainer_master_weights_gives_autocast_numbers_and_saves_masters(tmp_pat
 
 def test_trainer_master_weights_resume_equals_uninterrupted(tmp_path):
     feats = _toy_features()
-    cfg = dict(_cfg(master_weights=True), epochs=2)
+    cfg = dict(_cfg(fast="auto+master"), epochs=2)
     full = Trainer(_model(), feats, TrainConfig(**cfg), tmp_path / "full").train()
     Trainer(_model(), feats, TrainConfig(**cfg, max_steps=7), tmp_path / "cut").train()
     state = json.loads((tmp_path / "cut" / "checkpoint" / "trainer_state.json").read_text())
@@ -179,9 +179,9 @@ def test_trainer_master_weights_resume_equals_uninterrupted(tmp_path):
 def test_trainer_master_weights_refuses_what_it_cannot_do(tmp_path):
     feats = _toy_features(16)
     with pytest.raises(UserError, match="precision is fp32"):
-        Trainer(_model(), feats, TrainConfig(**dict(_cfg(master_weights=True), precision="fp32")), tmp_path / "a")
+        Trainer(_model(), feats, TrainConfig(**dict(_cfg(fast="auto+master"), precision="fp32")), tmp_path / "a")
     with pytest.raises(UserError, match="lamb"):
-        Trainer(_model(), feats, TrainConfig(**_cfg(master_weights=True, optimizer="lamb")), tmp_path / "b")
+        Trainer(_model(), feats, TrainConfig(**_cfg(fast="auto+master", optimizer="lamb")), tmp_path / "b")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton update kernel runs on CUDA")

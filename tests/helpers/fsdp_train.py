@@ -56,7 +56,7 @@ def toy(out: Path, resume_from=None) -> None:
     trainer = Trainer(_model(0.0), feats, _cfg(), out / "cut")
     trainer.train(resume=True)
     results["cut"] = _weights(trainer)
-    trainer = Trainer(_model(0.0), feats, _cfg(grad_accum=1, optimizer="lamb", activation_checkpointing=True), out / "lamb")
+    trainer = Trainer(_model(0.0), feats, _cfg(grad_accum=1, optimizer="lamb", fast="auto+ckpt"), out / "lamb")
     trainer.train()
     results["lamb"] = _weights(trainer)
     Trainer(_model(0.0), feats, _cfg(max_steps=3), out / "cut3").train()

@@ -22,7 +22,7 @@ import traceback
 from typing import Optional, Sequence
 
 from ..core.errors import UserError
-from . import char_lm, decoding, deploy, models, pretraining, static, tasks
+from . import bench, char_lm, decoding, deploy, models, pretraining, static, tasks
 from .models import _text_to_line
 
 
@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     pretraining.add_pretrain_command(sub)
     pretraining.add_lm_commands(sub)
     char_lm.add_char_corpus_command(sub)
+    bench.add_bench_command(sub)  # bench pretrain|infer|decode
     return parser
 
 

@@ -17,9 +17,10 @@ import torch
 
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
-from .train_flags import add_train_flags, train_config_from_args
+from .train_flags import add_fast_argument, add_train_flags, fast_from_args, train_config_from_args
 from ..data.lines import decode_lines, read_lines
 from ..decoding.generate import GenerationConfig, generate
+from ..fast import resolve
 from ..models.gpt2 import load_gpt2
 from ..tasks.translation import alignment, bleu, load_translator, read_parallel, train_translation, translate
 from ..tokenizers import ByteLevelBPETokenizer
@@ -91,6 +92,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                               eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.eos_id)
     config.check()
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.seed is not None else None
+    plan = resolve(fast_from_args(args), use="decode", device=device)  # refused here, before any prompt, if it cannot run
+    print(plan.describe(), file=sys.stderr)
     interactive = args.prompt is None
     prompts = _stdin_prompts() if interactive else [args.prompt]
     budget = model.config.max_position - args.max_new_tokens
@@ -107,12 +110,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
         streamer = TextStreamer(tokenizer, args.stop or ())
         input_ids = torch.tensor([ids], device=device)
         if config.num_beams > 1:
-            out = generate(model, input_ids, None, config)
+            out = generate(model, input_ids, None, config, plan=plan)
             for token in out[0, len(ids):]:
                 if streamer(token[None]) is not None:
                     break
         else:
-            generate(model, input_ids, None, config, generator=generator, on_tokens=streamer, compile=args.compile)
+            generate(model, input_ids, None, config, generator=generator, on_tokens=streamer, plan=plan)
         streamer.finish()
     return 0
 
@@ -146,8 +149,7 @@ def add_generate_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop when this text appears (repeatable)")
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
-    p.add_argument("--compile", action="store_true",
-                   help="compile the decoding step (fastest; the first prompt waits for compilation: ~1 min on CPU)")
+    add_fast_argument(p, what="; compile: the first prompt waits for compilation, ~1 min on a CPU")
     p.add_argument("--device", default="auto")
     p.set_defaults(func=cmd_generate)
 

@@ -15,6 +15,7 @@ from typing import Any, List
 
 import numpy as np
 
+from .train_flags import add_fast_argument, fast_from_args
 from ..core.errors import UserError
 from ..data.errors import check_input
 from ..data.lines import decode_lines, read_lines
@@ -125,7 +126,7 @@ def _embed_texts(embed, texts, layers, args):
     return embed(
         texts, model=args.model, layers=layers, pooling=args.pooling, subword_pooling=args.subword_pooling,
         max_length=args.max_length, stride=args.stride, long_inputs=args.long_inputs,
-        batch_size=args.batch_size, device=args.device, progress=not args.no_progress,
+        batch_size=args.batch_size, device=args.device, progress=not args.no_progress, fast=fast_from_args(args) or "auto",
     )
 
 
@@ -300,6 +301,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--out", required=True, metavar="OUT.npy|OUT.npz|OUT.jsonl", help="output file; format by suffix (see below)")
+    add_fast_argument(p)
     p.set_defaults(func=_cmd_embed)
 
     p = sub.add_parser("list-models", help="list presets and checkpoints, and whether each is installed",

@@ -34,10 +34,15 @@ changes meaning; "-" = no such flag, the verb uses TrainConfig's value or fixes 
     group_factor      None         -          -                50         -         -
     eval_each_epoch   True         -          -                False*     -         False*
     seed 42, device auto, log_every 50, max_steps None, save_every 0, precision auto,
-    max_minutes None, compile False, progress True: the same wherever they are flags.
-    pretrain alone: optimizer, schedule_power, keep_last, peak_tflops, parallel,
-    activation_checkpointing, bf16_residual, grad_reduce_dtype, overlap_grad_reduce
+    max_minutes None, fast auto, progress True: the same wherever they are flags.
+    pretrain alone: optimizer, schedule_power, keep_last, peak_tflops, parallel
     (TrainConfig's defaults).
+
+Speed is one flag, ``--fast PLAN`` (:class:`~ctxkit.fast.FastPlan`; every training verb).
+The speed flags some verbs had before (``--compile``, ``--activation-checkpointing``,
+``--bf16-residual``, ``--grad-reduce-dtype``, ``--overlap-grad-reduce``) still parse,
+hidden from the help: each becomes its plan option (:data:`LEGACY_FLAGS`) with a one-line
+note on stderr naming the new spelling.
 
     (x) = deferred to TrainConfig; * = fixed by the verb (``train_config_from_args(args,
     eval_each_epoch=False)``), not a flag.
@@ -47,13 +52,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from ..training import TrainConfig
+from ..training.config import legacy_plan_edits
 
-__all__ = ["HELP", "CHOICES", "VERBS", "VerbFlags", "add_train_flags", "train_config_from_args", "flag_specs"]
+__all__ = ["HELP", "CHOICES", "VERBS", "VerbFlags", "LEGACY_FLAGS", "FAST_HELP", "add_fast_argument", "add_train_flags",
+           "fast_from_args", "train_config_from_args", "flag_specs"]
+
+#: the ``--fast`` help shared by every verb that runs a model
+FAST_HELP = ("how fast it runs: a plan, preset+option-option (auto = the fastest exact plan for this machine, printed at "
+             "the start; reference = the lecture's plain modules; e.g. auto-compile, auto+ckpt, pretrain, graphs+qkv; "
+             "options: python -m ctxkit.fast.plan)")
+
+#: the speed flags verbs had before the plan (hidden; each is an option of --fast now)
+LEGACY_FLAGS: Dict[str, str] = {"compile": "store_true", "activation_checkpointing": "store_true", "bf16_residual": "store_true",
+                                "grad_reduce_dtype": "choice", "overlap_grad_reduce": "store_true"}
 
 # One line per TrainConfig field that is a command-line flag (the field docs of TrainConfig
 # say more). "(default: ...)" is added with the verb's own default.
@@ -71,14 +88,9 @@ HELP: Dict[str, str] = {
     "optimizer": "LAMB for very large batches",
     "schedule": "learning-rate decay after warmup",
     "schedule_power": "exponent of the polynomial decay",
-    "compile": "torch.compile the model (each Transformer layer; fused kernels, first steps slower)",
-    "activation_checkpointing": "recompute each layer in the backward pass: less memory for bigger batches, ~1/3 more compute",
     "parallel": "under torchrun only: ddp replicates the model on every rank; fsdp shards weights, gradients and "
                 "optimiser state over the ranks (FSDP2, less memory per GPU, no CUDA graphs)",
-    "bf16_residual": "keep the residual stream in bf16 under autocast (faster; one bf16 rounding per sub-layer)",
-    "grad_reduce_dtype": "dtype of the multi-GPU gradient all-reduce (bfloat16: half the bytes, rounded average)",
-    "overlap_grad_reduce": "multi-GPU: all-reduce gradient buckets during the backward pass "
-                           "(with --compile: the model compiled as 2 segments)",
+    "fast": FAST_HELP,
     "keep_last": "checkpoints to keep (the latest is checkpoint/)",
     "group_factor": "length grouping of batches (0 = plain shuffle)",
     "save_every": "checkpoint every N steps as well as each epoch",
@@ -96,7 +108,6 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "optimizer": ("adamw", "lamb"),
     "schedule": ("inverse_sqrt", "linear", "polynomial"),
     "parallel": ("ddp", "fsdp"),
-    "grad_reduce_dtype": ("float32", "bfloat16"),
 }
 
 
@@ -109,37 +120,38 @@ class VerbFlags:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     choices: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
     defer: bool = False
+    legacy: Tuple[str, ...] = ()  # old speed flags of this verb, still parsed (hidden): see LEGACY_FLAGS
 
 
 # The one place the verbs' defaults live (the table in the module doc, as data).
 VERBS: Dict[str, VerbFlags] = {
     "finetune": VerbFlags(
         include=("epochs", "lr", "batch_size", "eval_batch_size", "grad_accum", "warmup_ratio", "weight_decay", "max_grad_norm",
-                 "seed", "precision", "device", "compile", "max_steps", "save_every", "log_every", "progress"),
-        defer=True),
+                 "seed", "precision", "device", "fast", "max_steps", "save_every", "log_every", "progress"),
+        defer=True, legacy=("compile",)),
     "distill": VerbFlags(  # a student run: the same flags and defaults as finetune
         include=("epochs", "lr", "batch_size", "eval_batch_size", "grad_accum", "warmup_ratio", "weight_decay", "max_grad_norm",
-                 "seed", "precision", "device", "compile", "max_steps", "save_every", "log_every", "progress"),
-        defer=True),
+                 "seed", "precision", "device", "fast", "max_steps", "save_every", "log_every", "progress"),
+        defer=True, legacy=("compile",)),
     "translate-train": VerbFlags(
         include=("epochs", "max_steps", "max_minutes", "batch_size", "lr", "warmup_ratio", "weight_decay", "schedule",
-                 "log_every", "seed", "device", "progress"),
+                 "log_every", "seed", "device", "fast", "progress"),
         defaults={"epochs": 10.0, "batch_size": 128, "lr": 1e-3, "warmup_ratio": 0.05, "weight_decay": 0.0,
                   "schedule": "inverse_sqrt"}),
     "pretrain": VerbFlags(
         include=("epochs", "max_steps", "max_minutes", "batch_size", "grad_accum", "lr", "warmup_ratio", "weight_decay",
-                 "optimizer", "schedule", "schedule_power", "compile", "activation_checkpointing", "parallel", "bf16_residual",
-                 "grad_reduce_dtype", "overlap_grad_reduce", "keep_last", "group_factor", "save_every", "log_every",
-                 "peak_tflops", "seed", "device", "precision", "progress"),
+                 "optimizer", "schedule", "schedule_power", "fast", "parallel", "keep_last", "group_factor", "save_every",
+                 "log_every", "peak_tflops", "seed", "device", "precision", "progress"),
         defaults={"epochs": 1.0, "batch_size": 256, "lr": 1e-3, "warmup_ratio": 0.06, "group_factor": 50},
-        choices={"schedule": ("linear", "polynomial")}),
+        choices={"schedule": ("linear", "polynomial")},
+        legacy=("compile", "activation_checkpointing", "bf16_residual", "grad_reduce_dtype", "overlap_grad_reduce")),
     "lm-train": VerbFlags(
-        include=("epochs", "max_steps", "max_minutes", "batch_size", "lr", "warmup_ratio", "weight_decay", "compile",
+        include=("epochs", "max_steps", "max_minutes", "batch_size", "lr", "warmup_ratio", "weight_decay", "fast",
                  "log_every", "seed", "device", "progress"),
-        defaults={"epochs": 1.0, "batch_size": 64, "lr": 1e-3, "warmup_ratio": 0.05}),
+        defaults={"epochs": 1.0, "batch_size": 64, "lr": 1e-3, "warmup_ratio": 0.05}, legacy=("compile",)),
     "pretrain-xlnet": VerbFlags(
         include=("epochs", "max_steps", "batch_size", "grad_accum", "lr", "warmup_ratio", "weight_decay", "save_every",
-                 "log_every", "seed", "device", "precision", "progress"),
+                 "log_every", "seed", "device", "precision", "fast", "progress"),
         defaults={"epochs": 1.0, "lr": 1e-4, "warmup_ratio": 0.06}),
 }
 
@@ -203,6 +215,15 @@ def add_train_flags(parser: argparse.ArgumentParser, verb: str, include: Optiona
     """
     for flags, kw in flag_specs(verb, include, overrides):
         parser.add_argument(*flags, **kw)
+    fields = include if include is not None else VERBS[verb].include
+    if "fast" in fields:
+        for name in VERBS[verb].legacy:  # the verb's old spellings: still accepted, not shown
+            kind = LEGACY_FLAGS[name]
+            flag = "--" + name.replace("_", "-")
+            if kind == "choice":
+                parser.add_argument(flag, dest="legacy_" + name, choices=("float32", "bfloat16"), default=None, help=argparse.SUPPRESS)
+            else:
+                parser.add_argument(flag, dest="legacy_" + name, action="store_true", default=None, help=argparse.SUPPRESS)
 
 
 def train_config_from_args(args: argparse.Namespace, **fixed: Any) -> TrainConfig:
@@ -216,5 +237,29 @@ def train_config_from_args(args: argparse.Namespace, **fixed: Any) -> TrainConfi
             value = not getattr(args, "no_" + name)
         if value is not None:
             values[name] = value
+    legacy = {name: getattr(args, "legacy_" + name) for name in LEGACY_FLAGS if getattr(args, "legacy_" + name, None)}
+    if legacy:
+        plan = str(values.get("fast", _FIELDS["fast"].default)) + legacy_plan_edits(legacy)
+        old = " ".join("--" + n.replace("_", "-") + ("" if v is True else f" {v}") for n, v in legacy.items())
+        print(f"ctxkit: note: {old} is now part of the fast plan: --fast {plan}", file=sys.stderr)
+        values["fast"] = plan
     values.update(fixed)
     return TrainConfig(**values)
+
+
+def add_fast_argument(parser: argparse.ArgumentParser, default: Optional[str] = "auto", what: str = "") -> None:
+    """``--fast PLAN`` for a verb that runs a model without training it (``generate``,
+    ``predict``, ``serve``, ``embed``, ``evaluate``); ``--compile`` stays as a hidden old
+    spelling of ``+compile``. ``default`` None means "the run folder's recorded plan"."""
+    shown = "the plan the run was trained with, re-resolved here (else auto)" if default is None else default
+    parser.add_argument("--fast", default=default, metavar="PLAN", help=FAST_HELP[:-1] + f"{what}; default: {shown})")
+    parser.add_argument("--compile", dest="legacy_compile", action="store_true", default=None, help=argparse.SUPPRESS)
+
+
+def fast_from_args(args: argparse.Namespace) -> Optional[str]:
+    """The plan string a verb's ``--fast`` (and an old ``--compile``) ask for."""
+    plan = getattr(args, "fast", None)
+    if getattr(args, "legacy_compile", None):
+        plan = (plan or "auto") + "+compile"
+        print(f"ctxkit: note: --compile is now part of the fast plan: --fast {plan}", file=sys.stderr)
+    return plan

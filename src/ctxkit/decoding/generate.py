@@ -19,7 +19,7 @@ from .cpu_gemv import cpu_decoding_context
 from .sampling import apply_repetition_penalty, filter_logits
 from .static_decode import static_decoding_unsupported, static_generate
 from ..core.errors import UserError
-from ..fast import fuse_qkv
+from ..fast import fuse_qkv, resolve
 
 __all__ = ["GenerationConfig", "generate", "filter_logits", "apply_repetition_penalty", "left_pad"]
 
@@ -105,7 +105,7 @@ def _ends_with(tokens: Tensor, stops: Sequence[Sequence[int]]) -> Tensor:
 @torch.inference_mode()
 def generate(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None, config: GenerationConfig = GenerationConfig(),
              generator: Optional[torch.Generator] = None, on_tokens: Optional[Callable[[Tensor], None]] = None,
-             static: Optional[bool] = None, cpu_gemv: Optional[bool] = None, compile: bool = False) -> Tensor:
+             static: Optional[bool] = None, cpu_gemv: Optional[bool] = None, plan="auto") -> Tensor:
     """Continue left-padded prompts.
 
     Args:
@@ -117,30 +117,36 @@ def generate(model, input_ids: Tensor, attention_mask: Optional[Tensor] = None, 
         on_tokens: called with each step's new tokens ``(batch,)`` as soon as they are
             chosen (streaming; greedy and sampling only). It may return a bool tensor
             ``(batch,)`` marking rows to end now (e.g. a stop string seen in the text).
-        static: decode over a static KV cache with the step captured in a CUDA graph
-            (:mod:`ctxkit.decoding.static_decode`; many times faster on a GPU). None:
-            whenever the input is on CUDA and the settings allow it (not beam search or
-            stop sequences); True: insist (on CPU it runs the same fixed-shape step
-            eagerly); False: the plain loop.
+        static: decode over a static KV cache with fixed shapes
+            (:mod:`ctxkit.decoding.static_decode`; with the plan's ``graphs`` the step is
+            replayed from a CUDA graph, many times faster on a GPU). None: when the plan
+            has ``graphs`` (on CUDA) or ``compile`` and the settings allow it (not beam
+            search or stop sequences); True: insist (on CPU it runs the same fixed-shape
+            step eagerly); False: the plain loop.
         cpu_gemv: route the one-token matrix-vector products of fp32 CPU decoding through
             NumPy's BLAS (:mod:`ctxkit.decoding.cpu_gemv`; same fp32 arithmetic, about
             twice the speed where MKL is slow). None: for batches of one or two rows.
-        compile: ``torch.compile`` the static path's step (implies ``static``; the first
-            call per shape compiles: seconds on a GPU, about a minute on a CPU). Fastest
-            on both (see docs/performance.md) once compiled.
+        plan: how fast it runs (:class:`~ctxkit.fast.FastPlan` or its string; resolved
+            for ``decode`` on the input's device; default ``auto``: on a GPU CUDA graphs,
+            the compiled step, q/k/v as one GEMM, and for one row the Triton decoding layers
+            and one-row products). ``compile`` compiles the static path's step (the first
+            call per shape compiles: seconds on a GPU, about a minute on a CPU); ``reference``
+            decodes with the plain modules.
 
     Returns:
         ``(batch, prompt + generated)``: the prompts followed by the new tokens; rows that
         finished early are filled with ``pad_token_id``.
     """
     config.check()
+    plan = resolve(plan, use="decode", device=input_ids.device)
     module = model if isinstance(model, torch.nn.Module) else getattr(model, "model", None)  # decoding views hold one
-    if isinstance(module, torch.nn.Module):
+    if isinstance(module, torch.nn.Module) and plan.fused_qkv:
         fuse_qkv(module)  # q/k/v in one GEMM over weights concatenated once per weight version (ctxkit.fast)
     if static is None:
-        static = (input_ids.is_cuda or compile) and static_decoding_unsupported(model, config, generator) is None
+        wanted = (input_ids.is_cuda and plan.cuda_graphs) or plan.compile != "off"
+        static = wanted and static_decoding_unsupported(model, config, generator) is None
     if static:
-        return static_generate(model, input_ids, attention_mask, config, generator, on_tokens, compile_step=compile)
+        return static_generate(model, input_ids, attention_mask, config, generator, on_tokens, plan=plan)
     with cpu_decoding_context(input_ids, model, input_ids.size(0) * config.num_beams, enabled=cpu_gemv):
         if config.num_beams > 1:
             return _beam_search(model, input_ids, attention_mask, config)

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from .sampling import apply_repetition_penalty, filter_logits
 from ..core.errors import UserError
-from ..fast import fuse_decode_layers, fuse_qkv, one_row_linears, unfuse_decode_layers
+from ..fast import GraphCache, capture_graph, fuse_decode_layers, fuse_qkv, one_row_linears, resolve, unfuse_decode_layers
 
 __all__ = ["StaticDecoder", "chunked_argmax", "static_decoding_unsupported", "static_generate"]
 
@@ -86,10 +86,13 @@ class StaticDecoder:
         fused_layers: run each pre-norm layer's step as five Triton kernels
             (:func:`~ctxkit.fast.fuse_decode_layers`). None: on CUDA for one row, when
             Triton is installed.
+        one_row: with a compiled step on CUDA for one row, compute the one-row products as
+            fused reductions (:func:`~ctxkit.fast.one_row_linears`; plan option ``rows``).
     """
 
     def __init__(self, model, batch: int, slots: int, config, device: torch.device, capture: bool,
-                 compile_step=False, generator: Optional[torch.Generator] = None, fused_layers: Optional[bool] = None):
+                 compile_step=False, generator: Optional[torch.Generator] = None, fused_layers: Optional[bool] = None,
+                 one_row: bool = True):
         self.model, self.config, self.generator = model, config, generator
         self.batch, self.slots, self.max_new = batch, slots, config.max_new_tokens
         total = slots
@@ -133,14 +136,14 @@ class StaticDecoder:
 
                 self.step = step
             else:
-                if batch == 1:
+                if batch == 1 and one_row:
                     # One row per matrix: a fused reduction kernel per matrix beats cuBLAS's
                     # GEMM kernels (ctxkit.fast.rows; eager calls are unchanged).
                     one_row_linears(model)
                 mode = compile_step if isinstance(compile_step, str) else None
                 self.step = torch.compile(self._step, dynamic=False, mode=mode)
         self.graph: Optional[torch.cuda.CUDAGraph] = None
-        self._prefills: Dict = {}  # prompt length, padded -> captured prompt pass
+        self._prefills = GraphCache(8)  # prompt length, padded -> captured prompt pass
         if capture:
             self._capture()
 
@@ -185,23 +188,14 @@ class StaticDecoder:
         key = (input_ids.size(1), mask is not None)
         entry = self._prefills.get(key)
         if entry is None:
-            if len(self._prefills) >= 8:
-                self._prefills.pop(next(iter(self._prefills)))
             inputs = [input_ids.clone(), mask.clone() if mask is not None else None, positions.clone()]
 
             def run() -> Tensor:
                 self.cache.length = 0
                 return self.model(inputs[0], inputs[1], inputs[2], self.cache)[:, -1].float()
 
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                run()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                logits = run()
-            entry = self._prefills[key] = (graph, inputs, logits)
+            graph, logits = capture_graph(run, warmup=1)
+            entry = self._prefills.put(key, (graph, inputs, logits))
         graph, inputs, logits = entry
         for buf, value in zip(inputs, (input_ids, mask, positions)):
             if buf is not None:
@@ -222,11 +216,7 @@ class StaticDecoder:
                 self.step()
         torch.cuda.current_stream().wait_stream(side)
         self.out_index.zero_()
-        self.graph = torch.cuda.CUDAGraph()
-        if self.generator is not None and self.generator.device.type == "cuda":
-            self.graph.register_generator_state(self.generator)
-        with torch.cuda.graph(self.graph):
-            self.step()
+        self.graph, _ = capture_graph(self.step, warmup=0, generator=self.generator)
 
     def run(self, input_ids: Tensor, mask: Tensor, on_tokens: Optional[Callable[[Tensor], Optional[Tensor]]] = None) -> Tensor:
         """Decode after the prompt ``input_ids`` (left-padded, ``mask`` 0 on padding);
@@ -278,13 +268,15 @@ class StaticDecoder:
 @torch.inference_mode()
 def static_generate(model, input_ids: Tensor, attention_mask: Optional[Tensor], config, generator: Optional[torch.Generator] = None,
                     on_tokens: Optional[Callable[[Tensor], Optional[Tensor]]] = None, capture: Optional[bool] = None,
-                    compile_step=False, fused_layers: Optional[bool] = None) -> Tensor:
+                    plan="auto") -> Tensor:
     """:func:`~ctxkit.decoding.generate` through a (cached) :class:`StaticDecoder`.
 
     Args:
-        capture: record a CUDA graph (default: when the input is on CUDA).
-        compile_step: ``torch.compile`` the step (see :class:`StaticDecoder`).
-        fused_layers: Triton decoding layers (see :class:`StaticDecoder`; None: CUDA, one row).
+        capture: record a CUDA graph (default: the plan's ``graphs``, on CUDA).
+        plan: how fast it runs (:class:`~ctxkit.fast.FastPlan` or its string, resolved for
+            ``decode``): ``graphs`` captures the step, ``compile`` (``autotune``: its mode)
+            compiles it, ``decodelayers`` runs one row's layers as Triton kernels, ``rows``
+            its products as reductions, ``qkv`` fuses the projections.
 
     Returns:
         ``(batch, prompt + generated)``, the same tokens as the eager loop for greedy decoding.
@@ -292,9 +284,13 @@ def static_generate(model, input_ids: Tensor, attention_mask: Optional[Tensor], 
     reason = static_decoding_unsupported(model, config, generator)
     if reason is not None:
         raise UserError(f"static decoding unavailable: {reason}")
-    fuse_qkv(model)  # q/k/v in one GEMM over weights concatenated once (ctxkit.fast), in place
     device = input_ids.device
-    capture = device.type == "cuda" if capture is None else capture
+    plan = resolve(plan, use="decode", device=device)
+    if plan.fused_qkv:
+        fuse_qkv(model)  # q/k/v in one GEMM over weights concatenated once (ctxkit.fast), in place
+    capture = device.type == "cuda" and plan.cuda_graphs if capture is None else capture
+    compile_step = (plan.compile_mode or True) if plan.compile != "off" else False
+    fused_layers = plan.decode_layers and input_ids.size(0) == 1  # one row (CUDA, or Triton's interpreter)
     if capture and device.type != "cuda":
         raise UserError("CUDA graphs need a CUDA device")
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
@@ -304,13 +300,14 @@ def static_generate(model, input_ids: Tensor, attention_mask: Optional[Tensor], 
     slots = input_ids.size(1) + config.max_new_tokens
     slots = min(-(-slots // _SLOT_MULTIPLE) * _SLOT_MULTIPLE, max(slots, getattr(model.config, "max_position", slots)))
     # Parameter versions: an in-place weight update invalidates cached fused weights.
-    key = (input_ids.size(0), slots, repr(config), device, param.dtype, param.data_ptr(), capture, compile_step, fused_layers, id(generator),
+    key = (input_ids.size(0), slots, repr(config), device, param.dtype, param.data_ptr(), capture, str(plan), id(generator),
            sum(p._version for p in model.parameters()))
     decoders: Dict = model.__dict__.setdefault("_ctxkit_static_decoders", {})
     decoder = decoders.get(key)
     if decoder is None:
         while len(decoders) >= 4:  # each holds a KV cache: keep a few shapes only
             decoders.pop(next(iter(decoders)))
-        decoder = StaticDecoder(model, input_ids.size(0), slots, config, device, capture, compile_step, generator, fused_layers)
+        decoder = StaticDecoder(model, input_ids.size(0), slots, config, device, capture, compile_step, generator, fused_layers,
+                                one_row=plan.one_row)
         decoders[key] = decoder
     return torch.cat([input_ids, decoder.run(input_ids, mask, on_tokens)], dim=1)

@@ -14,7 +14,6 @@ never its parameters (``state_dict`` unchanged), and is idempotent.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from typing import Optional, Tuple
 
@@ -27,6 +26,7 @@ from ..layers.transformer import TransformerEncoderLayer
 from .attention import FusedQKVAttention, fuse_qkv
 from .rows import OneRowFusedQKVAttention, OneRowLinear
 from ._swap import swap, unswap
+from .kernels import has_package
 
 _kernels = None  # ctxkit.fast.decode_kernels once a layer is fused (it imports triton: the gpu extra)
 # Activations the kernels compute (decode_kernels.ACTIVATION_CODES; tests check the two agree).
@@ -39,8 +39,9 @@ _LINEAR_TYPES = (nn.Linear, OneRowLinear)
 
 
 def decode_kernels_available() -> bool:
-    """Whether Triton is installed (the kernels need it; ``pip install ctxkit[gpu]``)."""
-    return importlib.util.find_spec("triton") is not None
+    """Whether Triton is installed (the kernels need it; ``pip install ctxkit[gpu]``;
+    :func:`ctxkit.fast.kernels.supported` ``("decode_layers", device)`` says where they run)."""
+    return has_package("triton")
 
 
 def _load_kernels():

@@ -29,13 +29,13 @@ trainer). In eval mode, or with ``p == 0``, it is the identity, like ``nn.Dropou
 from __future__ import annotations
 
 import functools
-import importlib.util
 
 import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from ._swap import swap, unswap
+from .kernels import supported
 
 __all__ = ["MaskDropout", "dropout_keep_mask", "fast_dropout", "unfast_dropout"]
 
@@ -55,11 +55,7 @@ def _custom_op(name: str):
 
 @functools.lru_cache(maxsize=None)
 def _kernel_runs(device_type: str) -> bool:
-    if importlib.util.find_spec("triton") is None:
-        return False
-    from . import dropout_kernels  # lazy: imports triton (the gpu extra)
-
-    return dropout_kernels.supported(torch.device(device_type)) is None
+    return supported("dropout_bits", torch.device(device_type)) is None
 
 
 def _threshold(p: float) -> int:

@@ -24,7 +24,6 @@ Swap it in with :func:`fuse_gelu_gemm`.
 from __future__ import annotations
 
 import functools
-import importlib.util
 from typing import Optional, Tuple
 
 import torch
@@ -33,6 +32,7 @@ from torch import Tensor, nn
 
 from ..layers.ffn import PositionwiseFFN
 from ._swap import swap, unswap
+from .kernels import has_package, supported
 
 __all__ = ["GemmGeluFFN", "fuse_gelu_gemm", "gelu_gemm_available", "linear_gelu", "unfuse_gelu_gemm"]
 
@@ -41,8 +41,9 @@ _HALF = (torch.bfloat16, torch.float16)
 
 
 def gelu_gemm_available() -> bool:
-    """Whether Triton is installed (the kernels themselves also need a Hopper GPU, or the interpreter)."""
-    return importlib.util.find_spec("triton") is not None
+    """Whether Triton is installed (the kernels themselves also need a Hopper GPU, or the
+    interpreter: :func:`ctxkit.fast.kernels.supported` ``("gelu_gemm", device)`` says)."""
+    return has_package("triton")
 
 
 def _load_kernels():
@@ -156,8 +157,7 @@ class GemmGeluFFN(PositionwiseFFN):
 def _runs_on_cached(device_type: str, index: Optional[int]) -> bool:
     if not gelu_gemm_available():  # no triton (the gpu extra): callers take their PyTorch path
         return False
-    probe = torch.empty(0, device=torch.device(device_type, index) if index is not None else device_type)
-    return _load_kernels().supported(probe) is None
+    return supported("gelu_gemm", torch.device(device_type, index) if index is not None else torch.device(device_type)) is None
 
 
 @torch.compiler.assume_constant_result

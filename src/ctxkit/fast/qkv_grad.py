@@ -18,15 +18,14 @@ once, as autograd's. Swap it in with :func:`pack_qkv_grad`.
 from __future__ import annotations
 
 import functools
-import importlib.util
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layers.attention import MultiHeadAttention
 from .attention import FusedQKVAttention
+from .kernels import supported
 
 __all__ = ["PackedGradQKVAttention", "pack_qkv_grad", "unpack_qkv_grad"]
 
@@ -76,10 +75,8 @@ class _QKVProjection(torch.autograd.Function):
 
 @functools.lru_cache(maxsize=None)
 def _runs_on_cached(device_type: str, index: Optional[int]) -> bool:
-    if importlib.util.find_spec("triton") is None:  # no gpu extra: the fused layer's path
-        return False
-    probe = torch.empty(0, device=torch.device(device_type, index) if index is not None else device_type)
-    return _kernels().supported(probe) is None
+    # No gpu extra, or a device the kernel does not run on: the fused layer's path.
+    return supported("qkv_grad", torch.device(device_type, index) if index is not None else torch.device(device_type)) is None
 
 
 @torch.compiler.assume_constant_result

@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..core.errors import UserError
-from ..fast import fuse_qkv
+from ..fast import apply, resolve
 from ctxkit.zoo import get_model
 from ctxkit.models.elmo import elmo_embed
 from ctxkit.models.elmo_io import load_bilm
@@ -197,7 +197,7 @@ def assign_windows(n_tokens: int, windows: Sequence[Tuple[int, int]]) -> np.ndar
     return owner
 
 
-def _resolve_model(model: Any, device: str) -> Tuple[torch.nn.Module, Any]:
+def _resolve_model(model: Any, device: str, fast: str = "auto") -> Tuple[torch.nn.Module, Any]:
     if isinstance(model, str):
         net, tokenizer = get_model(model, device=device)
         if tokenizer is None:
@@ -205,7 +205,9 @@ def _resolve_model(model: Any, device: str) -> Tuple[torch.nn.Module, Any]:
                 f"model {model!r} is an untrained preset without a vocabulary; name a checkpoint "
                 "(e.g. 'all_minilm_l6_v2') or pass a (model, tokenizer) tuple"
             )
-        fuse_qkv(net)  # loaded here for inference only: one q/k/v GEMM (a caller's own model is left as it is)
+        # Loaded here for inference only: the plan's swaps, e.g. one q/k/v GEMM (a caller's own
+        # model is left as it is).
+        apply(net, resolve(fast, use="infer", device=next(net.parameters()).device))
         return net, tokenizer
     if isinstance(model, (tuple, list)) and len(model) == 2:
         return model[0], model[1]
@@ -371,6 +373,7 @@ def embed(
     batch_size: int = 32,
     device: str = "cpu",
     progress: bool = False,
+    fast: str = "auto",
 ) -> Union[List[ContextualWordVectors], PooledEmbeddings]:
     """Embeds texts with a frozen BERT, as word vectors or one vector per text.
 
@@ -412,6 +415,9 @@ def embed(
             per batch.
         device: Device to load a named model on.
         progress: Show a tqdm progress bar (stderr).
+        fast: The fast plan's module swaps for a named model (:class:`~ctxkit.fast.FastPlan`
+            string; ``auto``: one q/k/v GEMM, and the GELU GEMM on a Hopper GPU;
+            ``reference``: the plain modules). A ``(model, tokenizer)`` tuple is used as it is.
 
     Returns:
         Without pooling, a list (input order) of :class:`ContextualWordVectors`; an empty or
@@ -442,7 +448,7 @@ def embed(
     elmo_dir = _elmo_folder(model)
     if elmo_dir is not None:
         return _embed_elmo(texts, elmo_dir, layers, pooling, batch_size, device, progress)
-    net, tokenizer = _resolve_model(model, device)
+    net, tokenizer = _resolve_model(model, device, fast)
     cfg = net.config
     indices, mode = resolve_layers(layers, cfg.num_layers)
     limit = cfg.max_position

@@ -14,6 +14,11 @@ and timing again.
 A precision asked of the pytorch backend reaches the model: it comes back wrapped in
 :class:`PrecisionModel` (fp32 = no autocast, whatever encloses the call; bf16 = bf16
 autocast), which :func:`ctxkit.training.predict` honours.
+
+The gpu backend runs a fast plan (:class:`ctxkit.fast.FastPlan`, ``--fast``; default
+``auto``, the fastest exact plan for inference on the GPU): its description names the
+resolved plan. The precisions ``fp8`` and ``bf16-gelu-tanh`` are that backend's declared
+ones: the same as adding ``+fp8`` / ``+gelutanh`` to the plan.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from ..core.deps import missing, require_all
 from ..core.errors import UserError
 from ..core.checkpoint import atomic_write, write_json
 from ..core.version import __version__
+from ..fast import FastPlan
 from ..models.families import find_family
 from .cpu_compile import CompiledCPUModel
 from .export import DEPLOY_NEEDS, OrtTaskModel, _example_batch, _vocab_size, export_onnx, verify_onnx
@@ -53,13 +59,15 @@ AUTO_CHOICE_DIR = "auto_backend"
 BACKENDS = ("auto", "pytorch", "onnxruntime", "compiled", "gpu")
 
 
-# Precisions of the gpu backend beyond fp32/bf16: declared approximations, never chosen by "auto".
+# Precisions of the gpu backend beyond fp32/bf16: declared approximations, never chosen by "auto";
+# each is a plan option of the gpu backend (GPU_PRECISION_OPTIONS).
 GPU_ONLY_PRECISIONS = ("fp8", "bf16-gelu-tanh")
+GPU_PRECISION_OPTIONS = {"fp8": "fp8", "bf16-gelu-tanh": "gelutanh"}
 PRECISIONS = ("fp32", "bf16") + GPU_ONLY_PRECISIONS
 
 
 def add_backend_arguments(parser, default: str, what: str) -> None:
-    """``--backend`` and ``--precision`` for a command line (``ctxkit predict``, ``ctxkit serve``).
+    """``--backend``, ``--precision`` and ``--fast`` for a command line (``ctxkit predict``, ``ctxkit serve``).
 
     Args:
         parser: an ``argparse`` parser.
@@ -74,13 +82,17 @@ def add_backend_arguments(parser, default: str, what: str) -> None:
     parser.add_argument("--precision", choices=PRECISIONS, default=None,
                         help="the precision that runs: for --backend pytorch (fp32 = no autocast, bf16 = bf16 autocast; "
                              "default: bf16 autocast on a GPU, fp32 on CPU), compiled (default fp32) or gpu (default bf16; "
-                             "fp8: float8 GEMMs on Hopper GPUs; "
+                             "fp8: float8 GEMMs on Hopper GPUs, the same as --fast auto+fp8; "
                              "bf16-gelu-tanh: bf16 with the FFN's GELU in tanh form inside the GEMM's epilogue, a declared "
-                             "approximation of BERT's erf GELU, ~10 %% faster at large batches)")
+                             "approximation of BERT's erf GELU, the same as --fast auto+gelutanh)")
+    parser.add_argument("--fast", default=None, metavar="PLAN",
+                        help="how fast the model runs: a fast plan, preset+option-option (auto = the fastest exact plan here; "
+                             "reference = the plain modules; e.g. auto-compile, infer; python -m ctxkit.fast.plan lists the "
+                             "options; default: the plan the run was trained with, what of it runs here, else auto)")
 
 
 def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional[str] = None,
-                 run_dir: Optional[Path] = None) -> Tuple[nn.Module, str]:
+                 run_dir: Optional[Path] = None, plan=None) -> Tuple[nn.Module, str]:
     """``(model, description)`` for ``backend``.
 
     Args:
@@ -96,6 +108,8 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
             ``GPUEncoder(gelu_epilogue=True)``).
         run_dir: the run folder ``model`` was loaded from; with "auto", the decision is kept
             there and reused (see :func:`choose_backend`). Ignored by the other backends.
+        plan: the gpu backend's fast plan (a :class:`~ctxkit.fast.FastPlan` or its string;
+            None: ``auto``). The other backends run the model as loaded.
 
     Raises:
         UserError: an unknown backend or precision, or one that cannot run this model.
@@ -105,7 +119,7 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
     if precision not in (None,) + PRECISIONS:
         raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if backend == "auto":
-        return choose_backend(model, precision, run_dir=run_dir)
+        return choose_backend(model, precision, run_dir=run_dir, plan=plan)
     if isinstance(model, OrtTaskModel):
         if backend == "compiled":
             raise UserError("this run is an exported ONNX model (ctxkit quantize): it runs on ONNX Runtime only")
@@ -124,13 +138,15 @@ def with_backend(model: nn.Module, backend: str = "pytorch", precision: Optional
             raise UserError(f"the gpu backend runs BERT-family encoders (packed batches go through BertModel); this run's "
                              f"encoder is {type(model.encoder).__name__}: use --backend pytorch on the GPU")
         precision = precision or "bf16"
-        gpu = GPUTaskModel(model, dtype=torch.float32 if precision == "fp32" else torch.bfloat16, fp8=precision == "fp8",
-                           gelu_epilogue=precision == "bf16-gelu-tanh")
+        plan = FastPlan.parse(plan)
+        if precision in GPU_PRECISION_OPTIONS:
+            plan = plan.with_options("+" + GPU_PRECISION_OPTIONS[precision])
+        gpu = GPUTaskModel(model, dtype=torch.float32 if precision == "fp32" else torch.bfloat16, plan=plan)
         weights = {"fp8": "fp8 matrix products, bf16 elsewhere",
                    "bf16-gelu-tanh": "bf16 weights, tanh GELU in the fc1 GEMM epilogue"}.get(precision, f"{precision} weights")
         # The encoder sets its own dtypes: predict() must not lay autocast on top of it.
         gpu.inference_precision = "native"
-        return gpu, f"GPU encoder ({weights}, CUDA graphs for full batches, packed flash-attention batches otherwise)"
+        return gpu, f"GPU encoder ({weights}; {gpu.runner.plan.describe()})"
     if backend == "pytorch":
         if precision is None:  # as loaded: predict()'s default, bf16 autocast on CUDA, fp32 on CPU
             return model, f"PyTorch ({device}, {'bf16 autocast' if device.type == 'cuda' else 'fp32'})"
@@ -210,11 +226,12 @@ def median_ms(fn, reps: int = 5, warmup: int = 1) -> float:
     return 1000 * statistics.median(times)
 
 
-def choose_backend(model: nn.Module, precision: Optional[str] = None, run_dir: Optional[Path] = None) -> Tuple[nn.Module, str]:
+def choose_backend(model: nn.Module, precision: Optional[str] = None, run_dir: Optional[Path] = None,
+                   plan=None) -> Tuple[nn.Module, str]:
     """The fastest correct backend for ``model`` here, and a description saying which and why.
 
     * an exported (int8) run: ONNX Runtime, the only runtime it has;
-    * a CUDA device: the GPU encoder (bf16 unless ``precision="fp32"``);
+    * a CUDA device: the GPU encoder (bf16 unless ``precision="fp32"``) with ``plan``;
     * CPU, bf16: the compiled backend (AVX-512 BF16 GEMMs; autocast is 1.2-1.45x slower,
       docs/performance.md);
     * CPU, fp32: PyTorch and ONNX Runtime (exported and checked against PyTorch within
@@ -235,7 +252,7 @@ def choose_backend(model: nn.Module, precision: Optional[str] = None, run_dir: O
         if not _is_bert(model):
             pytorch, description = with_backend(model, "pytorch", precision)
             return pytorch, f"auto: {description}; the gpu backend runs BERT-family encoders only"
-        gpu, description = with_backend(model, "gpu", precision)
+        gpu, description = with_backend(model, "gpu", precision, plan=plan)
         return gpu, f"auto: {description}"
     if precision in GPU_ONLY_PRECISIONS:
         raise UserError(f"{precision} is a precision of the gpu backend (GPU GEMM kernels); this model is on the CPU")

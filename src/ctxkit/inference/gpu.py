@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
 
-from ..fast import apply_fast_paths, prepare_inference
+from ..fast import FastPlan, GraphCache, apply, capture_graph, prepare_inference, resolve
 from ..layers.attention import PackedSequences
 
 __all__ = ["GPUEncoder", "GPUTaskModel", "bucket_batch", "token_bucket"]
@@ -113,62 +113,65 @@ class GPUEncoder:
             ``dtype`` in place and put in eval mode.
         dtype: weight and activation dtype (bf16 by default; fp32 for checking).
         device: the CUDA device (default: the current one).
-        cuda_graphs: replay batches from captured CUDA graphs: fixed-shape batches as they
-            are, variable-length ones (fp16/bf16) packed and bucketed (:func:`bucket_batch`).
-        compile: ``torch.compile`` the forward pass (Inductor fuses the elementwise work
-            between GEMMs); a string picks the mode. Graph capture stays ctxkit's, so the
-            default mode is ``"max-autotune-no-cudagraphs"``.
+        plan: how fast it runs (:class:`~ctxkit.fast.FastPlan` or its string; default
+            ``"auto"``: the fastest exact plan for inference on this GPU). The options that
+            matter here: ``graphs`` (replay fixed-shape batches as they are, variable-length
+            ones packed and bucketed, :func:`bucket_batch`, from captured CUDA graphs),
+            ``compile`` (``torch.compile`` the forward; ``autotune`` for Inductor's GEMM
+            autotuning; capture stays ctxkit's), ``qkv``, ``gelugemm`` (the exact GELU in a
+            Triton GEMM epilogue, Hopper), and the declared precisions ``gelutanh`` (tanh GELU
+            in the cuBLASLt epilogue: exact for GPT-2, |gelu_erf - gelu_tanh| < 5e-4 for
+            BERT), ``fp8`` and ``fp8norm`` (float8 GEMMs, Hopper; see docs/performance.md).
         max_graphs: shapes kept captured at once, per path (each holds its activations).
-        fp8: also run the Transformer layers' projections and FFN as float8 GEMMs
-            (:func:`ctxkit.inference.fp8.convert_to_fp8`; needs a GPU with fp8 tensor
-            cores, e.g. Hopper): a separate, declared precision. True converts every
-            product; ``"norm_inputs"`` only q/k/v and the FFN's first product (their inputs
-            quantised inside the preceding LayerNorm's kernel, bias and GELU in a Triton
-            GEMM epilogue; the fastest fp8 form on an H100, see docs/performance.md).
-        gelu_epilogue: compute each feed-forward block's ``gelu(fc1(x))`` as one cuBLASLt
-            GEMM with the bias and GELU in its epilogue
-            (:func:`ctxkit.fast.linear_gelu_tanh`). cuBLASLt's GELU is the tanh form:
-            exact for tanh-GELU models (GPT-2), a declared approximation for erf-GELU models
-            such as BERT (|gelu_erf - gelu_tanh| < 5e-4, below bf16's rounding of the
-            same values).
-        gelu_gemm: compute each erf-GELU feed-forward block's ``gelu(fc1(x))`` as one Triton
-            GEMM with the bias and the exact GELU in its epilogue
-            (:func:`ctxkit.fast.fuse_gelu_gemm`; Hopper GPUs with the ``gpu`` extra, the
-            plain layer elsewhere). Exact: no declared approximation.
 
     Call it like the model: ``encoder(input_ids, token_type_ids, attention_mask)`` with
     ``(batch, seq)`` tensors on any device. A batch whose mask is all ones (or None) takes
-    the fixed-shape path; any padding takes the packed path. ``last_path`` says which ran.
+    the fixed-shape path; any padding takes the packed path. ``last_path`` says which ran;
+    ``plan`` is the resolved plan (``plan.describe()`` says what is on and why anything is off).
     """
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, device=None, cuda_graphs: bool = True,
-                 compile=False, max_graphs: int = 8, fp8: Union[bool, str] = False, gelu_epilogue: bool = False,
-                 gelu_gemm: bool = False):
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, device=None, plan="auto", max_graphs: int = 8):
         if not torch.cuda.is_available():
             raise RuntimeError("GPUEncoder needs a CUDA device; use ctxkit.inference.backends on CPU")
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+        self.plan: FastPlan = resolve(plan, use="infer", device=self.device, precision=precision)
         self.model = model.to(self.device, dtype).eval()
         # q/k/v as one GEMM over cached stacked weights, concatenated now (outside any
-        # compiled graph); fp8 GEMMs and the GELU epilogue when asked (ctxkit.fast).
-        apply_fast_paths(self.model, fused_qkv=True, fp8=fp8, gelu_epilogue=gelu_epilogue, gelu_gemm=gelu_gemm)
+        # compiled graph); the GELU forms and fp8 GEMMs the plan names (ctxkit.fast).
+        apply(self.model, self.plan)
         prepare_inference(self.model)
         self.dtype = dtype
-        self.cuda_graphs = cuda_graphs
+        self.cuda_graphs = self.plan.cuda_graphs
         self.max_graphs = max_graphs
         self.forward = self.forward_packed = self.model
-        if compile:
+        if self.plan.compile != "off":
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            mode = compile if isinstance(compile, str) else "max-autotune-no-cudagraphs"
-            self.forward = torch.compile(self.model, mode=mode, dynamic=False)
+            # Static shapes: each fixed shape gets its own specialised graph (and a CUDA graph
+            # of it); variable-length traffic takes the packed path below instead.
+            self.forward = torch.compile(self.model, mode=self.plan.compile_mode or "default", dynamic=False)
             # One graph for every packed length (fuses the norms and activations that
             # dominate once the padding is gone); the first few batches compile.
             self.forward_packed = torch.compile(self.model, dynamic=True)
-        self._graphs: Dict[Tuple, Tuple[torch.cuda.CUDAGraph, Dict[str, Tensor], Any]] = {}
+        self._graphs = GraphCache(max_graphs)
         # Packed graphs need the varlen kernel, which reads the sequence boundaries on the
         # GPU (fp16/bf16); fp32 attends per sequence with host lengths a graph would freeze.
-        self.packed_graphs = cuda_graphs and dtype in (torch.float16, torch.bfloat16)  # off if a capture fails
-        self._packed_graphs: Dict[Tuple, Optional[Tuple[torch.cuda.CUDAGraph, Dict[str, Tensor], Any]]] = {}
+        self.packed_graphs = self.cuda_graphs and dtype in (torch.float16, torch.bfloat16)  # off if a capture fails
+        self._packed_graphs = GraphCache(max_graphs)
         self.last_path: Optional[str] = None
+
+    @torch.inference_mode()
+    def warm_up(self, batch: int = 32, seq: int = 64) -> None:
+        """Compile and capture what serving needs first: a padded batch of ``batch`` rows up
+        to ``seq`` tokens (the packed path, compiled once for every length) and one unpadded
+        row (the fixed-shape path), so no client waits for it."""
+        lengths = torch.linspace(2, seq, steps=max(batch, 2)).long()[:batch] if batch > 1 else torch.tensor([seq])
+        mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
+        ids = torch.full((mask.shape[0], seq), 100) * mask
+        if batch > 1:
+            self(ids, torch.zeros_like(ids), mask)
+        self(ids[-1:], torch.zeros_like(ids[-1:]), None)
+        torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
     def __call__(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None):
@@ -200,13 +203,7 @@ class GPUEncoder:
 
     def _replay(self, input_ids: Tensor, token_type_ids: Optional[Tensor]):
         key = (tuple(input_ids.shape), token_type_ids is not None)
-        entry = self._graphs.get(key)
-        if entry is None:
-            while len(self._graphs) >= self.max_graphs:
-                self._graphs.pop(next(iter(self._graphs)))
-            entry = self._capture(input_ids, token_type_ids)
-            self._graphs[key] = entry
-        graph, inputs, outputs = entry
+        graph, inputs, outputs = self._graphs.get_or_capture(key, lambda: self._capture(input_ids, token_type_ids))
         inputs["input_ids"].copy_(_pinned(input_ids), non_blocking=True)
         if token_type_ids is not None:
             inputs["token_type_ids"].copy_(_pinned(token_type_ids), non_blocking=True)
@@ -222,18 +219,8 @@ class GPUEncoder:
 
     def _record(self, run):
         """Warm ``run`` up on a side stream, then capture it; returns ``(graph, outputs)``."""
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(3):  # cuBLAS workspaces, autotuning and compilation happen here, not in the graph
-                run()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: other threads (a server's event loop, a DataLoader's pin-memory
-        # thread) may touch CUDA while this one captures.
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            outputs = run()
-        return graph, outputs
+        # cuBLAS workspaces, autotuning and compilation happen in the warm-up, not in the graph.
+        return capture_graph(run, warmup=3, device=self.device)
 
     @staticmethod
     def _cut(t: Tensor, rows: int, width: int, batch: int, seq: int) -> Tensor:
@@ -252,16 +239,14 @@ class GPUEncoder:
         rows, width = mask.shape
         key = (rows, width, packed.total, types is not None)
         if key not in self._packed_graphs:
-            while len(self._packed_graphs) >= self.max_graphs:
-                self._packed_graphs.pop(next(iter(self._packed_graphs)))
             try:
                 entry = self._capture_packed(ids, types, packed, input_ids, token_type_ids, attention_mask)
             except RuntimeError as err:  # e.g. a model whose packed path synchronises: run it ungraphed
                 logger.warning("packed batches of %s run without CUDA graphs: capture failed (%s)", type(self.model).__name__, err)
                 self.packed_graphs = False
                 return None
-            self._packed_graphs[key] = entry
-        entry = self._packed_graphs[key]
+            self._packed_graphs.put(key, entry)
+        entry = self._packed_graphs.get(key)
         if entry is None:  # outputs whose axes cannot be told apart: this shape runs ungraphed
             return None
         graph, static, outputs = entry
@@ -306,6 +291,10 @@ class GPUTaskModel(nn.Module):
         super().__init__()
         self.runner = GPUEncoder(model, dtype=dtype, **options)
         self.model = self.runner.model  # registered, so .parameters() and .device work as usual
+
+    def warm_up(self, batch: int = 32, seq: int = 64) -> None:
+        """See :meth:`GPUEncoder.warm_up`."""
+        self.runner.warm_up(batch, seq)
 
     def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None, **_):
         """The task model's output dict (tensors on the GPU; floating outputs in fp32)."""

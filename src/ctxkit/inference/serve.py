@@ -237,7 +237,7 @@ def _undecodable(cause: Optional[BaseException]) -> str:
 def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: float = 5.0, max_text_chars: int = 10_000,
                max_items: int = 64, max_body_bytes: Optional[int] = None, pooling: str = "mean",
                backend: str = "pytorch", precision: Optional[str] = None, threads: Optional[int] = None,
-               max_queue: Optional[int] = None):
+               max_queue: Optional[int] = None, fast: Optional[str] = None):
     """Build the FastAPI app for a fine-tuned run.
 
     Args:
@@ -258,6 +258,10 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
             (:func:`ctxkit.inference.serve_limits.choose_threads`). The caller's own
             thread count is left as it was.
         max_queue: most texts waiting per endpoint; more get 429 (default: 4 batches' worth).
+        fast: the fast plan (:class:`~ctxkit.fast.FastPlan` string) of the task endpoint's model;
+            None: the plan the run was trained with, what of it runs here, else ``auto``
+            (:func:`ctxkit.tasks.load_run`). The gpu backend compiles and captures its first
+            shapes before the server answers (logged as ``warmup``).
 
     Returns:
         The ASGI app; its lifespan starts and drains the batchers.
@@ -283,16 +287,17 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     # count when they are created: create them at the serving count.
     with torch_threads(threads):
         if isinstance(run, (str, Path)):
-            run_dir, (task, model, tokenizer, info) = str(run), load_run(run, device)
+            run_dir, (task, model, tokenizer, info) = str(run), load_run(run, device, fast=fast)
         else:
             run_dir, (task, model, tokenizer, info) = None, run
+        plan = fast if fast is not None else info.get("fast")
         kind = _task_kind(task)
         base = model
         first = next(iter(base.parameters()), None)
         # The GPU encoder casts its model to bf16 in place: give it a copy, so /embed keeps
         # the fp32 encoder (and its answers equal offline `ctxkit embed`).
         on_gpu = first is not None and first.is_cuda and (backend == "gpu" or (backend == "auto" and _is_bert(base)))
-        model, backend_name = with_backend(copy.deepcopy(base) if on_gpu else base, backend, precision, run_dir=run_dir)
+        model, backend_name = with_backend(copy.deepcopy(base) if on_gpu else base, backend, precision, run_dir=run_dir, plan=plan)
     token_check = TokenCheck(tokenizer)
     params = list(base.parameters())
     dev = str(params[0].device) if params else "cpu"  # an int8 run (ONNX Runtime) has no torch parameters
@@ -322,6 +327,11 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
 
         # What the model thread really runs with (reported, not assumed).
         threads_info["torch"] = await asyncio.get_running_loop().run_in_executor(executor[0], torch.get_num_threads)
+        warm_up = getattr(model, "warm_up", None)
+        if warm_up is not None:  # the GPU encoder: compile and capture now, not in the first client's request
+            t0 = time.time()
+            await asyncio.get_running_loop().run_in_executor(executor[0], warm_up, max_batch)
+            log_event("warmup", seconds=round(time.time() - t0, 1), backend=backend_name)
         for name, fn in ((kind, predict), ("embed", embed_texts))[: 2 if can_embed else 1]:
             batchers[name] = MicroBatcher(name, fn, executor[0], max_batch, max_wait_ms, max_queue)
             batchers[name].start()

@@ -115,7 +115,8 @@ def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: Tra
     model = PretrainingModel(arch)
     collator = MLMCollator(tokenizer, masking, seed=config.seed, multiple_of=max(config.pad_multiple, 1))
     trainer = Trainer(model, data, config, out_dir, collate_fn=collator,
-                      flops_per_token=lambda seq: training_flops_per_token(arch, seq, masking.mask_prob), callbacks=callbacks)
+                      flops_per_token=lambda seq: training_flops_per_token(arch, seq, masking.mask_prob), callbacks=callbacks,
+                      use="pretrain")
     result = trainer.train(resume=resume)
     final = Path(out_dir) / "final"
     if trainer.sharded:

@@ -36,7 +36,7 @@ from ..core.checkpoint import (
 from ..models.encoders import load_encoder, save_encoder
 from ..training import TrainConfig, Trainer, resolve_device, set_seed
 from ..training.callbacks import Callback
-from ..fast import fuse_qkv
+from ..fast import FastPlan, apply, resolve
 from ..core.deps import require_all
 from ..core.durable import recover_folder, verify_manifest
 from ..core.errors import UserError
@@ -74,13 +74,29 @@ def load_task(run_dir: os.PathLike) -> Tuple[Task, dict]:
         raise CheckpointError(f"{info_path}: not a readable run description ({type(err).__name__}: {err})") from None
 
 
-def load_run(run_dir: os.PathLike, device: str = "auto"):
+def recorded_plan(run_dir: os.PathLike) -> Optional[str]:
+    """The fast plan a run was trained with, as asked (``RUN/fast.json``; None when absent
+    or unreadable: the run predates plans, or was not written by the Trainer)."""
+    path = Path(run_dir) / "fast.json"
+    try:
+        asked = json.loads(path.read_text(encoding="utf-8")).get("asked")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return asked if isinstance(asked, str) and asked else None
+
+
+def load_run(run_dir: os.PathLike, device: str = "auto", fast: Optional[str] = None):
     """Load a fine-tuned run: ``(task, model, tokenizer, info)``.
+
+    The model gets the module swaps of a fast plan for inference: ``fast``, else the plan the
+    run was trained with (``RUN/fast.json``: what of it can run here, for inference), else
+    ``auto``; ``info["fast"]`` holds that :class:`~ctxkit.fast.FastPlan` (unresolved) for the
+    backends, which resolve it again for their dtype (the GPU encoder).
 
     Raises:
         CheckpointError: the folder is not a finished run, or its weights do not match.
+        UserError: a plan that cannot run here.
     """
-
     run_dir = Path(run_dir)
     task, info = load_task(run_dir)
     best = run_dir / "best"
@@ -97,13 +113,19 @@ def load_run(run_dir: os.PathLike, device: str = "auto"):
         backend = json.loads((best / "backend.json").read_text(encoding="utf-8"))
         if not (best / backend["file"]).is_file():
             raise CheckpointError(f"{best / 'backend.json'} names {backend['file']}, which is missing")
-        return task, OrtTaskModel(best / backend["file"]).eval(), tokenizer, {**info, "backend": backend}
+        # An exported graph runs as exported: no fast plan applies to it.
+        return task, OrtTaskModel(best / backend["file"]).eval(), tokenizer, {**info, "backend": backend, "fast": None}
     if not (best / "head.safetensors").is_file():
         raise CheckpointError(f"{run_dir}: no saved model in best/ (did training finish an epoch?)")
+    # Asked now: it must run here. Recorded at training: a ceiling, what can run here of it.
+    recorded = recorded_plan(run_dir) if fast is None else None
+    asked = FastPlan.parse(fast) if fast is not None else replace(FastPlan.parse(recorded), lenient=True) if recorded else FastPlan.parse("auto")
+    dev = resolve_device(device)
+    plan = resolve(asked, use="infer", device=dev)  # refused here, before the weights load, if it cannot run
     model = task.build_model(load_encoder(best))
     load_state_dict_strict(model.head, read_weights_file(best / "head.safetensors"), source=str(best / "head.safetensors"))
-    fuse_qkv(model)  # a loaded run only runs inference: one q/k/v GEMM instead of three (ctxkit.fast)
-    return task, model.to(resolve_device(device)).eval(), tokenizer, info
+    apply(model, plan)  # a loaded run only runs inference: e.g. one q/k/v GEMM instead of three (ctxkit.fast)
+    return task, model.to(dev).eval(), tokenizer, {**info, "fast": asked, "fast_plan": str(plan)}
 
 
 def read_weights_file(path: Path) -> Dict[str, torch.Tensor]:
@@ -237,6 +259,7 @@ def finetune(
         "train_time_s": round(result.wall_time, 1),
         "timings_s": {"prepare": round(prepare_s, 1), "train": round(result.wall_time, 1), "final_eval": round(time.time() - t1, 1)},
         "steps": result.steps,
+        "fast": str(trainer.plan),
         "train_examples": len(train_examples),
         "eval_examples": {split: len(examples) for split, examples in evals.items()},
         **limits,
@@ -253,7 +276,8 @@ _AS_TRAINED = object()
 
 
 def evaluate_run(run_dir: os.PathLike, data: Optional[os.PathLike] = None, splits: Optional[Sequence[str]] = None, batch_size: int = 128,
-                 device: str = "auto", limit_eval=_AS_TRAINED, progress: bool = False, unknown_tags: Optional[str] = None) -> dict:
+                 device: str = "auto", limit_eval=_AS_TRAINED, progress: bool = False, unknown_tags: Optional[str] = None,
+                 fast: Optional[str] = None) -> dict:
     """Evaluate a finished run on its evaluation splits (or ``splits``) of ``data``.
 
     Args:
@@ -266,6 +290,7 @@ def evaluate_run(run_dir: os.PathLike, data: Optional[os.PathLike] = None, split
         progress: show a progress bar per split.
         unknown_tags: NER: "score" evaluates gold tags outside the model's label set as
             missed entities instead of refusing them (see :class:`~ctxkit.tasks.ner.ConllNerTask`).
+        fast: the fast plan's module swaps (default: the run's recorded plan; see :func:`load_run`).
     """
     task, info = load_task(run_dir)  # data problems surface before the weights load
     require_all(task.requires(), f"scoring {task.name}")
@@ -290,7 +315,7 @@ def evaluate_run(run_dir: os.PathLike, data: Optional[os.PathLike] = None, split
             raise UserError(f"{_source(task, data, split, raw)}: no {split} examples to evaluate on")
         task.check(examples, _source(task, data, split, raw), training=False)
         chosen[split] = examples
-    _, model, tokenizer, _ = load_run(run_dir, device)
+    _, model, tokenizer, _ = load_run(run_dir, device, fast=fast)
     out = {}
     for split, examples in chosen.items():
         with _progress(progress, f"evaluate {split}", len(examples)):

@@ -27,6 +27,7 @@ from typing import Callable, Dict, Optional, Tuple  # noqa: F401
 import torch
 from torch import Tensor, nn
 
+from ..fast import GraphCache, capture_graph
 from .optim import clipped_step
 
 __all__ = ["GraphedTrainStep", "graphs_supported"]
@@ -60,7 +61,8 @@ class GraphedTrainStep:
         self.max_grad_norm = max_grad_norm
         self.autocast = autocast
         self.seen: Dict[tuple, int] = {}
-        self.graphs: Dict[tuple, Tuple[torch.cuda.CUDAGraph, Dict[str, Tensor], Tensor]] = {}
+        # Every padded shape keeps its graph (a step has few: lengths are padded to buckets).
+        self.graphs = GraphCache(max_entries=None)
         self.replays = 0
         self.eager_steps = 0
         # One memory pool for all shapes: graphs never run concurrently, and what a replay
@@ -98,19 +100,17 @@ class GraphedTrainStep:
 
     def _capture(self, key: tuple, batch: Dict[str, Tensor]) -> None:
         static = {k: v.clone() for k, v in batch.items()}
-        graph = torch.cuda.CUDAGraph()
         # Gradients allocated inside the capture belong to this graph's memory pool, so
         # each graph's optimiser update reads the gradients its own backward wrote.
         self.optimizer.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        # thread_local: the DataLoader's pin-memory thread keeps allocating pinned host
-        # memory while this thread captures; in the default (global) mode that invalidates
-        # the capture ("operation failed due to a previous error during capture").
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            scalars = self._body(static)
-        self.graphs[key] = (graph, static, scalars)
+        # No warm-up here: this shape already ran eagerly once (see __call__). The capture is
+        # thread-local: the DataLoader's pin-memory thread keeps allocating pinned host memory
+        # meanwhile, which in the global mode invalidates it.
+        graph, scalars = capture_graph(lambda: self._body(static), warmup=0, pool=self.pool)
+        self.graphs.put(key, (graph, static, scalars))
 
     def __call__(self, batch: Dict[str, Tensor]) -> Dict[str, Tensor]:
         """Train on ``batch`` (tensors already on the GPU); returns the step's scalars
@@ -122,7 +122,7 @@ class GraphedTrainStep:
             return self.eager(batch)
         if key not in self.graphs:
             self._capture(key, batch)
-        graph, static, scalars = self.graphs[key]
+        graph, static, scalars = self.graphs.get(key)
         for k, v in batch.items():
             static[k].copy_(v, non_blocking=True)
         graph.replay()

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from ..core.errors import UserError
 from .optim import _param_groups
 
-__all__ = ["MasterAdamW", "build_master_adamw", "check_master_weights", "low_precision_parameters"]
+__all__ = ["MasterAdamW", "build_master_adamw", "low_precision_parameters"]
 
 ALIGN = 16
 
@@ -326,15 +326,3 @@ def build_master_adamw(model: nn.Module, lr: float, weight_decay: float = 0.01, 
     low = low_precision_parameters(model)
     return MasterAdamW(_param_groups(model, weight_decay), low_precision=low, lr=lr, betas=betas, eps=eps,
                        weight_decay=weight_decay, dtype=dtype, capturable=capturable)
-
-
-def check_master_weights(config, device: torch.device, world: int) -> None:
-    """Raise before training when a :class:`~ctxkit.training.TrainConfig` asks for
-    ``master_weights`` where they cannot run."""
-    bf16 = config.precision == "bf16" or (config.precision == "auto" and device.type == "cuda")
-    why = ("precision is fp32 (master weights are for bf16 training)" if not bf16
-           else "optimizer is 'lamb' (master weights come with AdamW)" if config.optimizer != "adamw"
-           else "fp8_training keeps its own weights" if config.fp8_training
-           else f"{world} ranks (master weights run in one process)" if world > 1 else None)
-    if why:
-        raise UserError(f"master_weights: not available because {why}")

@@ -45,16 +45,27 @@ def predict(model: nn.Module, features: Sequence[dict], batch_size: int = 128, d
     lengths = [len(f["input_ids"]) for f in features]
     results: list = [None] * len(features)
     progress.begin(len(features))  # an enclosing evaluate() shows a bar; a no-op otherwise
-    for idx in sequential_batches(lengths, batch_size):
-        batch = collate([{k: v for k, v in features[i].items() if k in ("input_ids", "token_type_ids", "attention_mask")} for i in idx])
-        with autocast(dev, precision):
-            out = model(**_to(batch, dev))[output]
+    def finish(idx, batch, out) -> None:
         parts = out if isinstance(out, tuple) else (out,)
         parts = [p.float().cpu().numpy() for p in parts]
         for row, i in enumerate(idx):
             trimmed = tuple(p[row, : lengths[i]] if _is_seq(p, batch) else p[row] for p in parts)
             results[i] = trimmed if isinstance(out, tuple) else trimmed[0]
         progress.advance(len(idx))
+
+    # One batch in flight: the next batch is collated and queued on the device before the
+    # previous one's outputs are read back (which waits for the device), so host work
+    # overlaps device work instead of alternating with it.
+    pending = None
+    for idx in sequential_batches(lengths, batch_size):
+        batch = collate([{k: v for k, v in features[i].items() if k in ("input_ids", "token_type_ids", "attention_mask")} for i in idx])
+        with autocast(dev, precision):
+            out = model(**_to(batch, dev))[output]
+        if pending is not None:
+            finish(*pending)
+        pending = (idx, batch, out)
+    if pending is not None:
+        finish(*pending)
     model.train(was_training)
     return results
 

@@ -1,15 +1,20 @@
-"""Opt-in speed and memory switches that leave the maths unchanged.
+"""How the trainer carries out a fast plan's training options.
 
-* :func:`compile_blocks` -- ``torch.compile`` each Transformer layer ("regional"
-  compilation): the layers share one compiled graph, so compiling is quick, and the
-  elementwise tails (bias + GELU, dropout + residual + LayerNorm) become fused kernels.
-  The compiled layers still run inside the trainer's whole-step CUDA graphs.
-* :func:`enable_activation_checkpointing` -- recompute each layer in the backward pass
-  instead of storing its activations.
-* :func:`set_stream_dtype` -- keep the residual stream in bf16 under autocast (half the
-  bytes for every norm, residual add and dropout); the swap lives in :mod:`ctxkit.fast`.
-* :func:`all_reduce_gradients` -- data-parallel gradient averaging as one flat NCCL call,
-  which (unlike DDP's hooks) can be captured inside a CUDA graph.
+:func:`prepare_model` applies a resolved :class:`~ctxkit.fast.FastPlan` to a model about
+to be trained: the module swaps (:func:`ctxkit.fast.apply`), then ``torch.compile`` in the
+plan's scope:
+
+* :func:`compile_model` -- the whole model (embeddings, heads and losses fused too), in
+  ``segN`` graphs; still inside the trainer's whole-step CUDA graphs.
+* :func:`compile_blocks` -- each Transformer layer ("regional" compilation, option
+  ``layercompile``; what FSDP needs): the layers share one compiled graph, so compiling is
+  quick.
+* :func:`set_norm_grad_split` -- option ``normsplitN``.
+
+:func:`graph_grad_sync` builds the multi-rank gradient average a graphed step captures
+(options ``overlap`` and ``bf16grad``); :func:`all_reduce_gradients` is data-parallel
+gradient averaging as one flat NCCL call, which (unlike DDP's hooks) can be captured
+inside a CUDA graph.
 """
 
 from __future__ import annotations
@@ -20,14 +25,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..fast import apply_fast_paths, segment_encoders, set_stream_dtype
-from ..layers.transformer import TransformerDecoderLayer, TransformerEncoder, TransformerEncoderLayer
+from ..fast import FastPlan, apply, segment_encoders
+from ..layers.transformer import TransformerDecoderLayer, TransformerEncoderLayer
 from ..core.errors import UserError
-from .fp8 import enable_fp8_training
 from .reducer import OverlappedGradReducer
 
-__all__ = ["compile_blocks", "compile_model", "enable_activation_checkpointing", "set_stream_dtype", "apply_speed_options",
-           "graph_grad_sync", "FlatGradAllReduce", "all_reduce_gradients"]
+__all__ = ["compile_blocks", "compile_model", "prepare_model", "set_norm_grad_split", "graph_grad_sync", "FlatGradAllReduce",
+           "all_reduce_gradients"]
 
 BLOCK_TYPES = (TransformerEncoderLayer, TransformerDecoderLayer)
 
@@ -47,21 +51,6 @@ def compile_blocks(model: nn.Module, mode: str = "default") -> int:
     for block in blocks:
         block.compile(mode=mode)
     return len(blocks)
-
-
-def enable_activation_checkpointing(model: nn.Module) -> int:
-    """Turn on per-layer activation checkpointing in every :class:`TransformerEncoder`;
-    returns the number of layers affected.
-
-    Raises:
-        ValueError: when the model has no :class:`TransformerEncoder`.
-    """
-    encoders = [m for m in model.modules() if isinstance(m, TransformerEncoder)]
-    if not encoders:
-        raise UserError(f"{type(model).__name__} has no TransformerEncoder to checkpoint")
-    for encoder in encoders:
-        encoder.checkpoint_layers = True
-    return sum(len(e.layers) for e in encoders)
 
 
 def set_norm_grad_split(rows: Optional[int]) -> bool:
@@ -107,41 +96,30 @@ def compile_model(model: nn.Module, segments: int = 1, mode: str = "default") ->
     model.compile(mode=mode)
 
 
-def apply_speed_options(model: nn.Module, config, whole_model: bool = True, segments: int = 1) -> None:
-    """Apply a :class:`~ctxkit.training.TrainConfig`'s ``fp8_training``, ``gelu_gemm``,
-    ``packed_qkv_grad``, ``fast_dropout``, ``activation_checkpointing``, ``bf16_residual``
-    and ``compile`` (whole model in ``compile_segments`` graphs, or per layer when
-    ``whole_model`` is False, as FSDP needs) to ``model`` in place. ``segments`` is used
-    when ``config.compile_segments`` is 0 (automatic). Attention projects q/k/v of a shared
-    input as one GEMM (:func:`ctxkit.fast.fuse_qkv`) unless the projections are float8
-    modules."""
-    fp8 = getattr(config, "fp8_training", False)
-    if fp8:
-        enable_fp8_training(model)
-    apply_fast_paths(model, fused_qkv=not fp8, gelu_gemm=getattr(config, "gelu_gemm", False),
-                     packed_qkv_grad=getattr(config, "packed_qkv_grad", False) and not fp8,
-                     dropout_masks=getattr(config, "fast_dropout", False),
-                     stream_dtype=torch.bfloat16 if config.bf16_residual else None)
-    if config.activation_checkpointing:
-        enable_activation_checkpointing(model)
-    if config.compile and getattr(config, "compile_norm_split", None) is not None:
-        set_norm_grad_split(config.compile_norm_split)
-    if config.compile:
-        compile_model(model, segments=config.compile_segments or segments) if whole_model else compile_blocks(model)
+def prepare_model(model: nn.Module, plan: FastPlan, whole_model: bool = True, segments: int = 1) -> None:
+    """Apply a resolved plan's training options to ``model`` in place: the module swaps
+    (:func:`ctxkit.fast.apply`: fp8train, q/k/v, qkvpack, gelugemm, maskdrop, bf16res,
+    ckpt), then ``torch.compile`` -- the whole model in ``plan.segments`` graphs (else
+    ``segments``), or each layer with ``layercompile`` or when ``whole_model`` is False (as
+    FSDP needs) -- with the ``normsplitN`` setting first."""
+    apply(model, plan)
+    if plan.compile == "off":
+        return
+    if plan.norm_split is not None:
+        set_norm_grad_split(plan.norm_split)
+    mode = plan.compile_mode or "default"
+    if plan.compile == "layers" or not whole_model:
+        compile_blocks(model, mode=mode)
+    else:
+        compile_model(model, segments=plan.segments or segments, mode=mode)
 
 
-def graph_grad_sync(model: nn.Module, config):
-    """The multi-rank gradient average a graphed step captures, per a
-    :class:`~ctxkit.training.TrainConfig` (``grad_reduce_dtype``, ``overlap_grad_reduce``):
-    an :class:`~ctxkit.training.reducer.OverlappedGradReducer` or a :class:`FlatGradAllReduce`.
-
-    Raises:
-        ValueError: for an unknown ``grad_reduce_dtype``.
-    """
-    if config.grad_reduce_dtype not in ("float32", "bfloat16"):
-        raise UserError(f"grad_reduce_dtype must be 'float32' or 'bfloat16', got {config.grad_reduce_dtype!r}")
-    reduce_dtype = torch.bfloat16 if config.grad_reduce_dtype == "bfloat16" else None
-    if config.overlap_grad_reduce:
+def graph_grad_sync(model: nn.Module, plan: FastPlan):
+    """The multi-rank gradient average a graphed step captures, per a plan's ``bf16grad``
+    and ``overlap`` options: an :class:`~ctxkit.training.reducer.OverlappedGradReducer` or
+    a :class:`FlatGradAllReduce`."""
+    reduce_dtype = torch.bfloat16 if plan.grad_reduce == "bfloat16" else None
+    if plan.overlap_grad_reduce:
         return OverlappedGradReducer(model, reduce_dtype=reduce_dtype)
     return FlatGradAllReduce(model, reduce_dtype)
 

@@ -36,10 +36,12 @@ from .data import CollatedBatches
 from .distributed import (agree, all_reduce_mean, broadcast_parameters, cpu_copy, full_model_state, full_optimizer_state, load_full_state,
                           setup, shard_model)
 from .graphs import GraphedTrainStep, graphs_supported
-from .master import MasterAdamW, build_master_adamw, check_master_weights
+from .master import MasterAdamW, build_master_adamw
 from .optim import build_adamw, build_lamb, build_schedule, clipped_step
-from .speed import apply_speed_options, graph_grad_sync
+from .speed import graph_grad_sync, prepare_model
 from ..core.errors import UserError
+from ..core.checkpoint import write_json
+from ..fast import resolve
 
 __all__ = ["TrainConfig", "Trainer", "TrainResult", "resolve_device", "autocast", "set_seed"]
 
@@ -96,6 +98,10 @@ class Trainer:
             ``config.peak_tflops`` the log reports model FLOPs utilisation (MFU).
         callbacks: also receive every ``log.jsonl`` record (:mod:`ctxkit.training.callbacks`,
             e.g. a TensorBoard writer); on rank 0 only, closed when ``train`` returns or fails.
+        use: the workload ``config.fast`` is resolved for: ``"train"`` (variable lengths,
+            e.g. fine-tuning) or ``"pretrain"`` (long runs of fixed-length batches, where
+            compiling pays); see :func:`ctxkit.fast.resolve`. The resolved plan is
+            ``self.plan``, printed once and written to ``out_dir/fast.json``.
 
     Raises:
         ValueError: for inconsistent settings, e.g. FSDP on several ranks with ``evaluate``
@@ -118,13 +124,12 @@ class Trainer:
         collate_fn: Optional[Callable[[list], Dict[str, torch.Tensor]]] = None,
         flops_per_token: Optional[Callable[[float], float]] = None,
         callbacks: Optional[Sequence[Callback]] = None,
+        use: str = "train",
     ):
         if not len(train_features):
             raise UserError("no training examples")
         if config.parallel not in ("ddp", "fsdp"):
             raise UserError(f"parallel must be 'ddp' or 'fsdp', got {config.parallel!r}")
-        if config.grad_reduce_dtype not in ("float32", "bfloat16"):
-            raise UserError(f"grad_reduce_dtype must be 'float32' or 'bfloat16', got {config.grad_reduce_dtype!r}")
         if config.batch_size % config.grad_accum:
             raise UserError(f"batch_size {config.batch_size} is not divisible by grad_accum {config.grad_accum}")
         self.config = config
@@ -161,25 +166,27 @@ class Trainer:
         self.graphed = None
         if config.optimizer not in ("adamw", "lamb"):
             raise UserError(f"optimizer must be 'adamw' or 'lamb', got {config.optimizer!r}")
-        # Not capturable: LAMB's per-tensor norms (plain Python here) and FSDP's collectives
-        # (issued from Python hooks).
-        # Models that sync with the host in forward (e.g. packed RNN sequences, whose lengths
-        # live on the CPU) set ``cuda_graph_safe = False``.
+        # Every speed option comes from the plan, resolved once for this device, world and
+        # optimiser (auto: the fastest exact plan; an explicit one is refused here if it
+        # cannot run, before any compute).
+        plan = resolve(config.fast, use=use, device=self.device, world_size=self.world, precision=config.precision,
+                       optimizer=config.optimizer, grad_accum=config.grad_accum, parallel=config.parallel)
         graph_safe = all(getattr(m, "cuda_graph_safe", True) for m in self.model.modules())
-        use_graphs = (config.cuda_graphs and config.optimizer == "adamw" and not self.sharded and graph_safe
-                      and graphs_supported(self.device, config.grad_accum))
+        if not graph_safe:  # ``cuda_graph_safe = False``: e.g. packed RNN sequences, whose lengths live on the host
+            plan = plan.without("graphs", f"{type(self.model).__name__} syncs with the host")
+        self.plan = plan
+        use_graphs = plan.cuda_graphs and not self.sharded and graphs_supported(self.device, config.grad_accum)
         # Under FSDP rank 0 keeps an unsharded CPU twin to hand gathered weights to save_best.
         self._twin = cpu_copy(self.model) if self.sharded and save_best is not None and self.rank == 0 else None
         # Per-layer compilation under FSDP (before sharding, as FSDP2 expects); for an
         # overlapped all-reduce the model is compiled in segments (one whole-model graph
         # would deliver every gradient at the end).
-        overlap = config.overlap_grad_reduce and self.world > 1
-        apply_speed_options(self.model, config, whole_model=not self.sharded, segments=2 if overlap else 1)
+        overlap = plan.overlap_grad_reduce and self.world > 1
+        prepare_model(self.model, plan, whole_model=not self.sharded, segments=2 if overlap else 1)
         if self.sharded:
             shard_model(self.model, self.device)
         # Built after sharding: the optimiser must hold FSDP's DTensor shards.
-        if config.master_weights:
-            check_master_weights(config, self.device, self.world)
+        if plan.master_weights:
             self.optimizer = build_master_adamw(self.model, config.lr, config.weight_decay, capturable=use_graphs)
         else:
             self.optimizer = (build_lamb(self.model, config.lr, config.weight_decay) if config.optimizer == "lamb"
@@ -192,7 +199,7 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel
 
             self.forward = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-            if config.grad_reduce_dtype == "bfloat16":
+            if plan.grad_reduce == "bfloat16":
                 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
                 self.forward.register_comm_hook(None, bf16_compress_hook)
@@ -201,7 +208,7 @@ class Trainer:
             # Several ranks: the gradient average is captured in the graph too.
             self.graphed = GraphedTrainStep(self.model, self.optimizer, config.max_grad_norm,
                                             lambda: autocast(self.device, config.precision, cache_enabled=False),
-                                            grad_sync=graph_grad_sync(self.model, config) if self.world > 1 else None)
+                                            grad_sync=graph_grad_sync(self.model, plan) if self.world > 1 else None)
             self.pad_multiple = max(config.pad_multiple, 16)  # few shapes -> few graphs
 
     def _full_precision(self):
@@ -275,7 +282,13 @@ class Trainer:
         cfg = self.config
         state = {"epoch": 0, "batch_in_epoch": 0, "step": 0, "best": None, "best_epoch": None, "history": [], "losses": []}
         self._tidy_run_folder()
-        run_info = {"config": asdict(cfg), "examples": len(self.features), "total_steps": self.total_steps}
+        run_info = {"config": asdict(cfg), "fast": str(self.plan), "examples": len(self.features), "total_steps": self.total_steps}
+        if self.rank == 0:
+            _say("%s", self.plan.describe())
+            # What evaluate / predict / serve reuse (ctxkit.tasks.load_run): the plan as asked,
+            # re-resolved for inference there, and what it resolved to here.
+            write_json({"asked": cfg.fast, "resolved": str(self.plan), "notes": list(self.plan.notes), "context": self.plan.context},
+                       self.out_dir / "fast.json")
         if resume:
             state = self._load_checkpoint()
             run_info["resumed_at_step"] = state["step"]  # the log goes on: no start record in log.jsonl

@@ -14,7 +14,7 @@ vocabulary), pooler and task heads stay in bf16, as in torchao's own recipes. q/
 three GEMMs (ctxkit's fused q/k/v concatenates plain weights, which would bypass the float8
 modules).
 
-`benchmarks/fp8_training.py` checks convergence: the MLM loss after N steps against the same
+`benchmarks/fp8_training.py` checks convergence (plan option ``fp8train``): the MLM loss after N steps against the same
 run in bf16. Needs ``torchao`` (the ``gpu`` extra) and a GPU with float8 tensor cores
 (compute capability >= 8.9: Ada, Hopper, Blackwell).
 """
@@ -22,27 +22,20 @@ run in bf16. Needs ``torchao`` (the ``gpu`` extra) and a GPU with float8 tensor 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 
 import torch
 from torch import nn
 
 from ..core.errors import UserError
+from .kernels import supported
 
 __all__ = ["enable_fp8_training", "fp8_training_unavailable"]
 
 
 def fp8_training_unavailable(device: torch.device) -> "str | None":
-    """Why FP8 training cannot run on ``device`` (None when it can)."""
-    if importlib.util.find_spec("torchao") is None:
-        return "fp8_training needs torchao: pip install 'ctxkit[gpu]'"
-    if device.type != "cuda":
-        return f"fp8_training needs a CUDA GPU with float8 tensor cores; the model is on {device.type}"
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) < (8, 9):
-        return (f"fp8_training needs float8 tensor cores (compute capability >= 8.9: Ada, Hopper, Blackwell); "
-                f"{torch.cuda.get_device_name(device)} is {major}.{minor}")
-    return None
+    """Why FP8 training cannot run on ``device`` (None when it can; :func:`ctxkit.fast.kernels.supported`)."""
+    why = supported("fp8_training", device)
+    return f"fp8train {why}" if why else None
 
 
 def _fp8_eligible(module: nn.Module, fqn: str) -> bool:
