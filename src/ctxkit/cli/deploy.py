@@ -99,6 +99,7 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-text-chars", type=int, default=10_000, help="longest text/question/context (default: 10000)")
     p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body (default: fits max-items texts)")
     p.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="/embed vectors (default: mean)")
-    add_backend_arguments(p, "pytorch", "runtime of the task endpoint (named in /health and the startup log)")
+    add_backend_arguments(p, None, "runtime of the task endpoint (named in /health and the startup log; default: gpu for a "
+                                   "BERT-family run on a CUDA device, pytorch otherwise)")
     p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on shutdown (default: 30)")
     p.set_defaults(func=_cmd_serve)

@@ -114,6 +114,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     task, model, tokenizer, info = load_run(args.run_dir, args.device, fast=args.fast)
     # auto decides once per run folder; the gpu backend runs the plan (the run's own unless --fast)
     model, description = with_backend(model, args.backend, args.precision, run_dir=args.run_dir, plan=info.get("fast"))
+    if "fast plan" not in description and info.get("fast_plan"):  # the backends that run the loaded model as it is
+        description += f"; fast plan: {info['fast_plan']}"
     print(f"backend: {description}", file=sys.stderr)
     # The first batch apart: it compiles and captures (GPU backend), the rest runs at the
     # speed that stays; both are reported (tokenizing included, loading the model not).

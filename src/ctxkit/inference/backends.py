@@ -66,19 +66,20 @@ GPU_PRECISION_OPTIONS = {"fp8": "fp8", "bf16-gelu-tanh": "gelutanh"}
 PRECISIONS = ("fp32", "bf16") + GPU_ONLY_PRECISIONS
 
 
-def add_backend_arguments(parser, default: str, what: str) -> None:
+def add_backend_arguments(parser, default: Optional[str], what: str) -> None:
     """``--backend``, ``--precision`` and ``--fast`` for a command line (``ctxkit predict``, ``ctxkit serve``).
 
     Args:
         parser: an ``argparse`` parser.
-        default: the default backend.
+        default: the default backend (None: the command decides, and ``what`` says how).
         what: what the backend runs, for the help text (e.g. "runtime of the task endpoint").
     """
     parser.add_argument("--backend", choices=BACKENDS, default=default,
                         help=f"{what}: auto = the fastest correct one here (on CPU by timing PyTorch and a verified ONNX "
                              "export; on a GPU the gpu backend for BERT-family runs), pytorch = as loaded, onnxruntime or "
                              "compiled on CPU, gpu = bf16 GPU encoder with CUDA graphs and packed batches; the choice is "
-                             f"named (see docs/deployment.md; an int8 run always uses ONNX Runtime; default: {default})")
+                             "named (see docs/deployment.md; an int8 run always uses ONNX Runtime"
+                             + (f"; default: {default})" if default else ")"))
     parser.add_argument("--precision", choices=PRECISIONS, default=None,
                         help="the precision that runs: for --backend pytorch (fp32 = no autocast, bf16 = bf16 autocast; "
                              "default: bf16 autocast on a GPU, fp32 on CPU), compiled (default fp32) or gpu (default bf16; "

@@ -236,7 +236,7 @@ def _undecodable(cause: Optional[BaseException]) -> str:
 
 def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: float = 5.0, max_text_chars: int = 10_000,
                max_items: int = 64, max_body_bytes: Optional[int] = None, pooling: str = "mean",
-               backend: str = "pytorch", precision: Optional[str] = None, threads: Optional[int] = None,
+               backend: Optional[str] = "pytorch", precision: Optional[str] = None, threads: Optional[int] = None,
                max_queue: Optional[int] = None, fast: Optional[str] = None):
     """Build the FastAPI app for a fine-tuned run.
 
@@ -251,7 +251,8 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
             ``max_text_chars`` characters).
         pooling: ``/embed`` vectors: ``mean`` over tokens or the ``cls`` vector.
         backend, precision: the task endpoint's runtime (:func:`ctxkit.inference.backends.with_backend`;
-            precision None = that backend's default); ``/embed`` always uses the PyTorch
+            backend None = the GPU encoder for a BERT-family run on a CUDA device, else
+            PyTorch; precision None = that backend's default); ``/embed`` always uses the PyTorch
             encoder (with ``gpu``, the task endpoint gets its own bf16 copy of the model).
         threads: torch (and ONNX Runtime) intra-op threads of the model thread; None:
             ``OMP_NUM_THREADS`` if set, else one per available core but one
@@ -294,6 +295,8 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         kind = _task_kind(task)
         base = model
         first = next(iter(base.parameters()), None)
+        if backend is None:  # the fastest exact runtime without timing anything at startup
+            backend = "gpu" if first is not None and first.is_cuda and _is_bert(base) else "pytorch"
         # The GPU encoder casts its model to bf16 in place: give it a copy, so /embed keeps
         # the fp32 encoder (and its answers equal offline `ctxkit embed`).
         on_gpu = first is not None and first.is_cuda and (backend == "gpu" or (backend == "auto" and _is_bert(base)))
