@@ -298,7 +298,7 @@ class MasterAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state: dict) -> None:
         if state.get("format") != "ctxkit.MasterAdamW/1":
             raise UserError("MasterAdamW.load_state_dict: not a MasterAdamW state (was the run saved with another optimiser? "
-                            "resume with the same master_weights setting)")
+                            "resume with the same fast plan: master on or off as before)")
         mine = [(k.low, k.master.numel()) for k in self.kinds]
         theirs = [(k["low"], k["size"]) for k in state["kinds"]]
         if mine != theirs or len(state["param_groups"]) != len(self.param_groups):
