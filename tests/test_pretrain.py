@@ -73,3 +73,63 @@ def test_cli_pretrain_and_wrong_tokenizer(shards, tmp_path, capsys):
     rc = main(["pretrain", "--data", str(shards), "--out", str(tmp_path / "bad"), "--tokenizer", str(other), "--max-steps", "1", "--device", "cpu"])
     assert rc == 2
     assert "not the vocabulary the shards" in capsys.readouterr().err
+
+
+def test_pretraining_batches_come_in_a_fixed_set_of_shapes(wiki_shards):
+    """With compiling or CUDA graphs the collator pads real shards (their lengths mix) to half
+    or full length and fills the epoch's last batch to full rows with ignored copies: every
+    batch of two epochs has one of a fixed set of shapes (issue 37: no recompilation)."""
+    from ctxkit.data.batching import length_grouped_batches
+    from ctxkit.pretraining import PretrainDataset
+    from ctxkit.pretraining.masking import IGNORE_INDEX, MaskingConfig, MLMCollator
+    from ctxkit.pretraining.train import length_buckets
+    from ctxkit.tokenizers import WordPieceTokenizer
+
+    data = PretrainDataset(wiki_shards)
+    tokenizer = WordPieceTokenizer.from_dir(data.meta["tokenizer"]["path"])
+    buckets = length_buckets(data.meta["max_seq_len"])
+    assert buckets == (32, 64)
+    lengths = list(data.lengths)
+    assert min(lengths) < 32 < max(lengths)  # the real mix: short pairs and full ones
+    batch = 16
+    collator = MLMCollator(tokenizer, MaskingConfig(max_predictions=6), seed=0, lengths=buckets, rows=batch)
+    shapes, short = set(), 0
+    for epoch in range(2):
+        for j, idx in enumerate(length_grouped_batches(lengths, batch, seed=0, epoch=epoch, group_factor=50)):
+            out = collator([data[i] for i in idx], key=(epoch, j))
+            shapes.add((tuple(out["input_ids"].shape), tuple(out["masked_positions"].shape), "attention_mask" in out))
+            if len(idx) < batch:  # the filler rows train on nothing
+                short += 1
+                assert (out["masked_labels"][len(idx):] == IGNORE_INDEX).all()
+                assert (out["next_sentence_label"][len(idx):] == IGNORE_INDEX).all()
+                assert (out["masked_labels"][:len(idx)] != IGNORE_INDEX).any()
+    assert short == (2 if len(lengths) % batch else 0)
+    assert {s[0] for s in shapes} <= {(batch, n) for n in buckets} and {s[1] for s in shapes} == {(batch, 6)}
+
+
+def test_no_recompilation_after_warm_up_on_real_shards(wiki_shards, tmp_path, monkeypatch):
+    """A compiled plan on real shards of mixed lengths compiles one specialised graph per
+    shape of its fixed set early on and never again, epoch ends included; the log counts the
+    compiles (Dynamo's eager backend here: the same tracing and guards as Inductor, without
+    code generation). Without the length buckets the same run keeps recompiling."""
+    import torch
+
+    from ctxkit.pretraining import train as pretraining
+
+    compile_module = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compile_module(self, backend="eager", dynamic=kw.get("dynamic")))
+    cfg = _cfg(batch_size=16, epochs=2, log_every=4, fast="compile+qkv")
+
+    def compiles(out):
+        pretraining.pretrain(wiki_shards, "bert_2_128_2", out, cfg, masking=MaskingConfig(max_predictions=6))
+        records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+        assert records[0]["fast"] == "compile+qkv"
+        return [r["compiles"] for r in records if r["event"] == "train"]
+
+    bucketed = compiles(tmp_path / "run")
+    half = len(bucketed) // 2
+    assert len(bucketed) >= 8 and 1 <= bucketed[half] <= 4  # two lengths, with or without padding
+    assert bucketed[half:] == [bucketed[half]] * (len(bucketed) - half)  # nothing after the warm-up: two epoch ends
+    monkeypatch.setattr(pretraining, "length_buckets", lambda max_len: None)  # the lengths as they come
+    unbucketed = compiles(tmp_path / "plain")
+    assert unbucketed[-1] > 2 * bucketed[-1]

@@ -309,6 +309,12 @@ class MLMCollator:
             calls draw from one generator, and :meth:`state_dict` / :meth:`load_state_dict`
             let a resumed run continue that sequence.
         multiple_of: pad the sequence length up to a multiple of this.
+        lengths: pad the sequence length up to the smallest of these instead (a fixed set
+            of shapes: with ``torch.compile`` and CUDA graphs each is one compile and one
+            graph, however the lengths of the data mix); a longer batch is an error.
+        rows: fill a batch of fewer features up to this many rows with copies of its own
+            rows whose targets are ignored (-100): an epoch's last, short batch keeps the
+            shape of the others and trains on its real rows only.
 
     Returns (on call):
         Dict of tensors: ``input_ids`` (masked), ``token_type_ids``, ``attention_mask``
@@ -316,20 +322,28 @@ class MLMCollator:
         ``(batch, max_masked)``, ``next_sentence_label`` ``(batch,)``.
     """
 
-    def __init__(self, tokenizer_or_ids, config: MaskingConfig = MaskingConfig(), seed: int = 0, multiple_of: int = 1):
+    def __init__(self, tokenizer_or_ids, config: MaskingConfig = MaskingConfig(), seed: int = 0, multiple_of: int = 1,
+                 lengths: Optional[Sequence[int]] = None, rows: Optional[int] = None):
         ids = tokenizer_or_ids if isinstance(tokenizer_or_ids, MaskingIds) else MaskingIds.from_tokenizer(tokenizer_or_ids)
         if config.whole_word and ids.continuation is None:
             raise UserError("whole_word masking needs MaskingIds.continuation (the '##' table)")
         self.ids = ids
         self.config = config
         self.multiple_of = multiple_of
+        self.lengths = tuple(sorted(lengths)) if lengths else None
+        self.rows = rows
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
 
     keyed = True  # the Trainer may pass ``key=`` (see ``seed``)
 
     def __call__(self, features: Sequence[Mapping], key: Optional[Sequence[int]] = None) -> Dict[str, Tensor]:
+        real = len(features)
+        if self.rows is not None and 0 < real < self.rows:
+            features = list(features) + [features[i % real] for i in range(self.rows - real)]
         batch = collate(features, pad_values={"input_ids": self.ids.pad_id}, multiple_of=self.multiple_of)
+        if self.lengths is not None:
+            batch = self._pad_to_bucket(batch)
         word_starts = word_start_mask(batch["input_ids"], self.ids.continuation) if self.config.whole_word else None
         generator = self.generator
         if key is not None:
@@ -339,11 +353,26 @@ class MLMCollator:
                           self.config, generator, word_starts)
         batch.update(input_ids=out.input_ids, labels=out.labels, masked_positions=out.masked_positions,
                      masked_labels=out.masked_labels)
+        if len(batch["input_ids"]) > real:  # the filler rows: inputs like real ones, no targets
+            for name in ("labels", "masked_labels", "next_sentence_label"):
+                if name in batch:
+                    batch[name][real:] = IGNORE_INDEX
         if bool(batch["attention_mask"].all()):
             # No padding: without a mask SDPA may pick the flash kernel (a boolean mask
             # rules it out), and the model attends everywhere exactly as the mask says.
             del batch["attention_mask"]
         return batch
+
+    def _pad_to_bucket(self, batch: Dict[str, Tensor]) -> Dict[str, Tensor]:
+        width = batch["input_ids"].shape[1]
+        target = next((n for n in self.lengths if n >= width), None)
+        if target is None:
+            raise UserError(f"a batch of {width} tokens is longer than the longest padding length {self.lengths[-1]}")
+        if target == width:
+            return batch
+        pad = {"input_ids": self.ids.pad_id}
+        return {k: (torch.nn.functional.pad(v, (0, target - width), value=pad.get(k, 0)) if v.dim() == 2 and v.shape[1] == width else v)
+                for k, v in batch.items()}
 
     def state_dict(self) -> Dict[str, Tensor]:
         """The generator state, for exact resume."""

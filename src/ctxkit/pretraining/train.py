@@ -28,7 +28,7 @@ from .shards import PretrainDataset, vocab_sha256
 from ..core.errors import UserError
 from ..tokenizers import WordPieceTokenizer
 
-__all__ = ["PretrainingModel", "training_flops_per_token", "pretrain"]
+__all__ = ["PretrainingModel", "length_buckets", "training_flops_per_token", "pretrain"]
 
 logger = logging.getLogger("ctxkit")
 
@@ -64,9 +64,17 @@ class PretrainingModel(nn.Module):
         nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label)
         valid = masked_labels != IGNORE_INDEX
         mlm_acc = ((mlm_logits.argmax(-1) == masked_labels) & valid).sum() / valid.sum().clamp(min=1)
-        nsp_acc = (nsp_logits.argmax(-1) == next_sentence_label).float().mean()
+        scored = next_sentence_label != IGNORE_INDEX  # rows a collator added to fill a batch have no targets
+        nsp_acc = ((nsp_logits.argmax(-1) == next_sentence_label) & scored).sum() / scored.sum().clamp(min=1)
         return {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss.detach(), "nsp_loss": nsp_loss.detach(),
                 "mlm_acc": mlm_acc.detach(), "nsp_acc": nsp_acc.detach()}
+
+
+def length_buckets(max_len: int) -> tuple:
+    """The sequence lengths pretraining batches are padded to when shapes must stay fixed:
+    half and full length, multiples of 16 (tensor-core friendly)."""
+    half = max(16, -(-(max_len // 2) // 16) * 16)
+    return tuple(sorted({min(half, max_len), max_len}))
 
 
 def training_flops_per_token(config: BertConfig, seq_len: float, masked_fraction: float = 0.15) -> float:
@@ -117,6 +125,12 @@ def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: Tra
     trainer = Trainer(model, data, config, out_dir, collate_fn=collator,
                       flops_per_token=lambda seq: training_flops_per_token(arch, seq, masking.mask_prob), callbacks=callbacks,
                       use="pretrain")
+    if trainer.plan.compile != "off" or trainer.plan.cuda_graphs:
+        # A fixed set of shapes whatever the length mix of the shards: each shape is a compile and
+        # a CUDA graph, so half and full length (short pairs are BERT's 10 % of short targets) and
+        # every batch at full rows (the epoch's last one filled with ignored copies).
+        collator.lengths = length_buckets(data.meta["max_seq_len"])
+        collator.rows = trainer.micro_batch // (trainer.world if trainer.graphed is None else 1)
     result = trainer.train(resume=resume)
     final = Path(out_dir) / "final"
     if trainer.sharded:

@@ -75,7 +75,7 @@ def set_norm_grad_split(rows: Optional[int]) -> bool:
     return True
 
 
-def compile_model(model: nn.Module, segments: int = 1, mode: str = "default") -> None:
+def compile_model(model: nn.Module, segments: int = 1, mode: str = "default", dynamic: Optional[bool] = None) -> None:
     """``torch.compile`` the whole model in place: unlike :func:`compile_blocks` the
     embeddings, heads and losses are fused too (BERT-base pretraining: ~10 % faster).
 
@@ -88,20 +88,24 @@ def compile_model(model: nn.Module, segments: int = 1, mode: str = "default") ->
             layers' backward still runs, so an
             :class:`~ctxkit.training.reducer.OverlappedGradReducer` can send them early.
         mode: ``torch.compile`` mode.
+        dynamic: ``torch.compile``'s ``dynamic``: False specialises a graph per input shape
+            (for inputs from a fixed set of shapes, e.g. pretraining's length buckets); None
+            lets a second shape recompile with dynamic sizes.
     """
     if segments < 1:
         raise UserError(f"segments must be >= 1, got {segments}")
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     segment_encoders(model, segments)  # ctxkit.fast.SegmentedEncoder: graph breaks between the segments
-    model.compile(mode=mode)
+    model.compile(mode=mode, dynamic=dynamic)
 
 
-def prepare_model(model: nn.Module, plan: FastPlan, whole_model: bool = True, segments: int = 1) -> None:
+def prepare_model(model: nn.Module, plan: FastPlan, whole_model: bool = True, segments: int = 1, static_shapes: bool = False) -> None:
     """Apply a resolved plan's training options to ``model`` in place: the module swaps
     (:func:`ctxkit.fast.apply`: fp8train, q/k/v, qkvpack, gelugemm, maskdrop, bf16res,
     ckpt), then ``torch.compile`` -- the whole model in ``plan.segments`` graphs (else
     ``segments``), or each layer with ``layercompile`` or when ``whole_model`` is False (as
-    FSDP needs) -- with the ``normsplitN`` setting first."""
+    FSDP needs) -- with the ``normsplitN`` setting first. ``static_shapes``: the batches come
+    from a fixed set of shapes, so each gets its own specialised graph."""
     apply(model, plan)
     if plan.compile == "off":
         return
@@ -111,7 +115,7 @@ def prepare_model(model: nn.Module, plan: FastPlan, whole_model: bool = True, se
     if plan.compile == "layers" or not whole_model:
         compile_blocks(model, mode=mode)
     else:
-        compile_model(model, segments=plan.segments or segments, mode=mode)
+        compile_model(model, segments=plan.segments or segments, mode=mode, dynamic=False if static_shapes else None)
 
 
 def graph_grad_sync(model: nn.Module, plan: FastPlan):

@@ -74,6 +74,13 @@ class TrainResult:
     stopped: Optional[str] = None
 
 
+def _compiled_graphs() -> int:
+    """Graphs ``torch.compile`` has made in this process so far (Dynamo's own counter)."""
+    from torch._dynamo.utils import counters  # lazy: torch._dynamo is heavy, and only compiling plans read it
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def _to(batch: Dict[str, torch.Tensor], device: torch.device) -> Dict[str, torch.Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
@@ -182,7 +189,9 @@ class Trainer:
         # overlapped all-reduce the model is compiled in segments (one whole-model graph
         # would deliver every gradient at the end).
         overlap = plan.overlap_grad_reduce and self.world > 1
-        prepare_model(self.model, plan, whole_model=not self.sharded, segments=2 if overlap else 1)
+        # Pretraining batches come from a fixed set of shapes (pretrain pads to length buckets):
+        # a specialised graph each, never one with dynamic sizes.
+        prepare_model(self.model, plan, whole_model=not self.sharded, segments=2 if overlap else 1, static_shapes=use == "pretrain")
         if self.sharded:
             shard_model(self.model, self.device)
         # Built after sharding: the optimiser must hold FSDP's DTensor shards.
@@ -298,6 +307,8 @@ class Trainer:
                 (self.out_dir / "log.jsonl").unlink(missing_ok=True)
         self._log({"event": "start", **run_info})
         self.model.train()
+        self._shapes, self._compiles = set(), 0
+        self._graphs_at_start = _compiled_graphs() if self.plan.compile != "off" else 0
         start = time.time()
         losses: List[float] = state["losses"]
         n_epochs = math.ceil(cfg.epochs)
@@ -317,17 +328,22 @@ class Trainer:
             collated = self._collated(batches, epoch, first, usable)
             for b in range(first, usable, cfg.grad_accum):
                 group = [next(collated) for _ in range(cfg.grad_accum)]
+                self._note_shape(group[0], bar)
                 if self.graphed is not None:
                     cpu_batch = group[0]
                     seen += cpu_batch["input_ids"].shape[0]
                     tokens += int(cpu_batch["attention_mask"].sum()) if "attention_mask" in cpu_batch else cpu_batch["input_ids"].numel()
                     batch = _to(cpu_batch, self.device)
-                    scalars = self.graphed(batch) if len(batches[b]) == self.micro_batch else self.graphed.eager(batch)
+                    # A full batch replays its graph; so does a short one that the collator filled
+                    # up to the full row count (rows with ignored targets, e.g. pretraining's).
+                    full = cpu_batch["input_ids"].shape[0] * self.world == self.micro_batch
+                    scalars = self.graphed(batch) if full else self.graphed.eager(batch)
                     self.scheduler.step()
                 else:
                     scalars, n_seq, n_tok = self._eager_step(group)
                     seen, tokens = seen + n_seq, tokens + n_tok
                 step += 1
+                self._count_compiles(step)
                 for k, v in scalars.items():
                     running[k] = running[k] + v if k in running else v
                 running_n += 1
@@ -338,7 +354,8 @@ class Trainer:
                     seen, tokens = seen * self.world, tokens * self.world
                     now = time.time()
                     record = {"event": "train", "step": step, "epoch": epoch, **means, "lr": float(self.scheduler.get_last_lr()[0]),
-                              "elapsed": round(now - start, 2), **self._throughput(seen, tokens, now - interval_start)}
+                              "elapsed": round(now - start, 2), **self._throughput(seen, tokens, now - interval_start),
+                              **({"compiles": self._compiles} if self.plan.compile != "off" else {})}
                     self._log(record)
                     bar.set_postfix(loss=f"{means['loss']:.4f}", lr=f"{record['lr']:.2e}", seq_s=f"{record['seq_per_s']:.0f}",
                                     **({"mfu": f"{record['mfu']:.2f}"} if "mfu" in record else {}))
@@ -380,6 +397,29 @@ class Trainer:
                              stopped or None)
         self._log({"event": "end", "steps": step, "best": state["best"], "best_epoch": state["best_epoch"], "wall_time": round(wall, 2)})
         return result
+
+    def _note_shape(self, cpu_batch: Dict[str, torch.Tensor], bar) -> None:
+        """Before a step: say on the bar when a batch shape is new (it compiles and/or is
+        captured now, which takes seconds, not milliseconds)."""
+        shape = (tuple(cpu_batch["input_ids"].shape), "attention_mask" in cpu_batch)
+        if shape in self._shapes:
+            return
+        self._shapes.add(shape)
+        if self.plan.compile != "off" or self.plan.cuda_graphs:
+            what = "compiling" if self.plan.compile != "off" else "capturing"
+            bar.set_postfix_str(f"{what} for batches of {shape[0][0]} x {shape[0][1]}{' (padded)' if shape[1] else ''}", refresh=True)
+
+    def _count_compiles(self, step: int) -> None:
+        """Graphs compiled so far (torch.compile); one after the warm-up is logged once a step:
+        a shape the run did not see early (fixed shapes avoid it: pretraining pads to buckets)."""
+        if self.plan.compile == "off":
+            return
+        graphs = _compiled_graphs()
+        if graphs > self._graphs_at_start + self._compiles:
+            new = graphs - self._graphs_at_start - self._compiles
+            self._compiles += new
+            if step > self.config.log_every and self.rank == 0:
+                _say("recompiled at step %d (%d graph%s): a batch shape the warm-up did not see", step, new, "s" * (new > 1))
 
     def _collated(self, batches: List[List[int]], epoch: int, first: int, usable: int) -> Iterator[Dict[str, torch.Tensor]]:
         """The collated micro-batches ``batches[first:usable]`` in order, prepared ahead by
