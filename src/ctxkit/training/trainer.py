@@ -354,7 +354,8 @@ class Trainer:
                     seen, tokens = seen * self.world, tokens * self.world
                     now = time.time()
                     record = {"event": "train", "step": step, "epoch": epoch, **means, "lr": float(self.scheduler.get_last_lr()[0]),
-                              "elapsed": round(now - start, 2), **self._throughput(seen, tokens, now - interval_start),
+                              "elapsed": round(now - start, 2), "time": round(now, 3),
+                              **self._throughput(seen, tokens, now - interval_start),
                               **({"compiles": self._compiles} if self.plan.compile != "off" else {})}
                     self._log(record)
                     bar.set_postfix(loss=f"{means['loss']:.4f}", lr=f"{record['lr']:.2e}", seq_s=f"{record['seq_per_s']:.0f}",
