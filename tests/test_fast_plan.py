@@ -304,3 +304,28 @@ def test_python_m_lists_the_vocabulary():
     for option in OPTIONS:
         assert option.token in out
     assert "presets: auto, reference" in out
+
+
+def test_importing_ctxkit_loads_no_compiler():
+    """`import ctxkit` leaves Dynamo, Inductor and sympy unloaded (2-3 s of start-up): the
+    fast paths mark and wrap their functions for torch.compile without importing it."""
+    code = ("import sys, ctxkit, ctxkit.cli; "
+            "print(sorted(m for m in ('torch._dynamo', 'torch._inductor', 'sympy', 'triton') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_constant_result_is_dynamos_marker():
+    from ctxkit.fast.kernels import _mark_constant
+
+    def mine():
+        return True
+
+    def theirs():
+        return True
+
+    import torch._dynamo
+
+    torch._dynamo.assume_constant_result(theirs)
+    _mark_constant(mine)  # what constant_result does before Dynamo is loaded
+    assert {k: v for k, v in vars(mine).items()} == {k: v for k, v in vars(theirs).items()} == {"_dynamo_marked_constant": True}

@@ -44,6 +44,10 @@ def decode_kernels_available() -> bool:
     return has_package("triton")
 
 
+#: FusedDecodeLayer._step_kernels behind torch.compiler.disable (set by fuse_decode_layers)
+_disabled_step = None
+
+
 def _load_kernels():
     global _kernels
     if _kernels is None:
@@ -111,11 +115,14 @@ class FusedDecodeLayer(TransformerEncoderLayer):
             return self._fused_step(x, mask, cache), None
         return super().forward(x, mask, need_weights, query_index, cache)
 
-    # Outside torch.compile's graphs (one graph break per layer; inside a captured CUDA graph
-    # that costs nothing): traced, each layer's cache index specialised the graph, one
-    # recompilation per layer up to Dynamo's limit.
-    @torch.compiler.disable
     def _fused_step(self, x: Tensor, mask: Optional[Tensor], cache) -> Tensor:
+        # Outside torch.compile's graphs (one graph break per layer; inside a captured CUDA
+        # graph that costs nothing): traced, each layer's cache index specialised the graph,
+        # one recompilation per layer up to Dynamo's limit. The disabled wrapper is made by
+        # fuse_decode_layers, so importing ctxkit does not load Dynamo.
+        return _disabled_step(self, x, mask, cache)
+
+    def _step_kernels(self, x: Tensor, mask: Optional[Tensor], cache) -> Tensor:
         """``x (batch, 1, dim)`` -> ``(batch, 1, dim)``; writes this position's keys and
         values into the cache at its write index (the encoder advances it)."""
         batch, _, dim = x.shape
@@ -153,9 +160,12 @@ def fuse_decode_layers(model: nn.Module, interpret_on_cpu: Optional[bool] = None
         interpret_on_cpu: also take the fused step for CPU tensors, through Triton's
             interpreter (slow; for tests); None leaves each layer's setting as it is.
     """
+    global _disabled_step
     if not decode_kernels_available():
         return 0
     _load_kernels()
+    if _disabled_step is None:
+        _disabled_step = torch.compiler.disable(FusedDecodeLayer._step_kernels)
     count = 0
     for module in list(model.modules()):
         if isinstance(module, TransformerEncoderLayer) and why_not_fused(module) is None:

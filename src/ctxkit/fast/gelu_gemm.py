@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from ..layers.ffn import PositionwiseFFN
 from ._swap import swap, unswap
-from .kernels import has_package, supported
+from .kernels import constant_result, has_package, supported
 
 __all__ = ["GemmGeluFFN", "fuse_gelu_gemm", "gelu_gemm_available", "linear_gelu", "unfuse_gelu_gemm"]
 
@@ -160,7 +160,7 @@ def _runs_on_cached(device_type: str, index: Optional[int]) -> bool:
     return supported("gelu_gemm", torch.device(device_type, index) if index is not None else torch.device(device_type)) is None
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def _runs_on(device_type: str, index: Optional[int]) -> bool:
     """Whether the kernels run on this device (cached; a constant to ``torch.compile``)."""
     return _runs_on_cached(device_type, index)

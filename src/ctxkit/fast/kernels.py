@@ -21,7 +21,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 
-__all__ = ["DeviceInfo", "KERNELS", "Kernel", "device_info", "has_package", "supported"]
+__all__ = ["DeviceInfo", "KERNELS", "Kernel", "constant_result", "device_info", "has_package", "supported"]
 
 _HALF = (torch.float16, torch.bfloat16)
 GPU_EXTRA = "pip install 'ctxkit[gpu]'"
@@ -65,6 +65,21 @@ def device_info(device: Union[str, torch.device, DeviceInfo, None] = None) -> De
         return DeviceInfo("cuda", None, "no CUDA device visible", device.index)
     index = device.index if device.index is not None else torch.cuda.current_device()
     return DeviceInfo("cuda", tuple(torch.cuda.get_device_capability(index)), torch.cuda.get_device_name(index), device.index)
+
+
+def constant_result(fn: Callable) -> Callable:
+    """``torch.compiler.assume_constant_result`` without importing Dynamo (2-3 s of ``import
+    ctxkit``): the same marker Dynamo reads (``_dynamo_marked_constant``); Dynamo's own
+    function when it is loaded already (``tests/test_fast_plan.py`` checks they agree)."""
+    import sys
+
+    dynamo = sys.modules.get("torch._dynamo")
+    return dynamo.assume_constant_result(fn) if dynamo is not None else _mark_constant(fn)
+
+
+def _mark_constant(fn: Callable) -> Callable:
+    fn._dynamo_marked_constant = True
+    return fn
 
 
 def has_package(name: str) -> bool:

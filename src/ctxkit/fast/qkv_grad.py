@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from ..layers.attention import MultiHeadAttention
 from .attention import FusedQKVAttention
-from .kernels import supported
+from .kernels import constant_result, supported
 
 __all__ = ["PackedGradQKVAttention", "pack_qkv_grad", "unpack_qkv_grad"]
 
@@ -79,7 +79,7 @@ def _runs_on_cached(device_type: str, index: Optional[int]) -> bool:
     return supported("qkv_grad", torch.device(device_type, index) if index is not None else torch.device(device_type)) is None
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def _runs_on(device_type: str, index: Optional[int]) -> bool:
     """Whether the kernel runs on this device (cached; a constant to ``torch.compile``)."""
     return _runs_on_cached(device_type, index)
