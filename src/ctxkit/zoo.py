@@ -16,6 +16,7 @@ Every file with a recorded digest is verified before loading; a mismatch lists t
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import json
 import os
@@ -329,9 +330,20 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
         return (model.to(device).eval() if hasattr(model, "to") else model), None
     folder = _fetch(name, revision, progress)
     if folder is None:
-        raise UnknownNameError(f"unknown model {name!r}: not a Hub id ctxkit knows, a checkpoint, a preset or a folder; "
+        close = difflib.get_close_matches(name, _known_names(), n=3, cutoff=0.75)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        raise UnknownNameError(f"unknown model {name!r}{hint}: not a Hub id ctxkit knows, a checkpoint, a preset or a folder; "
                                "see ctxkit list-models (Hub ids of the families ctxkit implements are accepted too: org/name)")
     return _load_folder(folder, None, device, with_heads)
+
+
+def _known_names() -> list:
+    """Every name get_model knows without looking anywhere: checkpoints, presets, Hub ids and
+    their short names, released URL models."""
+    names = set(_all_entries()) | set(PRESETS) | set(URL_MODELS)
+    for key, model in HUB_MODELS.items():
+        names.update({key, model.repo_id, *model.aliases})
+    return sorted(names)
 
 
 def _load_into_preset(preset: str, checkpoint, device: str, with_heads: bool, verify: bool, revision, progress: bool):

@@ -16,12 +16,14 @@ ctxkit: the traceback is printed, followed by a line saying so, and the exit sta
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import sys
 import traceback
 from typing import Optional, Sequence
 
 from ..core.errors import UserError
+from ..core.version import __version__
 from . import bench, char_lm, decoding, deploy, models, pretraining, static, tasks
 from .models import _text_to_line
 
@@ -76,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ctxkit", description="Contextual text representations: BERT features, demos and tokenizers.",
         formatter_class=_VerbListFormatter)
+    parser.add_argument("--version", action="version", version=f"ctxkit {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     models.add_commands(sub)  # demo, embed, list-models, download, train-tokenizer, tokenize
     pretraining.add_elmo_xl_xlnet_commands(sub)  # pretrain-elmo, pretrain-xlnet, train-transformer-xl
@@ -92,6 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_verb(parser: argparse.ArgumentParser, argv: list) -> None:
+    """An unknown verb gets the closest known ones ("did you mean"), then argparse's exit 2."""
+    if not argv or argv[0].startswith("-"):
+        return
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    if argv[0] not in verbs:
+        close = difflib.get_close_matches(argv[0], list(verbs), n=3, cutoff=0.6)
+        parser.error(f"unknown verb {argv[0]!r}" + (f" (did you mean {' or '.join(close)}?)" if close else "")
+                     + f"; the verbs: {', '.join(verbs)}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs the CLI.
 
@@ -103,7 +117,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         bug (traceback printed), 130 when interrupted.
     """
     parser = build_parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _check_verb(parser, argv)
+    args = parser.parse_args(argv)
     # Windowing/truncation warnings from embed() go to stderr, never silently dropped.
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_LineFormatter("ctxkit: warning: %(message)s"))

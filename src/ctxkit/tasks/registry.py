@@ -3,6 +3,7 @@ explicitly (nothing registers itself at import time)."""
 
 from __future__ import annotations
 
+import difflib
 from typing import Callable, Dict
 
 from ..core.errors import UnknownNameError
@@ -11,7 +12,7 @@ from .ner import ConllNerTask
 from .qa import SquadTask
 from .text import GlueClassificationTask, TableClassificationTask
 
-__all__ = ["TASKS", "get_task"]
+__all__ = ["TASKS", "TASK_ALIASES", "get_task"]
 
 
 def _glue(name: str) -> Callable[..., Task]:
@@ -46,13 +47,26 @@ TASKS: Dict[str, Callable[..., Task]] = {
 }
 
 
+#: other spellings of the tasks: Hugging Face ``datasets``' (``glue/sst2``, ``squad_v2``) and GLUE's own
+TASK_ALIASES: Dict[str, str] = {
+    "sst2": "sst-2", "stsb": "sts-b", "glue/sst2": "sst-2", "glue/cola": "cola", "glue/mrpc": "mrpc", "glue/stsb": "sts-b",
+    "glue/qqp": "qqp", "glue/mnli": "mnli", "glue/qnli": "qnli", "glue/rte": "rte", "glue/wnli": "wnli",
+    "squad_v1": "squad", "squad_v1.1": "squad", "squad1": "squad", "squad_v2": "squad2", "squad2.0": "squad2",
+    "conll": "conll2003", "conll-2003": "conll2003", "ner": "conll2003",
+}
+
+
 def get_task(name: str, **options) -> Task:
-    """Build a task by name (case-insensitive), e.g. ``get_task("sst-2")``.
+    """Build a task by name (case-insensitive), e.g. ``get_task("sst-2")``; the ``datasets``
+    spellings (``sst2``, ``stsb``, ``squad_v2``, ...) work too (:data:`TASK_ALIASES`).
 
     Raises:
-        KeyError: listing the known task names.
+        UnknownNameError: naming the closest known task and listing them all.
     """
     key = name.lower()
+    key = TASK_ALIASES.get(key, key)
     if key not in TASKS:
-        raise UnknownNameError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
+        close = difflib.get_close_matches(key, list(TASKS) + list(TASK_ALIASES), n=2, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        raise UnknownNameError(f"unknown task {name!r}{hint}; known tasks: {', '.join(TASKS)}")
     return TASKS[key](**options)
