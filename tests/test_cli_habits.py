@@ -2,6 +2,7 @@
 spellings of task names, and "did you mean" for a mistyped verb, task or model name."""
 
 import pytest
+import torch
 
 from ctxkit.cli import main
 from ctxkit.core.errors import UnknownNameError
@@ -43,3 +44,28 @@ def test_a_mistyped_model_gets_the_closest(typo, suggestion, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing is looked up: the name is not on any list
     with pytest.raises(UnknownNameError, match=rf"unknown model '{typo}' \(did you mean {suggestion}"):
         ctxkit.get_model(typo)
+
+
+def test_gluonnlp_call_with_its_keywords(tmp_path):
+    """The lecture's GluonNLP line: get_model(name, dataset_name=..., pretrained=..., ctx=...,
+    use_pooler=..., use_decoder=..., use_classifier=...), with GluonNLP's meaning."""
+    import ctxkit
+    from ctxkit.core.errors import UserError
+    from ctxkit.models.bert import BertForPreTraining, BertModel
+
+    class Context:  # what mx.cpu() looks like to ctxkit
+        device_type, device_id = "cpu", 0
+
+    model, tokenizer = ctxkit.get_model("bert_12_768_12", pretrained=False, ctx=Context(), use_pooler=False, use_decoder=False,
+                                        use_classifier=False, root="~/.mxnet/models")
+    assert type(model) is BertModel and model.pooler is None and tokenizer is None
+    out = model(torch.tensor([[101, 2023, 102]]))
+    assert out.pooler_output is None and out.last_hidden_state.shape == (1, 3, 768)
+    heads, _ = ctxkit.get_model("bert_12_768_12", pretrained=False, use_decoder=True, use_classifier=True, ctx="cpu")
+    assert type(heads) is BertForPreTraining
+    for bad, message in ((dict(use_decoder=True, use_classifier=False), "together"),
+                         (dict(use_pooler=False, use_classifier=True, use_decoder=True), "reads the pooler"),
+                         (dict(root=str(tmp_path)), "HF_HOME"),
+                         (dict(ctx="cuda:1", device="cuda:0"), "two devices")):
+        with pytest.raises(UserError, match=message):
+            ctxkit.get_model("bert_12_768_12", pretrained=False, **bad)

@@ -268,7 +268,8 @@ def resolve_checkpoint(checkpoint: Union[str, os.PathLike], verify: bool = True)
 
 def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, device: str = "cpu", with_heads: bool = False,
               verify: bool = True, *, dataset_name: Optional[str] = None, pretrained: bool = True,
-              revision: Optional[str] = None, progress: bool = True):
+              revision: Optional[str] = None, progress: bool = True, ctx=None, root: Optional[str] = None,
+              use_pooler: Optional[bool] = None, use_decoder: Optional[bool] = None, use_classifier: Optional[bool] = None):
     """A model and its tokenizer by name, as a lecture or a transformers user names it.
 
     ``name`` may be:
@@ -296,6 +297,16 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
         pretrained: False builds random weights from a preset (no tokenizer).
         revision: a Hub revision (commit, branch or tag) instead of the pinned one.
         progress: show download progress bars.
+        ctx, root, use_pooler, use_decoder, use_classifier: GluonNLP's ``get_model``
+            keywords, with its meaning: ``ctx`` is the device (``"cpu"``, ``"cuda:0"``, a
+            torch device, or an object with ``device_type``/``device_id`` as MXNet's
+            contexts have); ``root`` GluonNLP's download folder (ctxkit keeps downloads in the
+            Hugging Face cache and ``$CTXKIT_HOME``: GluonNLP's default is accepted, another
+            folder is refused with where to set it); ``use_pooler=False`` drops BERT's
+            pooler (``pooler_output`` is None); ``use_decoder`` / ``use_classifier`` ask for
+            the MLM decoder and the NSP classifier, which ctxkit builds together
+            (``with_heads``). GluonNLP's defaults for the three are True; left out here, the
+            model is the bare encoder with its pooler, as ctxkit's default.
 
     Returns:
         ``(model, tokenizer)``, the model in eval mode. The tokenizer is None for random
@@ -306,6 +317,15 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
         UserError: a preset without ``pretrained=False`` (its checkpoints are listed), a
             GluonNLP release without a public copy, or a failed download / offline miss.
     """
+    device, with_heads, drop_pooler = _gluon_keywords(device, with_heads, ctx, root, use_pooler, use_decoder, use_classifier)
+    if drop_pooler:
+        model, tokenizer = get_model(name, checkpoint, device, with_heads, verify, dataset_name=dataset_name, pretrained=pretrained,
+                                     revision=revision, progress=progress)
+        bert = getattr(model, "bert", model)
+        if not hasattr(bert, "pooler"):
+            raise UserError(f"use_pooler is a BERT option; {name!r} is a {type(model).__name__}")
+        bert.pooler = None  # GluonNLP's use_pooler=False: the sequence outputs alone
+        return model, tokenizer
     if dataset_name is not None:
         row = gluon_name(name, dataset_name)
         if row is None:
@@ -335,6 +355,32 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
         raise UnknownNameError(f"unknown model {name!r}{hint}: not a Hub id ctxkit knows, a checkpoint, a preset or a folder; "
                                "see ctxkit list-models (Hub ids of the families ctxkit implements are accepted too: org/name)")
     return _load_folder(folder, None, device, with_heads)
+
+
+_GLUON_ROOT = os.path.join("~", ".mxnet", "models")
+
+
+def _gluon_keywords(device, with_heads: bool, ctx, root, use_pooler, use_decoder, use_classifier):
+    """GluonNLP's get_model keywords as ctxkit's: ``(device, with_heads, drop the pooler)``."""
+    if ctx is not None:
+        if hasattr(ctx, "device_type"):  # an MXNet context: mx.cpu(), mx.gpu(0)
+            ctx = "cpu" if ctx.device_type == "cpu" else f"cuda:{getattr(ctx, 'device_id', 0)}"
+        ctx = str(ctx)
+        if device not in ("cpu", ctx):
+            raise UserError(f"ctx={ctx!r} and device={device!r} name two devices: give one")
+        device = ctx
+    if root is not None and os.path.expanduser(str(root)) != os.path.expanduser(_GLUON_ROOT):
+        raise UserError(f"root={root!r}: ctxkit keeps downloads in the Hugging Face cache (set HF_HOME) and in {cache_dir()} "
+                        "(set CTXKIT_HOME), not in a folder per call")
+    heads = [v for v in (use_decoder, use_classifier) if v is not None]
+    if heads and len(set(heads)) > 1:
+        raise UserError("ctxkit builds the MLM decoder and the NSP classifier together: pass use_decoder and use_classifier "
+                        "both True (with_heads=True) or both False")
+    if heads:
+        with_heads = heads[0]
+    if use_pooler is False and with_heads:
+        raise UserError("use_pooler=False with the NSP classifier: the classifier reads the pooler (GluonNLP refuses it too)")
+    return device, with_heads, use_pooler is False
 
 
 def _known_names() -> list:
