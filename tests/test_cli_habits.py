@@ -69,3 +69,27 @@ def test_gluonnlp_call_with_its_keywords(tmp_path):
                          (dict(ctx="cuda:1", device="cuda:0"), "two devices")):
         with pytest.raises(UserError, match=message):
             ctxkit.get_model("bert_12_768_12", pretrained=False, **bad)
+
+
+def test_no_network_is_said_at_once_with_the_offline_advice(tmp_path, monkeypatch):
+    """A Hub id not in the cache, HF_HUB_OFFLINE unset, and the Hub unreachable (here: a closed
+    port): one clear error within 2 s, no retry storm, naming what to do instead."""
+    import socket
+    import time
+
+    import ctxkit
+    from ctxkit.core.hub import HubNotCachedError
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for proxy in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(proxy, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    start = time.perf_counter()
+    with pytest.raises(HubNotCachedError, match=r"cannot be reached \(127\.0\.0\.1:\d+: .*\): download it where the Hub is "
+                                               r"reachable \(ctxkit download .*HF_HOME.*local model folder; HF_HUB_OFFLINE=1"):
+        ctxkit.get_model("distilbert/distilbert-base-uncased")
+    assert time.perf_counter() - start < 2.0

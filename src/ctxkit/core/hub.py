@@ -22,10 +22,14 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
 import re
+import socket
+import threading
+import urllib.parse
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -38,7 +42,7 @@ from tqdm.auto import tqdm
 from .errors import UserError
 
 __all__ = ["HubDownloadError", "HubNotCachedError", "CONFIG_AND_VOCAB", "hub_cache_dir", "hub_snapshot", "is_hub_id",
-           "is_offline", "cached_snapshot"]
+           "hub_unreachable", "is_offline", "cached_snapshot"]
 
 logger = logging.getLogger("ctxkit")
 
@@ -137,12 +141,16 @@ def hub_snapshot(repo_id: str, revision: Optional[str] = None, progress: bool = 
     folder = cached_snapshot(repo_id, revision)
     if folder is not None:
         return folder
+    where = f"at revision {revision} " if revision else ""
+    advice = (f"download it where the Hub is reachable (ctxkit download {repo_id}, or hf download {repo_id}), "
+              "copy the cache folder here (HF_HOME), or pass the path of a local model folder")
     if is_offline():
-        where = f"at revision {revision} " if revision else ""
-        raise HubNotCachedError(
-            f"{repo_id} {where}is not in the Hugging Face cache ({hub_cache_dir()}) and HF_HUB_OFFLINE is set: "
-            f"download it where the Hub is reachable (ctxkit download {repo_id}, or hf download {repo_id}), "
-            "copy the cache folder here (HF_HOME), or pass the path of a local model folder")
+        raise HubNotCachedError(f"{repo_id} {where}is not in the Hugging Face cache ({hub_cache_dir()}) and HF_HUB_OFFLINE is set: "
+                                + advice)
+    why = hub_unreachable()
+    if why is not None:  # no network: say so at once, instead of huggingface_hub's minute of retries
+        raise HubNotCachedError(f"{repo_id} {where}is not in the Hugging Face cache ({hub_cache_dir()}) and the Hub cannot be "
+                                f"reached ({why}): {advice}; HF_HUB_OFFLINE=1 says so without trying")
     try:
         folder = _snapshot(repo_id, revision, CONFIG_AND_VOCAB + SAFETENSORS, local_only=False, progress=progress)
         if not _has_weights(folder):  # an older repository: PyTorch pickles only (read with weights_only=True)
@@ -199,6 +207,38 @@ def verify_snapshot(folder: Path) -> List[str]:
 
 def _endpoint() -> str:
     return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
+PROBE_SECONDS = 2.0
+
+
+def hub_unreachable() -> Optional[str]:
+    """Why the Hub's host cannot be reached from here (None when a TCP connection opens),
+    asked once per endpoint and process within :data:`PROBE_SECONDS`. Behind a proxy
+    (``HTTPS_PROXY``, ...) nothing is probed: the proxy decides."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    return _probe(_endpoint())
+
+
+@functools.lru_cache(maxsize=8)
+def _probe(endpoint: str) -> Optional[str]:
+    url = urllib.parse.urlsplit(endpoint)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    answer: List[Optional[str]] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=PROBE_SECONDS).close()
+            answer.append(None)
+        except OSError as err:
+            answer.append(f"{host}:{port}: {err.strerror or err}")
+
+    # A thread: the name lookup itself takes no timeout and can hang without a network.
+    probe = threading.Thread(target=connect, daemon=True)
+    probe.start()
+    probe.join(PROBE_SECONDS)
+    return answer[0] if answer else f"{host}:{port}: no answer within {PROBE_SECONDS:g} s"
 
 
 class _Silent(tqdm):
