@@ -93,3 +93,20 @@ def test_no_network_is_said_at_once_with_the_offline_advice(tmp_path, monkeypatc
                                                r"reachable \(ctxkit download .*HF_HOME.*local model folder; HF_HUB_OFFLINE=1"):
         ctxkit.get_model("distilbert/distilbert-base-uncased")
     assert time.perf_counter() - start < 2.0
+
+
+def test_list_models_fits_100_columns_and_long_shows_all(capsys):
+    assert main(["list-models"]) == 0
+    short = capsys.readouterr().out.splitlines()
+    assert max(map(len, short)) <= 100 and "--long" in short[-1]
+    assert main(["list-models", "--long"]) == 0
+    whole = capsys.readouterr().out.splitlines()
+    assert max(map(len, whole)) > 100 and len(whole) == len(short) - 2  # the same rows, uncut, without the note
+
+
+def test_download_of_an_installed_checkpoint_says_so(minilm_dir, capsys):
+    import json
+
+    assert main(["download", "all_minilm_l6_v2"]) == 0
+    captured = capsys.readouterr()
+    assert "is already installed" in captured.err and json.loads(captured.out)["already_installed"] is True

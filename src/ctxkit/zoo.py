@@ -43,7 +43,7 @@ from .core.errors import UnknownNameError, UserError
 from .tokenizers import WordPieceTokenizer
 
 __all__ = ["CheckpointEntry", "CHECKPOINTS", "WheelSource", "cache_dir", "checkpoints_of", "download_checkpoint", "get_model",
-           "checkpoint_folder", "get_tokenizer", "list_models", "register_checkpoint", "resolve_checkpoint"]
+           "checkpoint_folder", "get_tokenizer", "installed_path", "list_models", "register_checkpoint", "resolve_checkpoint"]
 
 _HASHED_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "vocab.txt", "tokenizer.json", "tokenizer_config.json")
 
@@ -437,6 +437,22 @@ def _fetch(name: str, revision: Optional[str], progress: bool) -> Optional[Path]
     if "/" in name and is_hub_id(name):
         return hub_snapshot(name, revision, progress=progress)
     return None
+
+
+def installed_path(name: str) -> Optional[Path]:
+    """The folder of checkpoint ``name`` when it is on this machine already (an installed
+    package, the Hugging Face cache, ctxkit's cache), else None. Nothing is fetched."""
+    entry = _all_entries().get(name)
+    if entry is not None:
+        return entry.locate()
+    url_model = url_model_named(name)
+    if url_model is not None:
+        folder = cache_dir() / "url" / url_model.name
+        return folder if files_present(folder, url_model.files) else None
+    known = hub_model(name)
+    if known is not None:
+        return cached_snapshot(known.repo_id, known.revision)
+    return cached_snapshot(name) if "/" in name and is_hub_id(name) else None
 
 
 def checkpoint_folder(name: str, revision: Optional[str] = None, verify: bool = True, progress: bool = True) -> Path:

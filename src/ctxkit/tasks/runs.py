@@ -254,7 +254,7 @@ def finetune(
     summary = {
         "task": task.name,
         "model": str(model_name),
-        "results": results,
+        "results": rounded(results),
         "best_epoch": result.best_epoch,
         "train_time_s": round(result.wall_time, 1),
         "timings_s": {"prepare": round(prepare_s, 1), "train": round(result.wall_time, 1), "final_eval": round(time.time() - t1, 1)},
@@ -321,7 +321,17 @@ def evaluate_run(run_dir: os.PathLike, data: Optional[os.PathLike] = None, split
         with _progress(progress, f"evaluate {split}", len(examples)):
             metrics, _ = task.evaluate(model, tokenizer, examples, batch_size, device)
         out[split] = metrics
-    return out
+    return rounded(out)
+
+
+def rounded(metrics, digits: int = 4):
+    """Metrics as a reader wants them in results.json and on the terminal: floats to ``digits``
+    decimals (percentages keep 0.0001 points), everything else as it is."""
+    if isinstance(metrics, dict):
+        return {k: rounded(v, digits) for k, v in metrics.items()}
+    if isinstance(metrics, (list, tuple)):
+        return type(metrics)(rounded(v, digits) for v in metrics)
+    return round(metrics, digits) if isinstance(metrics, float) else metrics
 
 
 def _progress(enabled: bool, desc: str, n: int):
