@@ -110,3 +110,20 @@ def test_download_of_an_installed_checkpoint_says_so(minilm_dir, capsys):
     assert main(["download", "all_minilm_l6_v2"]) == 0
     captured = capsys.readouterr()
     assert "is already installed" in captured.err and json.loads(captured.out)["already_installed"] is True
+
+
+def test_a_run_folder_names_its_model(minilm_dir, tmp_path):
+    """get_model (and so embed --model, pipeline-style calls) takes runs/x where the model is
+    runs/x/best, as predict, evaluate and serve do."""
+    import shutil
+
+    import ctxkit
+
+    run = tmp_path / "runs" / "x"
+    shutil.copytree(minilm_dir, run / "best")
+    (run / "task.json").write_text("{}", encoding="utf-8")
+    model, tokenizer = ctxkit.get_model(str(run))
+    direct, _ = ctxkit.get_model(str(run / "best"))
+    ids = torch.tensor([tokenizer.encode("a run folder").input_ids])
+    with torch.no_grad():
+        assert torch.equal(model(ids).last_hidden_state, direct(ids).last_hidden_state)

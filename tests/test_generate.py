@@ -274,3 +274,28 @@ def test_chunked_argmax_equals_argmax_including_ties():
     assert got.tolist() == logits.argmax(-1).tolist()
     assert got[1:4].tolist() == [7, 1025, 50256]
     assert chunked_argmax(logits[:, :300], chunk=64).tolist() == logits[:, :300].argmax(-1).tolist()
+
+
+def test_generate_and_perplexity_take_a_run_folder_or_a_model_name(gpt2_dir, tmp_path, capsys, monkeypatch):
+    """One way to name a model: the run folder (runs/x, its best/ inside), the folder itself,
+    or a name the zoo knows (gpt2: resolved to its Hub repository; offline and not cached, one
+    clear line)."""
+    import shutil
+
+    from ctxkit.cli import main
+
+    folder, _ = gpt2_dir
+    run = tmp_path / "runs" / "gpt"
+    shutil.copytree(folder, run / "best")
+    args = ["--prompt", "The history of", "--max-new-tokens", "6", "--greedy", "--device", "cpu"]
+    assert main(["generate", str(folder), *args]) == 0
+    direct = capsys.readouterr().out
+    assert main(["generate", str(run), *args]) == 0
+    assert capsys.readouterr().out == direct
+    (tmp_path / "text.txt").write_text("The history of the world is long.\n" * 4, encoding="utf-8")
+    assert main(["perplexity", str(run), str(tmp_path / "text.txt"), "--device", "cpu", "--no-progress"]) == 0
+    assert "perplexity" in capsys.readouterr().out
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    assert main(["generate", "gpt2", *args]) == 2
+    assert "openai-community/gpt2" in capsys.readouterr().err  # the name was resolved, then the cache was asked

@@ -43,7 +43,8 @@ from .core.errors import UnknownNameError, UserError
 from .tokenizers import WordPieceTokenizer
 
 __all__ = ["CheckpointEntry", "CHECKPOINTS", "WheelSource", "cache_dir", "checkpoints_of", "download_checkpoint", "get_model",
-           "checkpoint_folder", "get_tokenizer", "installed_path", "list_models", "register_checkpoint", "resolve_checkpoint"]
+           "checkpoint_folder", "get_tokenizer", "installed_path", "list_models", "model_folder_of_run", "register_checkpoint",
+           "resolve_checkpoint"]
 
 _HASHED_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "vocab.txt", "tokenizer.json", "tokenizer_config.json")
 
@@ -339,7 +340,8 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
         return _load_into_preset(name, checkpoint, device, with_heads, verify, revision, progress)
     entries = _all_entries()
     if name in entries or Path(name).exists():
-        return _load_into_preset("", name, device, with_heads, verify, revision, progress)
+        folder = name if name in entries else str(model_folder_of_run(name))  # a run folder: its best/ (or final/)
+        return _load_into_preset("", folder, device, with_heads, verify, revision, progress)
     family = preset_family(name)
     if family is not None:
         if pretrained:
@@ -439,6 +441,18 @@ def _fetch(name: str, revision: Optional[str], progress: bool) -> Optional[Path]
     return None
 
 
+def model_folder_of_run(path: Union[str, os.PathLike]) -> Path:
+    """A run folder's model: ``RUN/best`` (finetune, lm-train, ...) or ``RUN/final`` (pretrain)
+    when ``RUN`` itself holds no ``config.json``; any other path as it is. So every verb takes
+    ``runs/x`` where the model lives in ``runs/x/best``."""
+    path = Path(path)
+    if path.is_dir() and not (path / "config.json").is_file():
+        for inner in ("best", "final"):
+            if (path / inner / "config.json").is_file():
+                return path / inner
+    return path
+
+
 def installed_path(name: str) -> Optional[Path]:
     """The folder of checkpoint ``name`` when it is on this machine already (an installed
     package, the Hugging Face cache, ctxkit's cache), else None. Nothing is fetched."""
@@ -466,7 +480,7 @@ def checkpoint_folder(name: str, revision: Optional[str] = None, verify: bool = 
     if name in entries:
         return resolve_checkpoint(name, verify=verify)[0]
     if Path(name).exists():
-        return Path(name)
+        return model_folder_of_run(name)
     folder = _fetch(name, revision, progress)
     if folder is None:
         raise UnknownNameError(f"unknown checkpoint {name!r}: not a registered name ({', '.join(entries)}), a folder, "

@@ -21,6 +21,7 @@ from .train_flags import add_fast_argument, add_train_flags, fast_from_args, tra
 from ..data.lines import decode_lines, read_lines
 from ..decoding.generate import GenerationConfig, generate
 from ..fast import resolve
+from ..zoo import checkpoint_folder
 from ..models.gpt2 import load_gpt2
 from ..tasks.translation import alignment, bleu, load_translator, read_parallel, train_translation, translate
 from ..tokenizers import ByteLevelBPETokenizer
@@ -84,8 +85,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """Handler of ``ctxkit generate``."""
 
     device = resolve_device(args.device)
-    model = load_gpt2(args.model).to(device).eval()
-    tokenizer = ByteLevelBPETokenizer.from_dir(args.model)
+    folder = checkpoint_folder(args.model)  # a folder, a run folder (its best/), a checkpoint name or a Hub id such as gpt2
+    model = load_gpt2(folder).to(device).eval()
+    tokenizer = ByteLevelBPETokenizer.from_dir(folder)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, do_sample=not args.greedy and args.num_beams == 1,
                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               repetition_penalty=args.repetition_penalty, num_beams=args.num_beams,
@@ -137,7 +139,8 @@ def add_generate_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="continue text with a GPT-2 checkpoint, streaming tokens (interactive without --prompt)",
                        description="Sample (or greedy/beam-decode) a continuation. Without --prompt, every line read from "
                                    "stdin is a prompt (an interactive loop on a terminal).")
-    p.add_argument("model", metavar="MODEL_DIR", help="HF-format GPT-2 folder (config.json, weights, vocab.json, merges.txt)")
+    p.add_argument("model", metavar="MODEL", help="a GPT-2: a Hub id or name (gpt2, distilgpt2, org/name), an HF-format folder "
+                                                  "(config.json, weights, vocab.json, merges.txt) or an lm-train run folder")
     p.add_argument("--prompt", default=None, help="one prompt; omit for the interactive loop")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=1.0)

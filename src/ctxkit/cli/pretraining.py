@@ -209,8 +209,9 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
 
     for path in args.data:  # read twice below: tokens, then words
         require_rereadable(path, "perplexity")
-    model = load_gpt2(args.model)
-    ids = corpus_ids(args.data, ByteLevelBPETokenizer.from_dir(args.model), show_progress=not args.no_progress)
+    folder = checkpoint_folder(args.model)  # a folder, a run folder (its best/), a checkpoint name or a Hub id
+    model = load_gpt2(folder)
+    ids = corpus_ids(args.data, ByteLevelBPETokenizer.from_dir(folder), show_progress=not args.no_progress)
     result = perplexity(model, ids, args.max_length, args.stride, device=args.device, batch_size=args.batch_size,
                         show_progress=not args.no_progress)
     # Word-level perplexity (the WikiText/PTB convention: words plus one end-of-line per
