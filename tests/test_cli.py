@@ -60,7 +60,7 @@ def test_embed_help_documents_formats(capsys):
 
 
 def test_list_models(capsys):
-    assert main(["list-models"]) == 0
+    assert main(["list-models", "--long"]) == 0
     out = capsys.readouterr().out
     presets, checkpoints = out.split("CHECKPOINTS:")
     assert presets.startswith("PRESETS:") and "pretrained=False" in presets.splitlines()[0]

@@ -144,7 +144,7 @@ def test_list_models_is_generated_from_the_registry(monkeypatch, capsys):
                   presets={"fake_1_2_3": Preset("fake_1_2_3", {}, "a fake preset, one line")}, build=lambda c: None,
                   load=lambda folder: (None, None), save=None, detect=lambda folder: False)
     monkeypatch.setitem(FAMILIES, "fake", fake)  # the one registry dict, however a module imported it
-    assert main(["list-models"]) == 0
+    assert main(["list-models", "--long"]) == 0
     out = capsys.readouterr().out.split("CHECKPOINTS:")[0]  # the presets' table comes first
     lines = {line.split()[0]: line for line in out.splitlines()[1:] if line.strip()}
     assert "preset (fake)" in lines["fake_1_2_3"] and lines["fake_1_2_3"].endswith("a fake preset, one line")

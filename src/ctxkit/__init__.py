@@ -9,7 +9,7 @@ Quick start::
 
 from .core.version import __version__
 from .features.embed import embed as _embed
-from .zoo import get_model, list_models
+from .zoo import AutoModel, AutoTokenizer, get_model, list_models
 
 
 def embed(texts, model="all_minilm_l6_v2", **kwargs):
@@ -17,4 +17,4 @@ def embed(texts, model="all_minilm_l6_v2", **kwargs):
     return _embed(texts, model=model, **kwargs)
 
 
-__all__ = ["embed", "get_model", "list_models", "__version__"]
+__all__ = ["AutoModel", "AutoTokenizer", "embed", "get_model", "list_models", "__version__"]

@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from .core.checkpoint import (
     CheckpointError,
+    model_folder_of_run,
     read_config,
     sha256_file,
     verify_sha256,
@@ -42,7 +43,7 @@ from .models.presets import PRESETS, get_preset
 from .core.errors import UnknownNameError, UserError
 from .tokenizers import WordPieceTokenizer
 
-__all__ = ["CheckpointEntry", "CHECKPOINTS", "WheelSource", "cache_dir", "checkpoints_of", "download_checkpoint", "get_model",
+__all__ = ["AutoModel", "AutoTokenizer", "CheckpointEntry", "CHECKPOINTS", "WheelSource", "cache_dir", "checkpoints_of", "download_checkpoint", "get_model",
            "checkpoint_folder", "get_tokenizer", "installed_path", "list_models", "model_folder_of_run", "register_checkpoint",
            "resolve_checkpoint"]
 
@@ -441,18 +442,6 @@ def _fetch(name: str, revision: Optional[str], progress: bool) -> Optional[Path]
     return None
 
 
-def model_folder_of_run(path: Union[str, os.PathLike]) -> Path:
-    """A run folder's model: ``RUN/best`` (finetune, lm-train, ...) or ``RUN/final`` (pretrain)
-    when ``RUN`` itself holds no ``config.json``; any other path as it is. So every verb takes
-    ``runs/x`` where the model lives in ``runs/x/best``."""
-    path = Path(path)
-    if path.is_dir() and not (path / "config.json").is_file():
-        for inner in ("best", "final"):
-            if (path / inner / "config.json").is_file():
-                return path / inner
-    return path
-
-
 def installed_path(name: str) -> Optional[Path]:
     """The folder of checkpoint ``name`` when it is on this machine already (an installed
     package, the Hugging Face cache, ctxkit's cache), else None. Nothing is fetched."""
@@ -506,6 +495,25 @@ def get_tokenizer(name: str, revision: Optional[str] = None):
     if tokenizer is None:
         raise UserError(f"{name}: no vocabulary ctxkit can read in {folder}")
     return tokenizer
+
+
+class AutoModel:
+    """transformers' ``AutoModel`` habit over the zoo: ``AutoModel.from_pretrained(name)`` for
+    any name :func:`get_model` takes (a zoo name, a Hub id, a folder, a run folder)."""
+
+    @staticmethod
+    def from_pretrained(name_or_path: Union[str, os.PathLike], revision: Optional[str] = None, device: str = "cpu", **kwargs):
+        """The model of :func:`get_model` (its tokenizer: :class:`AutoTokenizer`)."""
+        return get_model(str(name_or_path), revision=revision, device=device, **kwargs)[0]
+
+
+class AutoTokenizer:
+    """transformers' ``AutoTokenizer`` habit over the zoo (:func:`get_tokenizer`)."""
+
+    @staticmethod
+    def from_pretrained(name_or_path: Union[str, os.PathLike], revision: Optional[str] = None):
+        """The tokenizer of a checkpoint name, Hub id, folder or run folder."""
+        return get_tokenizer(str(name_or_path), revision)
 
 
 def url_model_named(name: str) -> Optional[UrlModel]:

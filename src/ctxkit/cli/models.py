@@ -190,7 +190,7 @@ def _cmd_list_models(args: argparse.Namespace) -> int:
     width = None if args.long else LIST_WIDTH
     print("PRESETS: architectures; random weights only when asked (get_model(name, pretrained=False))\n")
     _table([(r["name"], r["kind"], r["description"]) for r in presets], ("NAME", "KIND", "DESCRIPTION"), width)
-    print("\nCHECKPOINTS: weights by name (Hub ids, GluonNLP names with dataset_name=, released ELMo, ctxkit\npackages)\n")
+    print("\nCHECKPOINTS: weights by name (Hub ids, GluonNLP names with dataset_name=, released ELMo, packages)\n")
     _table([(r["name"], r["kind"].replace("checkpoint", "").strip(" ()") or "ctxkit", r["status"], r["preset"] or "-",
              r["description"]) for r in checkpoints], ("NAME", "SOURCE", "STATUS", "PRESET", "DESCRIPTION"), width)
     if width is not None:

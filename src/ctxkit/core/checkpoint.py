@@ -38,6 +38,7 @@ __all__ = [
     "write_json",
     "sha256_file",
     "verify_sha256",
+    "model_folder_of_run",
 ]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -225,6 +226,18 @@ def save_weights(state: Mapping[str, Tensor], path: os.PathLike) -> Path:
     # safetensors refuses shared or non-contiguous storage; tied weights must be dropped by the caller.
     tensors = {k: _own_storage(v.detach().contiguous().cpu()) for k, v in state.items()}
     return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+
+
+def model_folder_of_run(path: os.PathLike) -> Path:
+    """A run folder's model: ``RUN/best`` (finetune, lm-train, ...) or ``RUN/final`` (pretrain)
+    when ``RUN`` itself holds no ``config.json``; any other path as it is. So every entry takes
+    ``runs/x`` where the model lives in ``runs/x/best``."""
+    path = Path(path)
+    if path.is_dir() and not (path / "config.json").is_file():
+        for inner in ("best", "final"):
+            if (path / inner / "config.json").is_file():
+                return path / inner
+    return path
 
 
 def write_json(obj, path: os.PathLike) -> Path:

@@ -35,7 +35,7 @@ from ..layers import (
     get_activation,
     padding_mask,
 )
-from .common import IndexableOutput, Preset, Replaceable
+from .common import IndexableOutput, Preset, PretrainedHabits, Replaceable
 from ..core.errors import UnknownNameError, UserError
 
 __all__ = [
@@ -180,7 +180,7 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(hidden[:, 0]))
 
 
-class BertModel(nn.Module):
+class BertModel(PretrainedHabits, nn.Module):
     """The BERT encoder: embeddings, post-norm Transformer stack, optional pooler.
 
     Args:
@@ -191,6 +191,13 @@ class BertModel(nn.Module):
     # sentence head asks for [CLS] alone (ctxkit.heads.EncoderWithHead checks this flag, so
     # the heads need not know the family).
     supports_output_positions = True
+
+    @classmethod
+    def _load_folder(cls, folder):
+        return load_bert(folder)
+
+    def _save_folder(self, folder, tokenizer):
+        return save_bert(self, folder, tokenizer)
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -344,8 +351,15 @@ class BertNSPHead(nn.Module):
         return self.classifier(pooled)
 
 
-class BertForPreTraining(nn.Module):
+class BertForPreTraining(PretrainedHabits, nn.Module):
     """Encoder plus MLM and NSP heads (the BERT pretraining model)."""
+
+    @classmethod
+    def _load_folder(cls, folder):
+        return load_bert(folder, with_heads=True)
+
+    def _save_folder(self, folder, tokenizer):
+        return save_bert(self, folder, tokenizer)
 
     def __init__(self, config: BertConfig):
         super().__init__()

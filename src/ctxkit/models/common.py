@@ -7,11 +7,66 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, List, Tuple, TypeVar
 
-__all__ = ["Preset", "Replaceable", "PaperNames", "IndexableOutput"]
+from torch import nn
+
+from ..core.checkpoint import model_folder_of_run
+from ..core.errors import UserError
+from ..core.hub import hub_snapshot, is_hub_id
+from .catalog import hub_model
+
+__all__ = ["Preset", "Replaceable", "PaperNames", "IndexableOutput", "PretrainedHabits"]
 
 _Config = TypeVar("_Config", bound="Replaceable")
+
+
+class PretrainedHabits:
+    """transformers' model habits on a ctxkit model class: ``from_pretrained`` (a folder, a
+    run folder, or a Hub repository fetched into the Hugging Face cache at the revision the
+    catalog pins), ``save_pretrained`` (the HF layout transformers reads, safetensors) and
+    ``num_parameters``. The family file says how its folders are read and written
+    (``_load_folder``, ``_save_folder``); ``ctxkit.AutoModel`` takes every zoo name too."""
+
+    @classmethod
+    def _load_folder(cls, folder):
+        raise NotImplementedError
+
+    def _save_folder(self, folder, tokenizer):
+        raise NotImplementedError
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, revision=None, device: str = "cpu"):
+        """The model of a folder, a run folder (its ``best/``) or a Hub id, in eval mode on ``device``.
+
+        Raises:
+            UserError: a name that is neither (zoo names: ``ctxkit.AutoModel``), or a folder of another family.
+        """
+        path = Path(name_or_path)
+        if path.is_dir():
+            folder = model_folder_of_run(path)
+        elif hub_model(str(name_or_path)) is not None:
+            known = hub_model(str(name_or_path))
+            folder = hub_snapshot(known.repo_id, revision or known.revision)
+        elif "/" in str(name_or_path) and is_hub_id(str(name_or_path)):  # org/name (top-level ids: the catalog's)
+            folder = hub_snapshot(str(name_or_path), revision)
+        else:
+            raise UserError(f"{name_or_path!r}: not a folder or a Hub id (ctxkit.AutoModel.from_pretrained takes zoo names too)")
+        model = cls._load_folder(folder)
+        if not isinstance(model, cls):
+            raise UserError(f"{folder} holds a {type(model).__name__}, not a {cls.__name__}")
+        return model.to(device).eval()
+
+    def save_pretrained(self, directory, tokenizer=None):
+        """Write the model (and ``tokenizer``'s files, when given) into ``directory`` in the HF
+        layout: ``transformers.AutoModel.from_pretrained(directory)`` loads it. Returns the folder."""
+        return self._save_folder(directory, tokenizer)
+
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """Parameters, as transformers counts them (tied weights once)."""
+        skip = {id(p) for m in self.modules() if isinstance(m, nn.Embedding) for p in m.parameters()} if exclude_embeddings else set()
+        return sum(p.numel() for p in self.parameters() if id(p) not in skip and (p.requires_grad or not only_trainable))
 
 
 class Replaceable:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ..core.checkpoint import CheckpointError, KeyMap, load_state_dict_strict, read_config, read_weights, save_weights
 from ..layers import KVCache, TransformerEncoder, causal_mask, padding_mask
-from .common import Replaceable
+from .common import PretrainedHabits, Replaceable
 from ..core.errors import UserError
 
 __all__ = ["GPT2Config", "GPT2_PRESETS", "GPT2Model", "GPT2LMHeadModel", "load_gpt2", "save_gpt2", "gpt2_config_from_hf"]
@@ -174,10 +174,20 @@ class GPT2Model(nn.Module):
                        dtype=dtype or weight.dtype, device=device or weight.device)
 
 
-class GPT2LMHeadModel(nn.Module):
+class GPT2LMHeadModel(PretrainedHabits, nn.Module):
     """GPT-2 with its language-model head (tied to the token embeddings, no bias)."""
 
     supports_static_cache = True  # forward() takes one token over a static KVCache (CUDA-graph decoding)
+
+    @classmethod
+    def _load_folder(cls, folder):
+        return load_gpt2(folder)
+
+    def _save_folder(self, folder, tokenizer):
+        out = save_gpt2(self, folder)
+        if tokenizer is not None:
+            tokenizer.save(out)
+        return out
 
     def __init__(self, config: GPT2Config):
         super().__init__()

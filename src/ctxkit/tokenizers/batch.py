@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..core.errors import UserError
+from ..core.hub import hub_snapshot, is_hub_id
 
 __all__ = ["Encoding", "BatchEncoding", "TransformersStyle"]
 
@@ -385,6 +387,34 @@ class TransformersStyle:
         if None in out:
             raise UserError(f"id {ids[out.index(None)]} is outside the vocabulary (size {len(self)})")
         return out
+
+    def batch_decode(self, sequences, skip_special_tokens: bool = False, **unsupported) -> List[str]:
+        """``decode`` of every row (a list of id lists, a 2-D tensor or array), as transformers'.
+
+        Raises:
+            UserError: an argument transformers has and this does not (named, not ignored).
+        """
+        if unsupported:
+            raise UserError(f"batch_decode: unsupported argument(s) {', '.join(sorted(unsupported))}")
+        rows = sequences.tolist() if hasattr(sequences, "tolist") else list(sequences)
+        return [self.decode([int(i) for i in _as_list(row)], skip_special_tokens=skip_special_tokens) for row in rows]
+
+    def save_pretrained(self, directory) -> Path:
+        """Write the tokenizer's files into ``directory`` in the layout transformers reads
+        (``AutoTokenizer.from_pretrained(directory)`` loads them); returns the folder."""
+        return self.save(directory)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, revision: Optional[str] = None):
+        """The tokenizer of a folder (a run folder: its ``best/``) or of a Hub repository
+        (fetched into the Hugging Face cache; ``ctxkit.AutoTokenizer`` takes every zoo name too)."""
+        path = Path(name_or_path)
+        if path.is_dir():
+            own = any((path / f).is_file() for f in ("vocab.txt", "vocab.json", "tokenizer.json"))
+            return cls.from_dir(path if own or not (path / "best").is_dir() else path / "best")
+        if "/" in str(name_or_path) and is_hub_id(str(name_or_path)):  # org/name
+            return cls.from_dir(hub_snapshot(str(name_or_path), revision))
+        raise UserError(f"{name_or_path!r}: not a folder or a Hub id (ctxkit.AutoTokenizer.from_pretrained takes zoo names too)")
 
 
 def _as_tensors(data: Dict[str, list], n: int, kind: str) -> Dict[str, Any]:

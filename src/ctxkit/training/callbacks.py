@@ -39,7 +39,7 @@ __all__ = ["Callback", "CallbackList", "JsonlWriter", "TensorBoardWriter", "MLfl
 logger = logging.getLogger("ctxkit")
 
 # Fields of a record that say when it was written rather than how training goes.
-NOT_PLOTTED = frozenset({"step", "epoch", "elapsed"})
+NOT_PLOTTED = frozenset({"step", "epoch", "elapsed", "time"})
 
 
 class JsonlWriter(Callback):
