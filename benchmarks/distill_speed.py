@@ -90,14 +90,14 @@ def main(argv=None) -> int:
         for k, m in eager.items():
             def run(m=m):
                 with torch.inference_mode(), torch.autocast("cuda", torch.bfloat16):
-                    m(ids, None, None)
+                    m(ids)
             ms[k] = median_ms(run, args.reps)
         record(f"eager bf16 autocast, batch {rows} x {args.seq}", ms)
     runners = {k: GPUEncoder(classifier(6 if k == "teacher" else 3), plan=PLAN) for k in models}
     for rows in (1, 32, 256):
         ids = torch.randint(1000, 30522, (rows, args.seq), device="cuda")
         mask = torch.ones_like(ids)
-        ms = {k: median_ms(lambda r=r: r(ids, None, mask), args.reps) for k, r in runners.items()}
+        ms = {k: median_ms(lambda r=r: r(ids, mask), args.reps) for k, r in runners.items()}
         record(f"ctxkit GPU path (bf16 weights, CUDA graphs), batch {rows} x {args.seq}", ms)
     write_records("distill_speed.json", records, args.results)
     return 0

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     for label, plan in variants:
         enc = GPUEncoder(copy.deepcopy(model), plan=plan)
         for ids, types, mask in batches * 2:  # compile every shape first
-            enc(ids, types, mask)
+            enc(ids, mask, token_type_ids=types)
         torch.cuda.synchronize()
         print(f"-- packed path, {label} (last path: {enc.last_path})")
         for i, (ids, types, mask) in enumerate(batches):
@@ -51,11 +51,11 @@ def main(argv=None) -> int:
                 PackedSequences(mask)
                 builds.append(time.perf_counter() - start)
                 start = time.perf_counter()
-                enc(ids, types, mask)
+                enc(ids, mask, token_type_ids=types)
                 torch.cuda.synchronize()
                 walls.append(time.perf_counter() - start)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                enc(ids, types, mask)
+                enc(ids, mask, token_type_ids=types)
                 torch.cuda.synchronize()
             gpu_ms = sum(e.self_device_time_total for e in prof.key_averages()) / 1000
             print(f"batch {i}: {int(mask.sum())} tokens in {mask.shape[0]} x {mask.shape[1]}: wall {1000 * statistics.median(walls):.2f} ms, "

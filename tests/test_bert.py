@@ -98,9 +98,9 @@ def test_minilm_parity_padded_batch_of_real_sentences(minilm, minilm64, shared_d
         head = _head(batch, 4)  # float64 on the first rows (padded ones among them), the rest float32 vs float32
         assert (~mask[:4]).any()
         with torch.no_grad():
-            o = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], output_hidden_states=True)
+            o = ours(batch["input_ids"], batch["attention_mask"], token_type_ids=batch["token_type_ids"], output_hidden_states=True)
             r = ref(**batch, output_hidden_states=True)
-            o64 = ours64(head["input_ids"], head["token_type_ids"], head["attention_mask"], output_hidden_states=True)
+            o64 = ours64(head["input_ids"], head["attention_mask"], token_type_ids=head["token_type_ids"], output_hidden_states=True)
             r64 = ref64(**head, output_hidden_states=True)
         assert len(o.hidden_states) == 7
         _compare(o, r, o64, r64, mask, MINILM_K)
@@ -113,7 +113,7 @@ def test_minilm_eager_attention_weights_match_reference(minilm, minilm64, shared
     ours, ref, tok = minilm
     ours64, ref64 = minilm64
     batch = tok(_sentences(shared_data, 6), padding=True, return_tensors="pt")
-    args = (batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     with torch.no_grad():
         o = ours(*args, output_attentions=True, output_hidden_states=True)
         r = ref(**batch, output_attentions=True, output_hidden_states=True)
@@ -137,10 +137,10 @@ def test_padded_equals_unpadded_real_tokens(minilm, shared_data):
     texts = _sentences(shared_data, 5)
     batch = tok(texts, padding=True, return_tensors="pt")
     with torch.no_grad():
-        padded = ours(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).last_hidden_state
+        padded = ours(batch["input_ids"], batch["attention_mask"], token_type_ids=batch["token_type_ids"]).last_hidden_state
         for i, text in enumerate(texts):
             one = tok(text, return_tensors="pt")
-            alone = ours(one["input_ids"], one["token_type_ids"], one["attention_mask"]).last_hidden_state[0]
+            alone = ours(one["input_ids"], one["attention_mask"], token_type_ids=one["token_type_ids"]).last_hidden_state[0]
             n = alone.size(0)
             # two float32 runs of one function (another GEMM shape): within twice the derived bound
             assert_paths_agree(padded[i, :n], alone, depth=7, k=MINILM_K, name=f"sentence {i} padded vs alone")
@@ -161,9 +161,9 @@ def test_packed_sequences_equal_padded_batch_and_reference(minilm, minilm64, sha
         head = _head(batch, 3)  # float64 on the first rows (padded ones among them)
         assert (~mask[:3]).any()
         with torch.no_grad():
-            o = ours(batch["input_ids"], batch["token_type_ids"], packed, output_hidden_states=True)
+            o = ours(batch["input_ids"], packed, token_type_ids=batch["token_type_ids"], output_hidden_states=True)
             r = ref(**batch, output_hidden_states=True)
-            o64 = ours64(head["input_ids"], head["token_type_ids"], PackedSequences(head["attention_mask"]), output_hidden_states=True)
+            o64 = ours64(head["input_ids"], PackedSequences(head["attention_mask"]), token_type_ids=head["token_type_ids"], output_hidden_states=True)
             r64 = ref64(**head, output_hidden_states=True)
         _compare(o, r, o64, r64, mask, MINILM_K)
         assert o.last_hidden_state[~mask].abs().max() == 0  # padding rows come back as zeros
@@ -221,7 +221,7 @@ def test_random_bert_2_128_2_parity_and_preset_check(tmp_path):
     ref = _hf_random_bert(tmp_path)
     ours = load_bert(tmp_path, config=get_preset("bert_2_128_2").config)
     ids, types, mask = _random_batch()
-    _parity(ours, ref, lambda m: m(ids, types, mask, output_hidden_states=True),
+    _parity(ours, ref, lambda m: m(ids, mask, token_type_ids=types, output_hidden_states=True),
             lambda m: m(input_ids=ids, token_type_ids=types, attention_mask=mask, output_hidden_states=True), mask.bool(), k=512)
     assert ours.config.vocab_size == 300 and ours.config.max_position == 64  # taken from the checkpoint
     with pytest.raises(ValueError) as err:
@@ -272,9 +272,9 @@ def test_pretraining_heads_parity_and_round_trip(tmp_path):
     assert isinstance(ours, BertForPreTraining)
     ids, types, mask = _random_batch()
     with torch.no_grad():
-        mlm, nsp = ours(ids, types, mask)
+        mlm, nsp = ours(ids, mask, token_type_ids=types)
         r = ref(input_ids=ids, token_type_ids=types, attention_mask=mask)
-        mlm64, nsp64 = float64(ours)(ids, types, mask)
+        mlm64, nsp64 = float64(ours)(ids, mask, token_type_ids=types)
         r64 = float64(ref)(input_ids=ids, token_type_ids=types, attention_mask=mask)
         # 2 layers after the embeddings, then the pooler (NSP) or the MLM transform and decoder
         for name, a, b, a64, b64, depth in (("mlm logits", mlm, r.prediction_logits, mlm64, r64.prediction_logits, 5),
@@ -282,7 +282,7 @@ def test_pretraining_heads_parity_and_round_trip(tmp_path):
             assert_close_to_reference(a64, b64, depth=depth, k=512, name=f"{name} float64")
             assert_same_function(a, b, b64, depth=depth, k=512, name=name)
         positions = torch.tensor([[1, 4], [0, 2], [3, 5]])
-        gathered, _ = ours(ids, types, mask, masked_positions=positions)
+        gathered, _ = ours(ids, mask, token_type_ids=types, masked_positions=positions)
         # the MLM head on the gathered rows only (another GEMM shape): the transform and decoder may round differently
         assert_paths_agree(gathered, mlm.gather(1, positions[..., None].expand(-1, -1, mlm.size(-1))), depth=2, k=128,
                            name="gathered mlm logits")

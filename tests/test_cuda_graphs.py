@@ -112,16 +112,16 @@ def test_gpu_encoder_graphs_and_packed_batches_match_eager(plan):
     with torch.no_grad():
         for ids in (full, full.flip(0)):
             expect = ref(ids)["logits"]
-            got = fp32(ids, torch.zeros_like(ids), torch.ones_like(ids))["logits"]
+            got = fp32(ids, torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))["logits"]
             assert fp32.last_path == "graph"
             assert torch.allclose(got.cpu(), expect, atol=1e-4, rtol=1e-4)
         mask = torch.ones_like(full)
         for row, n in enumerate((32, 5, 17, 1)):
             mask[row, n:] = 0
         ids = full * mask
-        expect = ref.encoder(ids, None, mask).last_hidden_state
+        expect = ref.encoder(ids, mask).last_hidden_state
         bf16 = GPUEncoder(_model().encoder, dtype=torch.bfloat16, plan=plan)
-        got = bf16(ids, None, mask).last_hidden_state.float().cpu()
+        got = bf16(ids, mask).last_hidden_state.float().cpu()
         assert bf16.last_path == "packed graph"  # packed, bucketed, replayed
         real = mask.bool()
         assert (got[real] - expect[real]).abs().max() < 0.1 and expect[real].abs().mean() > 0.5
@@ -207,15 +207,15 @@ def test_gpu_encoder_gelu_epilogue_stays_close_to_erf_gelu():
     with torch.no_grad():
         expect = ref(ids)["logits"]
     fused = GPUEncoder(_model(), dtype=torch.float32, plan="graphs+compile+qkv+gelutanh")
-    got = fused(ids, torch.zeros_like(ids), torch.ones_like(ids))["logits"].cpu()
+    got = fused(ids, torch.ones_like(ids), token_type_ids=torch.zeros_like(ids))["logits"].cpu()
     assert fused.last_path == "graph"
     assert 0 < (got - expect).abs().max() < 1e-2
     assert torch.equal(got.argmax(-1), expect.argmax(-1))
     mask = torch.ones_like(ids)
     mask[1:, 20:] = 0
     with torch.no_grad():
-        expect = ref(ids * mask, None, mask)["logits"]
-    got = fused(ids * mask, None, mask)["logits"].cpu()  # the packed path, compiled with dynamic shapes
+        expect = ref(ids * mask, mask)["logits"]
+    got = fused(ids * mask, mask)["logits"].cpu()  # the packed path, compiled with dynamic shapes
     assert fused.last_path == "packed"  # fp32: packed, not graphed
     assert 0 < (got - expect).abs().max() < 1e-2
 
@@ -238,13 +238,13 @@ def test_gpu_encoder_replays_packed_batches_from_bucketed_graphs(compile):
         mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
         lengths[-1] = max(1, seq // 3)
         mask[-1] = (torch.arange(seq) < lengths[-1]).long()
-        got = graphed(ids, None, mask)["logits"]
+        got = graphed(ids, mask)["logits"]
         assert graphed.last_path == "packed graph"
-        expect = plain(ids, None, mask)["logits"]
+        expect = plain(ids, mask)["logits"]
         assert plain.last_path == "packed"
         assert got.shape == expect.shape == (rows, 2)
         assert (got.float() - expect.float()).abs().max() < 2e-2 and expect.float().abs().mean() > 1e-2  # bf16
     assert len(graphed._packed_graphs) == 2
     fp32 = GPUEncoder(_model(), dtype=torch.float32, plan="graphs+qkv")  # fp32 attends per sequence: packed, never graphed
-    fp32(ids, None, mask)
+    fp32(ids, mask)
     assert fp32.last_path == "packed" and not fp32._packed_graphs

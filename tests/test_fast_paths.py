@@ -73,12 +73,12 @@ def test_sentence_classifier_runs_the_last_layer_at_cls_only_with_equal_logits_a
     labels = torch.tensor([0, 1, 1])
     seen = []
     hook = model.encoder.encoder.layers[-1].register_forward_hook(lambda m, args, out: seen.append(out[0].shape[1]))
-    sparse = model(ids, None, mask, labels=labels)
+    sparse = model(ids, mask, labels=labels)
     sparse["loss"].backward()
     g_sparse = _grads(model)
     model.zero_grad()
     model.cls_only = False
-    dense = model(ids, None, mask, labels=labels)
+    dense = model(ids, mask, labels=labels)
     dense["loss"].backward()
     hook.remove()
     assert seen == [1, 12]  # the last layer produced one position, then all twelve
@@ -106,11 +106,11 @@ def test_pretraining_losses_and_grads_with_sparse_last_layer_equal_dense_ones():
     labels[1, 2] = IGNORE_INDEX  # a padded prediction slot
     ce = torch.nn.functional.cross_entropy
 
-    mlm, nsp = model(ids, torch.zeros_like(ids), mask, masked_positions=positions)
+    mlm, nsp = model(ids, mask, token_type_ids=torch.zeros_like(ids), masked_positions=positions)
     (ce(mlm.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX) + nsp.logsumexp(-1).sum()).backward()
     sparse = _grads(model)
     model.zero_grad()
-    mlm_full, nsp_full = model(ids, torch.zeros_like(ids), mask)
+    mlm_full, nsp_full = model(ids, mask, token_type_ids=torch.zeros_like(ids))
     picked = mlm_full.gather(1, positions[..., None].expand(-1, -1, config.vocab_size))
     (ce(picked.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX) + nsp_full.logsumexp(-1).sum()).backward()
     dense = _grads(model)
@@ -357,7 +357,7 @@ def test_segmented_compile_equals_eager_and_hands_upper_gradients_over_first(mon
     nodes = []
 
     def step(model):
-        mlm, nsp = model(ids, torch.zeros_like(ids), None, masked_positions=positions)
+        mlm, nsp = model(ids, None, token_type_ids=torch.zeros_like(ids), masked_positions=positions)
         loss = ce(mlm.flatten(0, 1), labels.flatten()) + nsp.logsumexp(-1).sum()
         nodes.append(compiled_nodes(loss.grad_fn))
         loss.backward()

@@ -234,13 +234,13 @@ def test_each_preset_computes_what_reference_computes(preset, dtype):
     ids, mask = _inputs()
     ref = _bert()
     reference = float64(ref)
-    expect = reference(ids, None, mask).last_hidden_state
+    expect = reference(ids, mask).last_hidden_state
     fast = apply(copy.deepcopy(ref), preset)
     assert {type(m).__name__ for m in fast.modules()} != {type(m).__name__ for m in ref.modules()}  # something swapped
     training = preset in ("train", "pretrain")
     fast.train(training)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-        out = fast(ids, None, mask).last_hidden_state
+        out = fast(ids, mask).last_hidden_state
     bound = dict(depth=3, k=512, mask=mask.bool())
     assert_close_to_reference(out.float(), expect, dtype=dtype, name=f"{preset} forward", **bound)
     if training:  # a fixed random projection of the outputs (a LayerNorm output's own norm has no gradient)

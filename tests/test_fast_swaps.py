@@ -48,7 +48,7 @@ def _inputs():
 
 
 def _run(model, ids, mask):
-    return model(ids, None, mask).last_hidden_state
+    return model(ids, mask).last_hidden_state
 
 
 def _identity(model):
@@ -242,7 +242,7 @@ def test_gpu_encoder_runs_fused_attention_from_a_prepared_cache():
     gpu = GPUEncoder(model, dtype=torch.float32, plan="graphs+qkv")
     attn = gpu.model.encoder.layers[0].self_attn
     assert isinstance(attn, FusedQKVAttention) and len(attn._fused_cache) == 1  # concatenated before any capture
-    out = gpu(ids, None, None).last_hidden_state.cpu()
+    out = gpu(ids).last_hidden_state.cpu()
     assert gpu.last_path == "graph"
     # TF32 (10-bit mantissa) may be on for CUDA matmuls: then bound by bf16's epsilon, above it.
     assert_close_to_reference(out, reference, dtype=torch.bfloat16 if torch.backends.cuda.matmul.allow_tf32 else torch.float32,

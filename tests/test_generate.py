@@ -26,17 +26,17 @@ def test_cached_logits_equal_uncached_with_left_padding(model):
     full_mask = torch.cat([mask, torch.ones_like(extra)], 1)
     full_pos = (full_mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
-        reference = model(full_ids, full_mask, full_pos)
+        reference = model(full_ids, attention_mask=full_mask, position_ids=full_pos)
         cache = model.new_cache(3, 20)
-        pieces = [model(ids, mask, positions, cache)]
+        pieces = [model(ids, cache, mask, position_ids=positions)]
         for j in range(3):  # then one token at a time
             width = ids.size(1) + j + 1
-            pieces.append(model(extra[:, j : j + 1], full_mask[:, :width], full_pos[:, width - 1 : width], cache))
+            pieces.append(model(extra[:, j : j + 1], cache, full_mask[:, :width], position_ids=full_pos[:, width - 1 : width]))
     assert cache.length == full_ids.size(1)
     cached = torch.cat(pieces, 1)
     real = full_mask.bool()
     with torch.no_grad():
-        reference64 = float64(model)(full_ids, full_mask, full_pos)
+        reference64 = float64(model)(full_ids, attention_mask=full_mask, position_ids=full_pos)
     # Both orders of the arithmetic against the float64 run (tests/README.md): the embeddings,
     # 2 layers (FFN 256), the final norm and the tied head
     assert_same_function(cached, reference, reference64, mask=real, depth=4, k=256, name="logits", labels=("cached", "uncached"))
@@ -60,7 +60,7 @@ def test_greedy_matches_an_uncached_argmax_loop_and_beam_one(model):
     tokens, m = ids, mask
     with torch.no_grad():
         for _ in range(8):  # the slow way: the whole sequence every step
-            nxt = model(tokens, m, (m.cumsum(-1) - 1).clamp(min=0))[:, -1].argmax(-1, keepdim=True)
+            nxt = model(tokens, attention_mask=m, position_ids=(m.cumsum(-1) - 1).clamp(min=0))[:, -1].argmax(-1, keepdim=True)
             tokens, m = torch.cat([tokens, nxt], 1), torch.cat([m, torch.ones_like(nxt)], 1)
     assert torch.equal(out, tokens)
     assert torch.equal(generate(model, ids, mask, GenerationConfig(max_new_tokens=8, num_beams=1)), out)
@@ -88,8 +88,8 @@ def test_sampling_is_reproducible_and_filters_hold(model):
     assert torch.equal(a, b) and not torch.equal(a, c)
     # Every sampled token was among the 5 most likely at its step.
     with torch.no_grad():
-        logits = model(a, torch.cat([mask, torch.ones(3, 10, dtype=torch.long)], 1),
-                       (torch.cat([mask, torch.ones(3, 10, dtype=torch.long)], 1).cumsum(-1) - 1).clamp(min=0))
+        logits = model(a, attention_mask=torch.cat([mask, torch.ones(3, 10, dtype=torch.long)], 1),
+                       position_ids=(torch.cat([mask, torch.ones(3, 10, dtype=torch.long)], 1).cumsum(-1) - 1).clamp(min=0))
     top5 = logits[:, ids.size(1) - 1 : -1].topk(5, dim=-1).indices
     assert (top5 == a[:, ids.size(1):, None]).any(-1).all()
 
@@ -213,7 +213,7 @@ def test_static_sampling_is_reproducible_and_filters_hold(model):
     assert torch.equal(a, b) and not torch.equal(a, c)
     full = torch.cat([mask, torch.ones(3, 12, dtype=torch.long)], 1)
     with torch.no_grad():
-        logits = model(a, full, (full.cumsum(-1) - 1).clamp(min=0))
+        logits = model(a, attention_mask=full, position_ids=(full.cumsum(-1) - 1).clamp(min=0))
     top4 = logits[:, ids.size(1) - 1 : -1].topk(4, dim=-1).indices
     assert (top4 == a[:, ids.size(1):, None]).any(-1).all()
     with pytest.raises(ValueError, match="beam search"):

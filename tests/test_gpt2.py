@@ -24,8 +24,8 @@ def _assert_same_logits(ours, hf, ids, mask, name):
     tokens only). Returns ctxkit's float32 logits."""
     real = mask.bool()
     with torch.no_grad():
-        got, expected = ours(ids, mask), hf(input_ids=ids, attention_mask=mask).logits
-        got64, expected64 = float64(ours)(ids, mask), float64(hf)(input_ids=ids, attention_mask=mask).logits
+        got, expected = ours(ids, attention_mask=mask), hf(input_ids=ids, attention_mask=mask).logits
+        got64, expected64 = float64(ours)(ids, attention_mask=mask), float64(hf)(input_ids=ids, attention_mask=mask).logits
     assert got.shape == expected.shape == expected64.shape
     assert_close_to_reference(got64, expected64, mask=real, name=f"{name} float64", **LOGITS)
     assert_same_function(got, expected, expected64, mask=real, name=name, **LOGITS)

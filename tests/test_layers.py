@@ -253,7 +253,7 @@ def test_compiled_inference_reuses_the_right_fused_projection_per_set():
     mask = torch.ones_like(ids)
     mask[1, 5:] = 0
     with torch.inference_mode():
-        expect, expect_padded = model(ids)["logits"], model(ids, None, mask)["logits"]
+        expect, expect_padded = model(ids)["logits"], model(ids, mask)["logits"]
         prepare_inference(model)
         assert len(model.encoder.encoder.layers[-1].self_attn._fused_cache) == 2  # q/k/v and k/v
         torch._dynamo.reset()
@@ -261,7 +261,7 @@ def test_compiled_inference_reuses_the_right_fused_projection_per_set():
         # Inductor); Inductor's C++ codegen adds nothing to that, and test_generate.py runs
         # it on the decoding path that fills the caches this way (StaticDecoder).
         assert torch.allclose(torch.compile(model, backend="aot_eager")(ids)["logits"], expect, atol=1e-5)
-        packed = torch.compile(model, dynamic=True, backend="aot_eager")(ids * mask, None, PackedSequences(mask))["logits"]
+        packed = torch.compile(model, dynamic=True, backend="aot_eager")(ids * mask, PackedSequences(mask))["logits"]
         assert torch.allclose(packed, expect_padded, atol=1e-5)
 
 
@@ -288,8 +288,8 @@ def test_bucketed_packed_batch_gives_the_real_rows_their_own_outputs():
     assert rows % 32 == 0 and rows > 3 and width == 33 and int(b_mask.sum()) == 256
     assert torch.equal(b_mask[:3, :12], mask.bool()) and not b_mask[:3, 12:].any()
     with torch.inference_mode():
-        expect = model(ids, types, PackedSequences(mask))
-        got = model(b_ids, b_types, PackedSequences(b_mask))
+        expect = model(ids, PackedSequences(mask), token_type_ids=types)
+        got = model(b_ids, PackedSequences(b_mask), token_type_ids=b_types)
     cut = GPUEncoder._cut(got["logits"], rows, width, 3, 12)  # (batch, seq, labels): both axes cut
     assert cut.shape == expect["logits"].shape == (3, 12, 5)
     # the same packed rows in a larger batch (other GEMM shapes): embeddings, 2 layers, the head

@@ -223,7 +223,7 @@ def test_collator_loss_on_gathered_positions_equals_full_loss(tokenizer, sst2_se
     model = BertForPreTraining(config).eval()
     ce = torch.nn.functional.cross_entropy
     with torch.no_grad():
-        args = (batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
         gathered, nsp = model(*args, masked_positions=batch["masked_positions"])
         full, nsp_full = model(*args)
     assert gathered.shape == (16, 20, config.vocab_size)

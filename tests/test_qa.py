@@ -364,9 +364,9 @@ def test_parity_with_transformers_bert_for_question_answering(tmp_path, caplog):
     mask[2, 6:] = 0
     ours64, ref64 = float64(ours), float64(ref)
     with torch.no_grad():
-        o = ours(ids, types, mask)
+        o = ours(ids, mask, token_type_ids=types)
         r = ref(input_ids=ids, token_type_ids=types, attention_mask=mask)
-        o64 = ours64(ids, types, mask)
+        o64 = ours64(ids, mask, token_type_ids=types)
         r64 = ref64(input_ids=ids, token_type_ids=types, attention_mask=mask)
     real = mask.bool()
     logits = dict(depth=4, k=128)  # embeddings, 2 layers (FFN 128), the span head (tests/README.md)

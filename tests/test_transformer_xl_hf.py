@@ -100,7 +100,7 @@ def test_hidden_states_and_log_probs_match_transformers_over_two_segments(legacy
     for s, segment in enumerate(ref["input_ids"].split(7, dim=1)):
         with torch.no_grad():
             hidden, new_mems = model.transformer(segment, mems)
-            log_probs = model(segment, mems=mems).log_probs
+            log_probs = model(segment, mems).log_probs  # transformers' positional order, as the helper calls it
             hidden64, new_mems64 = model64.transformer(segment, mems64)
             # TransformerXLLMHeadModel.forward casts the hidden states to float32 for its softmax
             # (meant for bf16 autocast), which a float64 copy cannot take: apply the same
@@ -116,6 +116,22 @@ def test_hidden_states_and_log_probs_match_transformers_over_two_segments(legacy
                                   name=f"segment {s} sum of probabilities", **LOG_PROBS)
         assert ref[f"hidden_{s}"].abs().mean() > 0.1
         mems, mems64 = new_mems, new_mems64
+
+
+def test_positional_order_is_transformers(legacy_transformers, tmp_path):
+    """ctxkit's Transformer-XL takes by position what transformers 4.57's does, in its order
+    (issue 38: a line written for transformers means the same here)."""
+    import inspect
+    import json
+
+    from ctxkit.models.transformer_xl import TransformerXLLMHeadModel, TransformerXLModel
+
+    _reference(legacy_transformers, tmp_path, 1)
+    theirs = json.loads((tmp_path / "signatures.json").read_text())
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    for ours, name in ((TransformerXLModel, "TransfoXLModel"), (TransformerXLLMHeadModel, "TransfoXLLMHeadModel")):
+        mine = [p.name for p in inspect.signature(ours.forward).parameters.values() if p.kind in kinds][1:]
+        assert mine == ["input_ids", "mems"] == theirs[name][:2], (mine, theirs[name])
 
 
 def test_non_zero_softmax_biases_are_refused_by_name(legacy_transformers, tmp_path):

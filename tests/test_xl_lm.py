@@ -122,7 +122,7 @@ def test_no_memory_eval_equals_independent_segments(tmp_path):
         model.eval()
         for s in range(0, inputs.size(1), 8):
             for row in range(2):
-                out = model(inputs[row : row + 1, s : s + 8], targets[row : row + 1, s : s + 8])
+                out = model(inputs[row : row + 1, s : s + 8], labels=targets[row : row + 1, s : s + 8])
                 total += (out.nll[0] * weights[row, s : s + 8]).sum().item()
     assert got["tokens"] == 82
     assert got["nll"] == pytest.approx(total / 82, rel=1e-5)

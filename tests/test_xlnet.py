@@ -125,7 +125,7 @@ def test_two_stream_logits_match_transformers(hf_lm):
                                 "query-stream logits", **LOGITS)
     assert got.shape == (3, 3, 100)
     # content-stream logits too (no target mapping)
-    _assert_same_function(ours, hf, lambda m: m(ids, types, mask),
+    _assert_same_function(ours, hf, lambda m: m(ids, mask, token_type_ids=types),
                           lambda m: m(input_ids=ids, attention_mask=mask, token_type_ids=types).logits, "content-stream logits", **LOGITS)
 
 

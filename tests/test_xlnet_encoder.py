@@ -27,8 +27,8 @@ def test_summary_is_the_last_real_token_and_padding_changes_nothing():
     ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 0, 0]])
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
     with torch.no_grad():
-        out = enc(ids, None, mask)
-        alone = enc(ids[1:, :3], None, mask[1:, :3])
+        out = enc(ids, mask)
+        alone = enc(ids[1:, :3], mask[1:, :3])
     assert out.last_hidden_state.shape == (2, 5, 32) and out.pooler_output.shape == (2, 32)
     # the same function, run at other shapes (tests/README.md): 2 layers of a 64-wide FFN, the pooler one more
     assert_paths_agree(out.last_hidden_state[1, :3], alone.last_hidden_state[0], depth=2, k=64, name="padded vs alone")
@@ -65,7 +65,7 @@ def test_bert_layout_is_run_in_xlnet_layout_and_mapped_back():
     types = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 1, 1, 0, 0]])
     mask = torch.tensor([[1] * 8, [1] * 6 + [0, 0]])
     with torch.no_grad():
-        out = enc(ids, types, mask)
+        out = enc(ids, mask, token_type_ids=types)
         for row, n in ((0, 8), (1, 6)):
             x_ids = torch.cat([ids[row, 1:n], ids[row, :1]])[None]
             x_types = torch.cat([types[row, 1:n], torch.tensor([2])])[None]
@@ -92,7 +92,7 @@ def test_save_and_load_keep_body_pooler_and_lm_bias(tmp_path):
     back = load_encoder(tmp_path / "m")
     ids, mask = torch.tensor([[2, 9, 8, 3]]), torch.ones(1, 4, dtype=torch.long)
     with torch.no_grad():
-        a, b = enc(ids, None, mask), back(ids, None, mask)
+        a, b = enc(ids, mask), back(ids, mask)
     torch.testing.assert_close(b.last_hidden_state, a.last_hidden_state, rtol=0, atol=0)
     torch.testing.assert_close(b.pooler_output, a.pooler_output, rtol=0, atol=0)
     torch.testing.assert_close(load_xlnet(tmp_path / "m").lm_bias, enc.lm_bias, rtol=0, atol=0)

@@ -10,6 +10,8 @@ the reference that tests/README.md's tolerances are measured against.
 """
 
 import copy
+import inspect
+import json
 
 import sys
 from pathlib import Path
@@ -37,7 +39,7 @@ def _float_keeping_float64(self, *args, **kwargs):
     return self if self.dtype == torch.float64 else _float(self, *args, **kwargs)
 
 
-from transformers.models.deprecated.transfo_xl import TransfoXLConfig, TransfoXLLMHeadModel  # noqa: E402
+from transformers.models.deprecated.transfo_xl import TransfoXLConfig, TransfoXLLMHeadModel, TransfoXLModel  # noqa: E402
 
 
 def main(out: str, div_val: int = 2, untie_r: bool = True) -> None:
@@ -62,12 +64,17 @@ def main(out: str, div_val: int = 2, untie_r: bool = True) -> None:
         torch.Tensor.float = _float_keeping_float64 if suffix == "64" else _float
         with torch.no_grad():
             for s, segment in enumerate(ids.split(7, dim=1)):
-                body = run.transformer(segment, mems=mems)
-                head = run(segment, mems=mems)
+                body = run.transformer(segment, mems)  # by position: (input_ids, mems) in transformers' order
+                head = run(segment, mems)
                 result[f"hidden{suffix}_{s}"] = body.last_hidden_state.contiguous()
                 result[f"log_probs{suffix}_{s}"] = head.prediction_scores.contiguous()
                 mems = body.mems
     save_file(result, str(Path(out) / "reference.safetensors"))
+    # The names transformers' forwards take by position, for the calling-convention test.
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    signatures = {cls.__name__: [p.name for p in inspect.signature(cls.forward).parameters.values() if p.kind in kinds][1:]
+                  for cls in (TransfoXLModel, TransfoXLLMHeadModel)}
+    (Path(out) / "signatures.json").write_text(json.dumps(signatures))
 
 
 if __name__ == "__main__":

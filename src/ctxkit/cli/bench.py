@@ -156,7 +156,7 @@ def bench_infer(preset: str = "bert_12_768_12", task: str = "sst-2", batch: int 
 
     def run() -> None:
         for ids, types, mask in batches:
-            encoder(ids, types, mask)["logits"]
+            encoder(ids, mask, token_type_ids=types)["logits"]
 
     seconds = seconds_per_call(run, warmup=warmup if data is None else 1, reps=reps)
     out.update(seq_per_s=round(n / seconds, 1), ms_per_batch=round(seconds * 1e3 / len(batches), 4))

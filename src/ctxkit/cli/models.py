@@ -229,10 +229,12 @@ def zoo_markdown(rows: List[dict]) -> str:
             "Tokenizers are callable (`tok(texts, padding=True, truncation=True, max_length=128, return_tensors=\"pt\")` "
             "gives `input_ids`, `token_type_ids`, `attention_mask`) and have `tokenize`, `convert_tokens_to_ids`, "
             "`convert_ids_to_tokens` and `vocab`; `tokenizer.encode(text, add_special_tokens=True)` behaves as a list of "
-            "ids. Model outputs index and unpack (`out[0]` is the last hidden state) and keep their attributes. One "
-            "difference: `BertModel`'s positional order is `(input_ids, token_type_ids, attention_mask)`, transformers' "
-            "`(input_ids, attention_mask, token_type_ids)`: pass the mask by keyword (`model(ids, attention_mask=mask)`, "
-            "as the lecture's recipe does) or unpack the tokenizer's output (`model(**batch)`).",
+            "ids. Model outputs index and unpack (`out[0]` is the last hidden state) and keep their attributes. Every "
+            "model takes its positional arguments in transformers' order for its family, with the same keyword names: "
+            "BERT `(input_ids, attention_mask, token_type_ids, position_ids)`, DistilBERT `(input_ids, attention_mask)`, "
+            "GPT-2 `(input_ids, cache, attention_mask, token_type_ids, position_ids)`, XLNet `(input_ids, "
+            "attention_mask, mems, perm_mask, target_mapping, token_type_ids)`, Transformer-XL `(input_ids, mems)`; so "
+            "`model(ids, mask)` and `model(**batch)` mean what they mean there.",
             "", "## Presets (architectures)", "", "Random weights only when asked: `get_model(name, pretrained=False)`.", "",
             "| preset | family | checkpoints | description |", "|---|---|---|---|"]
     for r in rows:

@@ -1,7 +1,7 @@
 """Autoregressive decoding with a KV cache: greedy, sampling and beam search.
 
-Works with any model that maps ``(input_ids, attention_mask, position_ids, cache)`` to
-logits ``(batch, seq, vocab)`` and has ``new_cache(batch, max_len)`` (e.g.
+Works with any model that maps ``(input_ids, cache=, attention_mask=, position_ids=)`` to
+logits ``(batch, seq, vocab)`` (transformers' GPT-2 argument names) and has ``new_cache(batch, max_len)`` (e.g.
 :class:`ctxkit.models.gpt2.GPT2LMHeadModel`). Prompts of different lengths are batched
 with *left* padding, so every row's next token sits in the last column; the position
 ids count real tokens only, so padding never shifts a row's positions.
@@ -164,7 +164,7 @@ def _sample_loop(model, input_ids: Tensor, attention_mask: Optional[Tensor], con
     # single new query may see every cached key, so each step skips building masks.
     padded = not bool(mask.all())
     cache = model.new_cache(batch, prompt_len + config.max_new_tokens)
-    logits = model(input_ids, mask if padded else None, positions, cache)[:, -1].float()
+    logits = model(input_ids, cache=cache, attention_mask=mask if padded else None, position_ids=positions)[:, -1].float()
     next_position = positions[:, -1:] + 1
     tokens = input_ids
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -189,7 +189,7 @@ def _sample_loop(model, input_ids: Tensor, attention_mask: Optional[Tensor], con
         if bool(finished.all()) or step == config.max_new_tokens - 1:
             break
         mask = torch.cat([mask, torch.ones_like(new[:, None])], dim=1)
-        logits = model(new[:, None], mask if padded else None, next_position, cache)[:, -1].float()
+        logits = model(new[:, None], cache=cache, attention_mask=mask if padded else None, position_ids=next_position)[:, -1].float()
         next_position = next_position + 1
     return tokens
 
@@ -204,7 +204,7 @@ def _beam_search(model, input_ids: Tensor, attention_mask: Optional[Tensor], con
     mask = mask.repeat_interleave(beams, dim=0)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = model.new_cache(batch * beams, prompt_len + config.max_new_tokens)
-    logits = model(ids, mask, positions, cache)[:, -1].float()
+    logits = model(ids, cache=cache, attention_mask=mask, position_ids=positions)[:, -1].float()
     next_position = positions[:, -1:] + 1
     scores = torch.zeros(batch, beams, device=device)
     scores[:, 1:] = float("-inf")  # all beams start equal: expand the first one only
@@ -245,7 +245,7 @@ def _beam_search(model, input_ids: Tensor, attention_mask: Optional[Tensor], con
         scores = next_scores
         if all(done) or step == config.max_new_tokens - 1:
             break
-        logits = model(next_token.view(-1, 1), mask, next_position, cache)[:, -1].float()
+        logits = model(next_token.view(-1, 1), cache=cache, attention_mask=mask, position_ids=next_position)[:, -1].float()
         next_position = next_position + 1
     out = []
     for b in range(batch):

@@ -148,7 +148,7 @@ class StaticDecoder:
             self._capture()
 
     def _forward(self, token: Tensor, key_mask: Tensor, position: Tensor) -> Tensor:
-        return self.model(token, key_mask, position, self.cache)[:, -1].float()
+        return self.model(token, self.cache, key_mask, position_ids=position)[:, -1].float()
 
     def choose(self, logits: Tensor, seen: Tensor) -> Tensor:
         """Next tokens ``(batch,)`` from ``logits (batch, vocab)``; ``seen (batch, n)`` feeds
@@ -184,7 +184,7 @@ class StaticDecoder:
         it costs ~5 ms of launches for GPT-2 small, 3-4 % of a 256-token answer."""
         self.cache.length = 0
         if self.graph is None:
-            return self.model(input_ids, mask, positions, self.cache)[:, -1].float()
+            return self.model(input_ids, cache=self.cache, attention_mask=mask, position_ids=positions)[:, -1].float()
         key = (input_ids.size(1), mask is not None)
         entry = self._prefills.get(key)
         if entry is None:

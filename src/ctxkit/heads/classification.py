@@ -97,12 +97,13 @@ class EncoderWithHead(nn.Module):
         self.head = head
         self.cls_only = cls_only
 
-    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None, labels: Optional[Tensor] = None, **_) -> Dict[str, Tensor]:
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None, *,
+                labels: Optional[Tensor] = None, **_) -> Dict[str, Tensor]:
         """Returns ``{"logits": ..., "loss": ...}`` (loss only when labels are given)."""
         extra = {}
         if self.cls_only and getattr(self.encoder, "supports_output_positions", False) and not isinstance(attention_mask, PackedSequences):
             extra["output_positions"] = input_ids.new_zeros(input_ids.size(0), 1)
-        out = self.encoder(input_ids, token_type_ids, attention_mask, **extra)
+        out = self.encoder(input_ids, attention_mask, token_type_ids=token_type_ids, **extra)
         logits = self.head(out, attention_mask)
         result = {"logits": logits}
         if labels is not None:

@@ -113,12 +113,12 @@ class SpanQAModel(nn.Module):
         self.encoder = encoder
         self.head = SpanHead(encoder.config.hidden_size if hidden_size is None else hidden_size)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None, *,
                 start_positions: Optional[Tensor] = None, end_positions: Optional[Tensor] = None, **_) -> Dict[str, object]:
         """Encode and score spans.
 
         Args:
-            input_ids, token_type_ids, attention_mask: ``(batch, seq)``.
+            input_ids, attention_mask, token_type_ids: ``(batch, seq)`` (transformers' order).
             start_positions, end_positions: optional ``(batch,)`` labels (give both or neither).
 
         Returns:
@@ -127,7 +127,7 @@ class SpanQAModel(nn.Module):
         """
         if (start_positions is None) != (end_positions is None):
             raise UserError("give both start_positions and end_positions, or neither")
-        hidden = self.encoder(input_ids, token_type_ids, attention_mask).last_hidden_state
+        hidden = self.encoder(input_ids, attention_mask, token_type_ids=token_type_ids).last_hidden_state
         start, end = self.head(hidden, attention_mask)
         out: Dict[str, object] = {"start_logits": start, "end_logits": end, "logits": (start, end)}
         if start_positions is not None:

@@ -45,7 +45,7 @@ class CompiledCPUModel(nn.Module):
         self.length_multiple = length_multiple
         self.compiled = torch.compile(self.model, dynamic=False)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None, **_) -> Dict:
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None, **_) -> Dict:
         seq = input_ids.size(1)
         pad = -seq % self.length_multiple
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask

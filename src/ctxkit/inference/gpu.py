@@ -56,6 +56,12 @@ def _pinned(t: Tensor) -> Tensor:
     return t.pin_memory() if t.device.type == "cpu" and not t.is_pinned() else t
 
 
+def _types(token_type_ids: Optional[Tensor]) -> dict:
+    """``token_type_ids`` as a keyword, only when given: models without segments (GPT-2)
+    take no such argument."""
+    return {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+
+
 def _round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
@@ -107,7 +113,7 @@ class GPUEncoder:
     """Run an encoder task model fast on one CUDA device.
 
     Args:
-        model: a model called as ``model(input_ids, token_type_ids, attention_mask)``
+        model: a model called as ``model(input_ids, attention_mask, token_type_ids=...)`` (transformers' order)
             (a fine-tuned task model, e.g. :class:`~ctxkit.heads.classification.EncoderWithHead`,
             or a :class:`~ctxkit.models.bert.BertModel`). It is moved to ``device`` and
             ``dtype`` in place and put in eval mode.
@@ -124,7 +130,7 @@ class GPUEncoder:
             BERT), ``fp8`` and ``fp8norm`` (float8 GEMMs, Hopper; see docs/performance.md).
         max_graphs: shapes kept captured at once, per path (each holds its activations).
 
-    Call it like the model: ``encoder(input_ids, token_type_ids, attention_mask)`` with
+    Call it like the model: ``encoder(input_ids, attention_mask, token_type_ids)`` with
     ``(batch, seq)`` tensors on any device. A batch whose mask is all ones (or None) takes
     the fixed-shape path; any padding takes the packed path. ``last_path`` says which ran;
     ``plan`` is the resolved plan (``plan.describe()`` says what is on and why anything is off).
@@ -169,18 +175,18 @@ class GPUEncoder:
         mask = (torch.arange(seq)[None, :] < lengths[:, None]).long()
         ids = torch.full((mask.shape[0], seq), 100) * mask
         if batch > 1:
-            self(ids, torch.zeros_like(ids), mask)
-        self(ids[-1:], torch.zeros_like(ids[-1:]), None)
+            self(ids, mask, token_type_ids=torch.zeros_like(ids))
+        self(ids[-1:], None, token_type_ids=torch.zeros_like(ids[-1:]))
         torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
-    def __call__(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None):
+    def __call__(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None):
         """The model's output for one batch (same structure; tensors on the GPU, fresh copies).
 
         Args:
             input_ids: ``(batch, seq)``.
-            token_type_ids: ``(batch, seq)`` or None.
             attention_mask: ``(batch, seq)``, 1 on real tokens (right padding), or None.
+            token_type_ids: ``(batch, seq)`` or None.
         """
         if attention_mask is not None and not bool(attention_mask.bool().all()):
             if self.cuda_graphs and self.packed_graphs:
@@ -193,11 +199,11 @@ class GPUEncoder:
             packed = PackedSequences(attention_mask).to(self.device)
             types = _pinned(token_type_ids).to(**to) if token_type_ids is not None else None
             # Compiled with dynamic shapes when compile is on: one graph for every length.
-            return self.forward_packed(_pinned(input_ids).to(**to), types, packed)
+            return self.forward_packed(_pinned(input_ids).to(**to), packed, **_types(types))
         if not self.cuda_graphs:
             self.last_path = "eager"
             types = token_type_ids.to(self.device) if token_type_ids is not None else None
-            return self.forward(input_ids.to(self.device), types, None)
+            return self.forward(input_ids.to(self.device), None, **_types(types))
         self.last_path = "graph"
         return self._replay(input_ids, token_type_ids)
 
@@ -214,7 +220,7 @@ class GPUEncoder:
         inputs = {"input_ids": input_ids.to(self.device).clone()}
         if token_type_ids is not None:
             inputs["token_type_ids"] = token_type_ids.to(self.device).clone()
-        graph, outputs = self._record(lambda: self.forward(inputs["input_ids"], inputs.get("token_type_ids"), None))
+        graph, outputs = self._record(lambda: self.forward(inputs["input_ids"], None, **_types(inputs.get("token_type_ids"))))
         return graph, inputs, outputs
 
     def _record(self, run):
@@ -269,9 +275,9 @@ class GPUEncoder:
         graphed.__dict__.update(packed.__dict__, index=static["index"], cu_seqlens=static["cu_seqlens"], max_len=width)
         # The axes test: the outputs, cut back, must have the shapes of the plain packed call.
         to = dict(device=self.device)
-        plain = self.forward_packed(input_ids.to(**to), token_type_ids.to(**to) if token_type_ids is not None else None,
-                                    PackedSequences(attention_mask).to(self.device))
-        graph, outputs = self._record(lambda: self.forward_packed(static["input_ids"], static.get("token_type_ids"), graphed))
+        plain = self.forward_packed(input_ids.to(**to), PackedSequences(attention_mask).to(self.device),
+                                    **_types(token_type_ids.to(**to) if token_type_ids is not None else None))
+        graph, outputs = self._record(lambda: self.forward_packed(static["input_ids"], graphed, **_types(static.get("token_type_ids"))))
         batch, seq = attention_mask.shape
         got, want = [], []
         _map_tensors(outputs, lambda t: got.append(tuple(self._cut(t, rows, width, batch, seq).shape)))
@@ -296,7 +302,7 @@ class GPUTaskModel(nn.Module):
         """See :meth:`GPUEncoder.warm_up`."""
         self.runner.warm_up(batch, seq)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None, **_):
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None, **_):
         """The task model's output dict (tensors on the GPU; floating outputs in fp32)."""
-        out = self.runner(input_ids, token_type_ids, attention_mask)
+        out = self.runner(input_ids, attention_mask, token_type_ids=token_type_ids)
         return _map_tensors(out, lambda t: t.float() if t.is_floating_point() else t)

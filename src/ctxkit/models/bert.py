@@ -242,22 +242,27 @@ class BertModel(PretrainedHabits, nn.Module):
     def forward(
         self,
         input_ids: Tensor,
-        token_type_ids: Optional[Tensor] = None,
         attention_mask: Optional[Tensor] = None,
+        token_type_ids: Optional[Tensor] = None,
         position_ids: Optional[Tensor] = None,
+        *,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         output_positions: Optional[Tensor] = None,
     ) -> BertOutput:
         """Encode a batch.
 
+        The positional order is transformers': ``model(input_ids, attention_mask,
+        token_type_ids, position_ids)`` (DistilBERT's ``model(input_ids, attention_mask)``
+        too); the rest by keyword.
+
         Args:
             input_ids: ``(batch, seq)`` token ids.
-            token_type_ids: ``(batch, seq)`` segment ids (ignored by DistilBERT).
             attention_mask: ``(batch, seq)``, 1 for real tokens, 0 for padding; or a
                 :class:`~ctxkit.layers.attention.PackedSequences` of it, which runs the
                 layers on the real tokens only (no compute on padding; outputs are still
                 ``(batch, seq, hidden)``, zero on padding).
+            token_type_ids: ``(batch, seq)`` segment ids (ignored by DistilBERT).
             position_ids: ``(batch, seq)``; ``0..seq-1`` when None.
             output_hidden_states: return every layer's output.
             output_attentions: return attention weights (eager attention; slower).
@@ -278,6 +283,7 @@ class BertModel(PretrainedHabits, nn.Module):
         if isinstance(attention_mask, PackedSequences):
             return self._forward_packed(input_ids, token_type_ids, attention_mask, position_ids, output_hidden_states,
                                         output_attentions, output_positions)
+        _check_mask_is_a_mask(attention_mask)
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         mask = padding_mask(attention_mask) if attention_mask is not None else None
         enc = self.encoder(x, mask=mask, output_hidden_states=output_hidden_states, output_attentions=output_attentions,
@@ -351,6 +357,20 @@ class BertNSPHead(nn.Module):
         return self.classifier(pooled)
 
 
+def _check_mask_is_a_mask(attention_mask: Optional[Tensor]) -> None:
+    """Catch token types passed where the mask goes (ctxkit's order before it became
+    transformers'): every row of a real mask has a real token in its first column ([CLS], or
+    the longest row of a left-padded batch), token types never do (they start at 0). Checked on
+    host tensors only, where reading them costs no device sync."""
+    if (attention_mask is None or attention_mask.device.type != "cpu" or attention_mask.dim() != 2
+            or attention_mask.numel() == 0 or torch.compiler.is_compiling() or torch.jit.is_tracing()):
+        return
+    if not bool(attention_mask[:, 0].any()):
+        raise UserError("attention_mask is 0 in the first column of every row, so it masks every [CLS]: is it "
+                        "token_type_ids? The positional order is transformers' (input_ids, attention_mask, "
+                        "token_type_ids); pass token types by keyword (token_type_ids=...) to be explicit")
+
+
 class BertForPreTraining(PretrainedHabits, nn.Module):
     """Encoder plus MLM and NSP heads (the BERT pretraining model)."""
 
@@ -370,7 +390,7 @@ class BertForPreTraining(PretrainedHabits, nn.Module):
         self.mlm = BertMLMHead(config)
         self.nsp = BertNSPHead(config.hidden_size)
 
-    def forward(self, input_ids: Tensor, token_type_ids=None, attention_mask=None, masked_positions: Optional[Tensor] = None):
+    def forward(self, input_ids: Tensor, attention_mask=None, token_type_ids=None, *, masked_positions: Optional[Tensor] = None):
         """Return ``(mlm_logits, nsp_logits)``.
 
         Args:
@@ -378,13 +398,13 @@ class BertForPreTraining(PretrainedHabits, nn.Module):
                 vocabulary projection runs only there and logits are ``(batch, n_masked, vocab)``.
         """
         if masked_positions is None:
-            out = self.bert(input_ids, token_type_ids, attention_mask)
+            out = self.bert(input_ids, attention_mask, token_type_ids=token_type_ids)
             hidden = out.last_hidden_state
         else:
             # The losses read [CLS] and the masked positions only, so the last layer runs
             # just there (same values; about 8 % less work for BERT-base at seq 128).
             positions = torch.cat([masked_positions.new_zeros(masked_positions.size(0), 1), masked_positions], dim=1)
-            out = self.bert(input_ids, token_type_ids, attention_mask, output_positions=positions)
+            out = self.bert(input_ids, attention_mask, token_type_ids=token_type_ids, output_positions=positions)
             hidden = out.last_hidden_state[:, 1:]
         return self.mlm(hidden, self.bert.embeddings.word_embeddings.weight), self.nsp(out.pooler_output)
 

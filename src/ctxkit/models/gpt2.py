@@ -114,18 +114,23 @@ class GPT2Model(nn.Module):
             for proj in (layer.self_attn.out_proj, layer.ffn.fc2):
                 nn.init.normal_(proj.weight, std=0.02 / (2 * self.config.num_layers) ** 0.5)
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
-                cache: Optional[KVCache] = None) -> Tensor:
+    def forward(self, input_ids: Tensor, cache: Optional[KVCache] = None, attention_mask: Optional[Tensor] = None,
+                token_type_ids: Optional[Tensor] = None, position_ids: Optional[Tensor] = None) -> Tensor:
         """Hidden states of the last layer.
+
+        The positional order is transformers': ``(input_ids, cache, attention_mask,
+        token_type_ids, position_ids)``.
 
         Args:
             input_ids: ``(batch, seq)``; with a ``cache``, only the new tokens.
-            attention_mask: 1 for real tokens, 0 for padding (keys only): ``(batch, seq)``,
-                or ``(batch, past + seq)`` with a cache.
-            position_ids: ``(batch, seq)``; ``past..past+seq-1`` when None (pass explicit
-                ones for left-padded batches).
             cache: a :class:`~ctxkit.layers.KVCache` from :meth:`new_cache`; the new
                 tokens attend to everything cached, and the cache advances by ``seq``.
+            attention_mask: 1 for real tokens, 0 for padding (keys only): ``(batch, seq)``,
+                or ``(batch, past + seq)`` with a cache.
+            token_type_ids: ``(batch, seq)``, embedded with the token embeddings (GPT-2 has
+                no segment table; transformers does the same).
+            position_ids: ``(batch, seq)``; ``past..past+seq-1`` when None (pass explicit
+                ones for left-padded batches).
 
         Returns:
             ``(batch, seq, hidden)``.
@@ -133,9 +138,12 @@ class GPT2Model(nn.Module):
         Raises:
             ValueError: when the sequence exceeds the model's context length.
         """
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"cache is a {type(cache).__name__}, not a KVCache: GPT-2's positional order is "
+                            "transformers' (input_ids, cache, attention_mask, ...); pass the mask as attention_mask=")
         seq = input_ids.size(1)
         if cache is not None and cache.is_static:
-            return self._static_step(input_ids, attention_mask, position_ids, cache)
+            return self._static_step(input_ids, attention_mask, position_ids, cache, token_type_ids)
         past = cache.length if cache is not None else 0
         total = past + seq
         if total > self.config.max_position and position_ids is None:
@@ -143,7 +151,7 @@ class GPT2Model(nn.Module):
                              "truncate it or evaluate with a sliding window")
         if position_ids is None:
             position_ids = torch.arange(past, total, device=input_ids.device)
-        x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
+        x = self.drop(self._embed(input_ids, token_type_ids, position_ids))
         # One new query after a cache sees every key: no mask to build or apply.
         mask = None if seq == 1 and attention_mask is None else causal_mask(seq, total, device=input_ids.device)
         if attention_mask is not None:
@@ -154,8 +162,12 @@ class GPT2Model(nn.Module):
             mask = (mask & padding_mask(attention_mask)) | own
         return self.encoder(x, mask=mask, cache=cache).last_hidden_state
 
+    def _embed(self, input_ids: Tensor, token_type_ids: Optional[Tensor], position_ids: Tensor) -> Tensor:
+        x = self.wte(input_ids) + self.wpe(position_ids)
+        return x if token_type_ids is None else x + self.wte(token_type_ids)
+
     def _static_step(self, input_ids: Tensor, attention_mask: Optional[Tensor], position_ids: Optional[Tensor],
-                     cache: KVCache) -> Tensor:
+                     cache: KVCache, token_type_ids: Optional[Tensor] = None) -> Tensor:
         """One new token over a static cache (fixed shapes, so a CUDA graph can replay it):
         ``attention_mask (batch, max_len)`` marks the filled slots, this token's included."""
         if input_ids.size(1) != 1 or attention_mask is None or position_ids is None:
@@ -163,7 +175,7 @@ class GPT2Model(nn.Module):
                              "attention_mask over all of the cache's slots")
         if attention_mask.size(1) != cache.max_len:
             raise UserError(f"attention_mask spans {attention_mask.size(1)} keys; the static cache has {cache.max_len} slots")
-        x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
+        x = self.drop(self._embed(input_ids, token_type_ids, position_ids))
         return self.encoder(x, mask=padding_mask(attention_mask), cache=cache).last_hidden_state
 
     def new_cache(self, batch: int, max_len: int, dtype: Optional[torch.dtype] = None, device=None) -> KVCache:
@@ -194,10 +206,11 @@ class GPT2LMHeadModel(PretrainedHabits, nn.Module):
         self.config = config
         self.transformer = GPT2Model(config)
 
-    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
-                cache: Optional[KVCache] = None) -> Tensor:
+    def forward(self, input_ids: Tensor, cache: Optional[KVCache] = None, attention_mask: Optional[Tensor] = None,
+                token_type_ids: Optional[Tensor] = None, position_ids: Optional[Tensor] = None) -> Tensor:
         """Next-token logits ``(batch, seq, vocab)``; see :meth:`GPT2Model.forward`."""
-        hidden = self.transformer(input_ids, attention_mask, position_ids, cache)
+        hidden = self.transformer(input_ids, cache=cache, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                  position_ids=position_ids)
         return nn.functional.linear(hidden, self.transformer.wte.weight)
 
     def new_cache(self, batch: int, max_len: int, dtype: Optional[torch.dtype] = None, device=None) -> KVCache:

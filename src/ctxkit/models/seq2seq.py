@@ -353,7 +353,7 @@ class BoundDecoder:
                 self.memory_kv = [(a.repeat_interleave(k, 0), b.repeat_interleave(k, 0)) for a, b in self.memory_kv]
         return self.memory, self.src_mask
 
-    def __call__(self, input_ids: Tensor, attention_mask=None, position_ids=None, cache=None) -> Tensor:
+    def __call__(self, input_ids: Tensor, cache=None, attention_mask=None, position_ids=None) -> Tensor:
         memory, src_mask = self._memory_for(input_ids.size(0))
         extra = {"memory_kv": self.memory_kv} if self.memory_kv is not None else {}
         return self.model.decode(input_ids, memory, src_mask, position_ids=position_ids, cache=cache, **extra)

@@ -264,9 +264,11 @@ class TransformerXLModel(nn.Module):
             self.pos_table = table.to(self.pos_table.device)
         return self.pos_table[distance]
 
-    def forward(self, input_ids: Tensor, mems: Mems = None, attention_mask: Optional[Tensor] = None,
+    def forward(self, input_ids: Tensor, mems: Mems = None, *, attention_mask: Optional[Tensor] = None,
                 output_attentions: bool = False) -> Tuple[Tensor, Mems]:
         """Encode one segment given the memories of the earlier ones.
+
+        The positional order is transformers' ``TransfoXLModel``'s: ``(input_ids, mems)``.
 
         Args:
             input_ids: ``(batch, qlen)`` the segment.
@@ -366,8 +368,11 @@ class TransformerXLLMHeadModel(nn.Module):
             if module is not None:
                 module.apply(TransformerXLModel._init_weights)
 
-    def forward(self, input_ids: Tensor, labels: Optional[Tensor] = None, mems: Mems = None) -> TransformerXLLMOutput:
+    def forward(self, input_ids: Tensor, mems: Mems = None, *, labels: Optional[Tensor] = None) -> TransformerXLLMOutput:
         """Score one segment.
+
+        The positional order is transformers' ``TransfoXLLMHeadModel``'s: ``(input_ids, mems)``;
+        ``labels`` by keyword.
 
         Args:
             input_ids: ``(batch, qlen)``.
@@ -380,7 +385,7 @@ class TransformerXLLMHeadModel(nn.Module):
             :class:`TransformerXLLMOutput` with ``loss``/``nll`` when ``labels`` are given,
             else ``log_probs``.
         """
-        hidden, new_mems = self.transformer(input_ids, mems)
+        hidden, new_mems = self.transformer(input_ids, mems=mems)
         # The (adaptive) softmax runs in fp32 outside autocast: AdaptiveLogSoftmaxWithLoss
         # fails on the mixed dtypes autocast would give it, and log-probs want fp32 anyway.
         flat = hidden.reshape(-1, hidden.size(-1)).float()

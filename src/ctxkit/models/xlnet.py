@@ -247,21 +247,24 @@ class XLNetModel(nn.Module):
         elif isinstance(module, XLNetModel):
             nn.init.normal_(module.mask_emb, std=std)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
-                perm_mask: Optional[Tensor] = None, target_mapping: Optional[Tensor] = None,
-                mems: Optional[Sequence[Tensor]] = None) -> XLNetOutput:
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
+                mems: Optional[Sequence[Tensor]] = None, perm_mask: Optional[Tensor] = None,
+                target_mapping: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None) -> XLNetOutput:
         """Run both streams.
+
+        The positional order is transformers': ``(input_ids, attention_mask, mems,
+        perm_mask, target_mapping, token_type_ids)``.
 
         Args:
             input_ids: ``(batch, seq)``.
-            token_type_ids: ``(batch, seq)`` segment ids (only equality matters); None: no
-                segment term.
             attention_mask: ``(batch, seq)``, 1 for real tokens, 0 for padding (as keys).
+            mems: per layer ``(batch, mlen, d)`` states of earlier segments (always
+                visible, segment 0).
             perm_mask: ``(batch, seq, seq)``, 1 where query ``i`` may not see ``j``.
             target_mapping: ``(batch, num_predict, seq)`` one-hot rows; enables the query
                 stream.
-            mems: per layer ``(batch, mlen, d)`` states of earlier segments (always
-                visible, segment 0).
+            token_type_ids: ``(batch, seq)`` segment ids (only equality matters); None: no
+                segment term.
 
         Returns:
             :class:`XLNetOutput`.
@@ -316,13 +319,14 @@ class XLNetLMHeadModel(nn.Module):
         self.transformer = transformer if transformer is not None else XLNetModel(config)
         self.lm_bias = nn.Parameter(torch.zeros(config.vocab_size))
 
-    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
-                perm_mask: Optional[Tensor] = None, target_mapping: Optional[Tensor] = None,
-                mems: Optional[Sequence[Tensor]] = None) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None,
+                mems: Optional[Sequence[Tensor]] = None, perm_mask: Optional[Tensor] = None,
+                target_mapping: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None) -> Tensor:
         """Logits ``(batch, num_predict, vocab)`` of the query stream with a
         ``target_mapping``, else ``(batch, seq, vocab)`` of the content stream; see
         :meth:`XLNetModel.forward`."""
-        out = self.transformer(input_ids, token_type_ids, attention_mask, perm_mask, target_mapping, mems)
+        out = self.transformer(input_ids, attention_mask, token_type_ids=token_type_ids, perm_mask=perm_mask,
+                               target_mapping=target_mapping, mems=mems)
         return F.linear(out.last_hidden_state, self.transformer.word_embedding.weight, self.lm_bias)
 
 

@@ -73,7 +73,7 @@ class XLNetEncoder(nn.Module):
         bias = lm_bias.detach().clone() if lm_bias is not None else torch.zeros(c.vocab_size)
         self.register_buffer("lm_bias", bias, persistent=False)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None,
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None,
                 **_) -> BertOutput:
         """Encode ``(batch, seq)`` ids (right padding, ``attention_mask`` 1 on real tokens).
 

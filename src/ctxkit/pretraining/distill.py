@@ -52,7 +52,7 @@ IGNORE_INDEX = -100
 def _mlm(model: BertForPreTraining, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Optional[Tensor],
          masked_positions: Tensor):
     """``(mlm logits (batch, n_masked, vocab), last hidden state (batch, seq, d))``."""
-    out = model.bert(input_ids, token_type_ids, attention_mask)
+    out = model.bert(input_ids, attention_mask, token_type_ids=token_type_ids)
     hidden = out.last_hidden_state
     picked = hidden.gather(1, masked_positions[..., None].expand(-1, -1, hidden.size(-1)))
     return model.mlm(picked, model.bert.embeddings.word_embeddings.weight), hidden
@@ -68,7 +68,7 @@ class HeadFitting(nn.Module):
 
     def forward(self, input_ids, token_type_ids, masked_positions, masked_labels, attention_mask=None, **_) -> dict:
         with torch.no_grad():
-            hidden = self.model.bert(input_ids, token_type_ids, attention_mask).last_hidden_state
+            hidden = self.model.bert(input_ids, attention_mask, token_type_ids=token_type_ids).last_hidden_state
         picked = hidden.gather(1, masked_positions[..., None].expand(-1, -1, hidden.size(-1)))
         logits = self.model.mlm(picked, self.model.bert.embeddings.word_embeddings.weight)
         loss = F.cross_entropy(logits.float().flatten(0, 1), masked_labels.flatten(), ignore_index=IGNORE_INDEX)

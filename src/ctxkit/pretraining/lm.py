@@ -77,7 +77,7 @@ class CausalLMModel(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, **_) -> dict:
         """``loss``: mean cross-entropy of predicting token t+1 from tokens <= t."""
-        logits = self.lm(input_ids, attention_mask)
+        logits = self.lm(input_ids, attention_mask=attention_mask)
         targets = input_ids[:, 1:]
         if attention_mask is not None:
             targets = targets.masked_fill(attention_mask[:, 1:] == 0, -100)

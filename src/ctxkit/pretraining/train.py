@@ -59,7 +59,7 @@ class PretrainingModel(nn.Module):
         Returns:
             ``loss`` (MLM + NSP), ``mlm_loss``, ``nsp_loss``, ``mlm_acc``, ``nsp_acc``.
         """
-        mlm_logits, nsp_logits = self.bert(input_ids, token_type_ids, attention_mask, masked_positions=masked_positions)
+        mlm_logits, nsp_logits = self.bert(input_ids, attention_mask, token_type_ids=token_type_ids, masked_positions=masked_positions)
         mlm_loss = F.cross_entropy(mlm_logits.float().flatten(0, 1), masked_labels.flatten(), ignore_index=IGNORE_INDEX)
         nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label)
         valid = masked_labels != IGNORE_INDEX

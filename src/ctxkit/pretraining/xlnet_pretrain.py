@@ -165,7 +165,7 @@ class XLNetPretrainingModel(nn.Module):
 
     def forward(self, input_ids: Tensor, perm_mask: Tensor, target_mapping: Tensor, labels: Tensor,
                 token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None, **_) -> dict:
-        logits = self.xlnet(input_ids, token_type_ids, attention_mask, perm_mask, target_mapping)
+        logits = self.xlnet(input_ids, attention_mask, token_type_ids=token_type_ids, perm_mask=perm_mask, target_mapping=target_mapping)
         loss = permutation_lm_loss(logits, labels)
         valid = labels != IGNORE_INDEX
         acc = ((logits.argmax(-1) == labels) & valid).sum() / valid.sum().clamp(min=1)

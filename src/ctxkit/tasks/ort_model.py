@@ -51,7 +51,7 @@ class OrtTaskModel(nn.Module):
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.config = config
 
-    def forward(self, input_ids: Tensor, token_type_ids: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None, **_) -> Dict:
+    def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None, **_) -> Dict:
         feed = {"input_ids": input_ids.cpu().numpy().astype(np.int64),
                 "attention_mask": (torch.ones_like(input_ids) if attention_mask is None else attention_mask).cpu().numpy().astype(np.int64),
                 "token_type_ids": (torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids).cpu().numpy().astype(np.int64)}
