@@ -20,6 +20,7 @@ The record's speedup is predict / encoder: the share of the encoder's speed a us
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -70,7 +71,9 @@ def encoder_figure(run: Path, lines: list, batch: int, plan: str, passes: int) -
     """Lines per second of the GPU encoder alone on predict's own batches (tokenized, pinned)."""
     task, model, tokenizer, info = load_run(run, "cuda", fast=plan)
     gpu, _ = with_backend(model, "gpu", None, plan=info["fast"])
+    start = time.perf_counter()
     feats = task.featurize(tokenizer, [TextExample(line, None, None, "") for line in lines], train=False)
+    tokenize = len(lines) / (time.perf_counter() - start)
     lengths = [len(f["input_ids"]) for f in feats]
     batches = []
     for idx in sequential_batches(lengths, batch):
@@ -82,7 +85,7 @@ def encoder_figure(run: Path, lines: list, batch: int, plan: str, passes: int) -
             gpu(**b)["logits"]
 
     seconds = seconds_per_call(run_all, warmup=1, reps=passes)
-    return len(lines) / seconds, gpu.runner.plan
+    return len(lines) / seconds, gpu.runner.plan, tokenize
 
 
 def main(argv=None) -> int:
@@ -114,19 +117,23 @@ def main(argv=None) -> int:
             raise SystemExit(f"ctxkit predict failed ({done.returncode})")
         rate = float(re.search(r"the other \d+ at ([\d,]+) lines/s", done.stderr).group(1).replace(",", ""))
         plan_line = next((line for line in done.stderr.splitlines() if line.startswith("backend:")), "")
-        encoder = {}
+        encoder, tokenize = {}, []
         for plan in args.fast.split(","):
-            encoder[plan], resolved = encoder_figure(run, lines, args.batch, plan, args.passes)
-            print(f"GPU encoder alone, --fast {plan} ({resolved}): {encoder[plan]:,.0f} lines/s", flush=True)
+            encoder[plan], resolved, rate_tok = encoder_figure(run, lines, args.batch, plan, args.passes)
+            tokenize.append(rate_tok)
+            print(f"GPU encoder alone, --fast {plan} ({resolved}): {encoder[plan]:,.0f} lines/s; the task's tokenizing alone "
+                  f"{rate_tok:,.0f} lines/s", flush=True)
         best = max(encoder, key=encoder.get)
         print(f"ctxkit predict: {rate:,.0f} lines/s after the first batch ({wall:.1f} s in all) = {rate / encoder[best]:.1%} of "
-              f"the encoder alone ({encoder[best]:,.0f}, --fast {best})", flush=True)
+              f"the encoder alone ({encoder[best]:,.0f}, --fast {best}); tokenizing alone (the bound of any pipeline on "
+              f"{os.cpu_count()} cores): {max(tokenize):,.0f} lines/s", flush=True)
         record = speed_record(
             "predict_gpu", f"ctxkit predict --backend gpu, BERT-base SST-2 classifier (random weights), {args.lines} lines of 128 tokens, "
             f"batch {args.batch}, --fast {args.predict_fast}", "throughput after the first batch", "lines/s", rate,
             f"the GPU encoder alone on the same batches, tokenized and pinned (fastest exact plan of the same run: --fast {best})",
             encoder[best], f"ctxkit predict RUN FILE --backend gpu --batch-size {args.batch} --fast {args.predict_fast}",
-            benchmark_command=script, predict_wall_s=round(wall, 1), backend=plan_line, encoder_all={k: round(v, 1) for k, v in encoder.items()})
+            benchmark_command=script, predict_wall_s=round(wall, 1), tokenize_lines_per_s=round(max(tokenize), 1),
+            cpu_cores=os.cpu_count(), backend=plan_line, encoder_all={k: round(v, 1) for k, v in encoder.items()})
         write_records("predict_gpu.json", [record], args.results)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

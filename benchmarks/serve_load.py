@@ -26,6 +26,16 @@ a node running a second service). CPU time used by other processes during each r
 recorded (``background_cores``, the busy loops included): on a shared machine it moves
 every figure. Writes benchmarks/results/serve_load.json (no peer: settings of one server
 compared; a rerun replaces the records of the same cases and machine).
+
+On a GPU (``--device cuda``) the question is another: how much of the GPU encoder's speed
+does a client of ``ctxkit serve`` get? Every request is then a list of
+``--texts-per-request`` sentences, the server runs with ``--max-batch`` and its default
+backend (the GPU encoder with the run's plan), and the peer is that encoder alone
+(:class:`ctxkit.inference.gpu.GPUTaskModel` through ``with_backend``) on the same texts in
+batches of ``--max-batch``, already tokenized and in pinned memory; the record's speedup is
+served texts/s over the encoder's (the target is >= 0.95); the record goes to serve_gpu.json::
+
+    python benchmarks/serve_load.py --device cuda --run RUN --concurrency 64 --texts-per-request 16 --max-batch 256
 """
 
 from __future__ import annotations
@@ -83,6 +93,42 @@ def jobs(texts: list, n: int) -> list:
         else:
             out.append({"text": texts[(7 * i) % len(texts)]})
     return out
+
+
+def list_jobs(texts: list, n: int, per_request: int) -> list:
+    """``n`` request bodies of ``per_request`` texts each (the GPU case)."""
+    return [{"texts": [texts[(per_request * i + k) % len(texts)] for k in range(per_request)]} for i in range(n)]
+
+
+def encoder_texts_per_s(run: Path, texts: list, batch: int, reps: int = 5) -> tuple:
+    """Texts/s of the run's GPU encoder alone on ``texts`` in batches of ``batch`` (tokenized, pinned)."""
+    import torch
+
+    from ctxkit.data.batching import collate
+    from ctxkit.data.glue import TextExample
+    from ctxkit.inference.backends import with_backend
+    from ctxkit.tasks import load_run
+
+    task, model, tokenizer, info = load_run(run, "cuda")
+    gpu, name = with_backend(model, "gpu", None, plan=info.get("fast"))
+    feats = task.featurize(tokenizer, [TextExample(t, None, None, "") for t in texts], train=False)
+    keys = ("input_ids", "token_type_ids", "attention_mask")
+    batches = [{k: v.pin_memory() for k, v in collate([{k: f[k] for k in keys} for f in feats[i:i + batch]]).items()}
+               for i in range(0, len(feats), batch)]
+
+    def once():
+        for b in batches:
+            gpu(**b)["logits"]
+        torch.cuda.synchronize()
+
+    once()
+    once()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        once()
+        times.append(time.perf_counter() - start)
+    return len(texts) / statistics.median(times), name
 
 
 def make_run(folder: Path) -> Path:
@@ -149,7 +195,7 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(run: Path, args: list, omp, log_path: Path):
+def server(run: Path, args: list, omp, log_path: Path, device: str = "cpu"):
     """``python -m ctxkit serve RUN`` on a free loopback port; yields (base URL, Popen)."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
@@ -160,7 +206,7 @@ def server(run: Path, args: list, omp, log_path: Path):
 
     env["PYTHONPATH"] = os.pathsep.join([str(Path(ctxkit.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
     with open(log_path, "wb") as log:  # a file, not a pipe: a full pipe would stall the server's log lines
-        proc = subprocess.Popen([sys.executable, "-m", "ctxkit", "serve", str(run), "--port", str(port), "--device", "cpu",
+        proc = subprocess.Popen([sys.executable, "-m", "ctxkit", "serve", str(run), "--port", str(port), "--device", device,
                                  *args], stdout=subprocess.DEVNULL, stderr=log, env=env)
         try:
             yield f"http://127.0.0.1:{port}", proc
@@ -179,7 +225,7 @@ async def load(base: str, bodies: list, concurrency: int, proc) -> dict:
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
-        deadline = time.time() + 120
+        deadline = time.time() + 300  # a GPU server compiles and captures its graphs first
         while True:
             if proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"the server did not come up (exit status {proc.poll()})")
@@ -217,6 +263,7 @@ async def load(base: str, bodies: list, concurrency: int, proc) -> dict:
     return {"requests": len(bodies), "wall_s": wall, "throughput": len(bodies) / wall,
             "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
             "errors": failures + sum(n for s, n in statuses.items() if s >= 300), "errors_429": statuses.get(429, 0),
+            "texts": sum(len(b.get("texts", [b.get("text")])) for b in bodies),
             "statuses": statuses, "threads": health["threads"], "stats": health["stats"]["classify"],
             "server_cores": (after[1] - before[1]) / tick / wall, "client_cores": (after[2] - before[2]) / wall,
             "background_cores": max(0.0, (after[0] - before[0]) / tick - ours) / wall}
@@ -255,7 +302,13 @@ def main(argv=None) -> int:
     parser.add_argument("--offline-reps", type=int, default=15, help="batch-of-32 repetitions; 0 skips them")
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "glue" / "SST-2"))
     parser.add_argument("--results", default=None, help="records file (default: benchmarks/results/serve_load.json)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="cuda: served texts/s against the GPU encoder alone (see above; default: cpu)")
+    parser.add_argument("--texts-per-request", type=int, default=16, help="texts per request with --device cuda (default: 16)")
+    parser.add_argument("--max-batch", type=int, default=256, help="the server's --max-batch with --device cuda (default: 256)")
     args = parser.parse_args(argv)
+    if args.device == "cuda":
+        return gpu_main(args)
 
     import torch
 
@@ -318,6 +371,53 @@ def main(argv=None) -> int:
                                 "ctxkit": round(r[key], digits) if digits else r[key], **detail,
                                 "all_rounds": [round(x[key], digits) if digits else x[key] for x in results], **base})
         print(f"wrote {write_records('serve_load.json', records, args.results)}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def gpu_main(args) -> int:
+    """Served texts/s of ``ctxkit serve --device cuda`` against the GPU encoder alone."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here")
+    tmp = Path(tempfile.mkdtemp(prefix="serve_load_"))
+    try:
+        run = Path(args.run) if args.run else make_run(tmp / "run")
+        model_case = Path(str(json.loads((run / "task.json").read_text()).get("model", "?"))).name
+        texts = sentences(Path(args.data), 5000)
+        bodies = list_jobs(texts, args.requests, args.texts_per_request)
+        served = [t for b in bodies for t in b["texts"]]
+        extra = ["--max-batch", str(args.max_batch), "--max-items", str(max(64, args.texts_per_request)),
+                 "--max-queue", str(4 * args.concurrency * args.texts_per_request)]
+        try:
+            with server(run, extra, None, tmp / "gpu.log", device="cuda") as (url, proc):
+                result = asyncio.run(load(url, bodies, args.concurrency, proc))
+        except RuntimeError:
+            print((tmp / "gpu.log").read_text(errors="replace")[-4000:], file=sys.stderr)
+            raise
+        rate = result["texts"] / result["wall_s"]
+        peer, backend = encoder_texts_per_s(run, served, args.max_batch)
+        log = (tmp / "gpu.log").read_text(errors="replace")
+        print(log[-1500:])
+        print(f"ctxkit serve --device cuda: {rate:,.0f} texts/s ({result['throughput']:.0f} req/s of {args.texts_per_request} texts, "
+              f"p50 {result['p50']:.0f} ms, p99 {result['p99']:.0f} ms, errors {result['errors']}, mean batch "
+              f"{result['stats']['items'] / max(1, result['stats']['batches']):.1f}); GPU encoder alone ({backend}): {peer:,.0f} texts/s "
+              f"= {rate / peer:.1%}", flush=True)
+        command = (f"python benchmarks/serve_load.py --device cuda{' --run RUN_DIR' if args.run else ''} --requests {args.requests} "
+                   f"--concurrency {args.concurrency} --texts-per-request {args.texts_per_request} --max-batch {args.max_batch}")
+        record = {"benchmark": "serve_gpu", "case": f"{model_case} classifier over HTTP (loopback) on the GPU, {args.requests} requests "
+                  f"of {args.texts_per_request} SST-2 sentences at concurrency {args.concurrency}, --max-batch {args.max_batch}",
+                  "metric": "throughput", "unit": "texts/s", "ctxkit": round(rate, 1),
+                  "peer_name": f"the run's GPU encoder alone on the same texts in batches of {args.max_batch}, tokenized and pinned",
+                  "peer": round(peer, 1), "speedup": round(rate / peer, 3), "p50_ms": round(result["p50"], 1),
+                  "p99_ms": round(result["p99"], 1), "errors": result["errors"],
+                  "mean_batch": round(result["stats"]["items"] / max(1, result["stats"]["batches"]), 1),
+                  "device": torch.cuda.get_device_name(0) + f", torch {torch.__version__}",
+                  "date": datetime.date.today().isoformat(), "command": f"ctxkit serve RUN --device cuda --max-batch {args.max_batch}",
+                  "benchmark_command": command}
+        print(f"wrote {write_records('serve_gpu.json', [record], args.results)}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -285,7 +285,14 @@ def test_bucketed_packed_batch_gives_the_real_rows_their_own_outputs():
     mask[2, 9:] = 0
     b_ids, b_types, b_mask = bucket_batch(ids, types, mask)
     rows, width = b_mask.shape
-    assert rows % 32 == 0 and rows > 3 and width == 33 and int(b_mask.sum()) == 256
+    assert rows & (rows - 1) == 0 and rows >= 32 and width == 33 and int(b_mask.sum()) == 256
+    from ctxkit.inference.gpu import _next_power_of_two
+
+    assert [_next_power_of_two(n) for n in (1, 2, 3, 32, 33, 100, 512)] == [1, 2, 4, 32, 64, 128, 512]
+    assert bucket_batch(ids[:, :10], None, mask[:, :10])[2].shape[1] == 33  # widths up to 32 share a graph
+    wide = torch.ones(2, 40, dtype=torch.long)
+    wide[1, 30:] = 0
+    assert bucket_batch(wide, None, wide)[2].shape == (32, 65)
     assert torch.equal(b_mask[:3, :12], mask.bool()) and not b_mask[:3, 12:].any()
     with torch.inference_mode():
         expect = model(ids, PackedSequences(mask), token_type_ids=types)

@@ -8,6 +8,7 @@ longest sequence in the batch.
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
@@ -19,6 +20,18 @@ __all__ = ["collate", "length_grouped_batches", "sequential_batches", "PAD_VALUE
 
 # Padding value per sequence field; labels use -100, which cross-entropy ignores.
 PAD_VALUES = {"input_ids": 0, "token_type_ids": 0, "attention_mask": 0, "labels": -100}
+
+
+def _pad_ints(values: Sequence[Sequence[int]], longest: int, pad: int) -> torch.Tensor:
+    """``(len(values), longest)`` int64, each row a value padded on the right with ``pad``.
+
+    One flat pass over all values and one masked write: twice as fast as a tensor from
+    padded Python lists, which mattered once the GPU outran the host collating its batches."""
+    lengths = np.fromiter(map(len, values), np.int64, len(values))
+    out = np.full((len(values), longest), pad, np.int64)
+    out[np.arange(longest)[None, :] < lengths[:, None]] = np.fromiter(itertools.chain.from_iterable(values), np.int64,
+                                                                       int(lengths.sum()))
+    return torch.from_numpy(out)
 
 
 def collate(features: Sequence[Mapping], pad_values: Optional[Dict[str, int]] = None, multiple_of: int = 1) -> Dict[str, torch.Tensor]:
@@ -45,7 +58,7 @@ def collate(features: Sequence[Mapping], pad_values: Optional[Dict[str, int]] = 
             longest = max(len(v) for v in values)
             longest = -(-longest // multiple_of) * multiple_of
             pad = pads.get(key, 0)
-            out[key] = torch.tensor([list(v) + [pad] * (longest - len(v)) for v in values], dtype=torch.long)
+            out[key] = _pad_ints(values, longest, pad)
         elif isinstance(values[0], (np.ndarray, torch.Tensor)):
             # float arrays per example (a teacher's logits): stacked as float32. A 1-D array has
             # a fixed size (classes); a 2-D one is (seq, k), padded with zero rows like the sequences.

@@ -192,7 +192,7 @@ class StaticDecoder:
 
             def run() -> Tensor:
                 self.cache.length = 0
-                return self.model(inputs[0], inputs[1], inputs[2], self.cache)[:, -1].float()
+                return self.model(inputs[0], cache=self.cache, attention_mask=inputs[1], position_ids=inputs[2])[:, -1].float()
 
             graph, logits = capture_graph(run, warmup=1)
             entry = self._prefills.put(key, (graph, inputs, logits))

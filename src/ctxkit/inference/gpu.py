@@ -66,6 +66,10 @@ def _round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
 def token_bucket(total: int) -> int:
     """``total`` rounded up on a ladder of 8 steps per power of two (at least 256 tokens):
     at most 1/8 of the compute is filler, and ~8 graphs cover each doubling."""
@@ -78,8 +82,11 @@ def bucket_batch(input_ids: Tensor, token_type_ids: Optional[Tensor], attention_
 
     The real rows keep their tokens; filler rows (pad id 0, none longer than the longest
     real row) bring the real-token count up to :func:`token_bucket`; empty rows bring the row count
-    to a multiple of 32. Packed attention keeps every row to itself, so the real rows'
-    outputs are those of the original batch. The width ``roundup(seq, 32) + 1`` and the
+    to a power of two (at least 32). Packed attention keeps every row to itself, so the real rows'
+    outputs are those of the original batch. Powers of two, not multiples of 32, because a
+    server's batches vary in size and length: with ~5 row counts and ~5 widths, its traffic
+    falls into few graphs instead of capturing one per batch. The width (a power of two, at
+    least 32, plus one) and the
     row count (> batch) differ from ``seq`` and ``batch``, which tells batch and token
     axes of the outputs apart (see ``GPUEncoder._cut``).
 
@@ -90,12 +97,12 @@ def bucket_batch(input_ids: Tensor, token_type_ids: Optional[Tensor], attention_
     batch, seq = mask.shape
     lengths = mask.sum(1)
     total = int(lengths.sum())
-    width = _round_up(seq, 32) + 1
+    width = _next_power_of_two(max(seq, 32)) + 1
     filler = token_bucket(total) - total
     # Filler rows no longer than the longest real row: their positions stay in range.
     longest = max(int(lengths.max()), 1)
     fill = [longest] * (filler // longest) + ([filler % longest] if filler % longest else [])
-    rows = _round_up(batch + len(fill) + 1, 32)
+    rows = _next_power_of_two(max(batch + len(fill) + 1, 32))
     all_lengths = torch.zeros(rows, dtype=torch.long)
     all_lengths[:batch] = lengths
     all_lengths[batch:batch + len(fill)] = torch.tensor(fill, dtype=torch.long)
@@ -136,7 +143,7 @@ class GPUEncoder:
     ``plan`` is the resolved plan (``plan.describe()`` says what is on and why anything is off).
     """
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, device=None, plan="auto", max_graphs: int = 8):
+    def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, device=None, plan="auto", max_graphs: int = 16):
         if not torch.cuda.is_available():
             raise RuntimeError("GPUEncoder needs a CUDA device; use ctxkit.inference.backends on CPU")
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
@@ -208,13 +215,24 @@ class GPUEncoder:
         return self._replay(input_ids, token_type_ids)
 
     def _replay(self, input_ids: Tensor, token_type_ids: Optional[Tensor]):
-        key = (tuple(input_ids.shape), token_type_ids is not None)
+        batch, seq = input_ids.shape
+        typed = token_type_ids is not None
+        # A smaller batch of a width already captured runs in the smallest captured graph
+        # that holds it, its extra rows zeros that are computed and dropped (rows never
+        # attend to each other): a partial last batch cost seconds of compiling and
+        # capturing a graph of its own, for milliseconds of work.
+        rows = min((k[0][0] for k in self._graphs if k[0][1] == seq and k[1] == typed and k[0][0] > batch), default=batch)
+        if rows > batch:
+            input_ids = torch.cat([input_ids, input_ids.new_zeros(rows - batch, seq)])
+            if typed:
+                token_type_ids = torch.cat([token_type_ids, token_type_ids.new_zeros(rows - batch, seq)])
+        key = ((rows, seq), typed)
         graph, inputs, outputs = self._graphs.get_or_capture(key, lambda: self._capture(input_ids, token_type_ids))
         inputs["input_ids"].copy_(_pinned(input_ids), non_blocking=True)
-        if token_type_ids is not None:
+        if typed:
             inputs["token_type_ids"].copy_(_pinned(token_type_ids), non_blocking=True)
         graph.replay()
-        return _map_tensors(outputs, lambda t: t.clone())
+        return _map_tensors(outputs, lambda t: self._cut(t, rows, seq, batch, seq))
 
     def _capture(self, input_ids: Tensor, token_type_ids: Optional[Tensor]):
         inputs = {"input_ids": input_ids.to(self.device).clone()}
@@ -292,6 +310,9 @@ class GPUTaskModel(nn.Module):
 
     Args: as :class:`GPUEncoder`.
     """
+
+    # predict() hands it host tensors: it copies them from pinned memory into its graphs itself.
+    takes_host_inputs = True
 
     def __init__(self, model: nn.Module, dtype: torch.dtype = torch.bfloat16, **options):
         super().__init__()

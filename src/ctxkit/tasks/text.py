@@ -14,8 +14,9 @@ from torch import nn
 from ..data.glue import get_glue_task, read_glue, read_table
 from ..heads.classification import EncoderWithHead, SequenceClassificationHead
 from .metrics import glue_metrics
-from ..training import predict
+from ..training import featurized_ahead, predict
 from ..core.errors import MissingFileError, UserError
+from ..core.run_state import resolve_device
 from .base import Task
 from .metrics import GLUE_MAIN_METRIC
 from ..data.glue import TextExample
@@ -58,6 +59,11 @@ class _TextTask(Task):
         ]
 
     def _outputs(self, model, tokenizer, examples, batch_size, device) -> np.ndarray:
+        chunk = 32 * batch_size
+        if resolve_device(device).type == "cuda" and len(examples) > 2 * chunk:
+            # A GPU outruns the tokenizer: the next chunk is tokenized while this one runs.
+            feats = featurized_ahead(lambda part: self.featurize(tokenizer, part, train=False), examples, chunk)
+            return np.stack(predict(model, feats, batch_size, device, total=len(examples)))
         feats = self.featurize(tokenizer, examples, train=False)
         return np.stack(predict(model, feats, batch_size, device))
 

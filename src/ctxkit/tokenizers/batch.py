@@ -66,10 +66,31 @@ class Encoding:
 
     @classmethod
     def from_backend(cls, enc, num_truncated: int = 0) -> "Encoding":
-        """From a ``tokenizers.Encoding``."""
-        return cls(input_ids=enc.ids, token_type_ids=enc.type_ids, attention_mask=enc.attention_mask,
-                   offsets=enc.offsets, tokens=enc.tokens, word_ids=enc.word_ids,
-                   sequence_ids=enc.sequence_ids, num_truncated=num_truncated)
+        """From a ``tokenizers.Encoding``.
+
+        Each field is read from ``enc`` when first used: converting all seven to Python lists
+        cost as much as the tokenizing itself, and a classifier reads only the ids."""
+        self = cls.__new__(cls)
+        self.__dict__.update(_backend=enc, num_truncated=num_truncated)
+        return self
+
+    def __getattr__(self, name: str):
+        # Only reached for a field not yet read from the backend Encoding (see from_backend).
+        backend = self.__dict__.get("_backend")
+        if backend is None or name not in _BACKEND_FIELDS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = getattr(backend, _BACKEND_FIELDS[name])
+        self.__dict__[name] = value
+        return value
+
+    def _fields(self) -> tuple:
+        return tuple(getattr(self, name) for name in _FIELD_ORDER)
+
+    def __getstate__(self) -> dict:  # pickles and copies hold plain fields, not the backend object
+        return dict(zip(_FIELD_ORDER, self._fields()))
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
     @property
     def truncated(self) -> bool:
@@ -93,7 +114,7 @@ class Encoding:
 
     def __eq__(self, other) -> bool:
         if isinstance(other, Encoding):
-            return self.__dict__ == other.__dict__ if type(other) is type(self) else NotImplemented
+            return self._fields() == other._fields() if type(other) is type(self) else NotImplemented
         if isinstance(other, (list, tuple)):
             return list(self.input_ids) == list(other)
         return NotImplemented
@@ -118,6 +139,12 @@ class Encoding:
         return Encoding(self.input_ids[:length], self.token_type_ids[:length], self.attention_mask[:length],
                         self.offsets[:length], self.tokens[:length], self.word_ids[:length],
                         self.sequence_ids[:length], self.num_truncated + n)
+
+
+# Encoding field -> the tokenizers.Encoding attribute it is read from.
+_BACKEND_FIELDS = {"input_ids": "ids", "token_type_ids": "type_ids", "attention_mask": "attention_mask", "offsets": "offsets",
+                   "tokens": "tokens", "word_ids": "word_ids", "sequence_ids": "sequence_ids"}
+_FIELD_ORDER = (*_BACKEND_FIELDS, "num_truncated")
 
 
 class BatchEncoding(dict):

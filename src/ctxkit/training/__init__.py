@@ -2,7 +2,7 @@
 
 from .callbacks import Callback, CallbackList, make_callbacks
 from .optim import build_adamw, linear_warmup_decay, polynomial_warmup_decay
-from .predict import predict
+from .predict import featurized_ahead, predict
 from .trainer import (
     TrainConfig,
     Trainer,
@@ -23,6 +23,7 @@ __all__ = [
     "build_adamw",
     "linear_warmup_decay",
     "polynomial_warmup_decay",
+    "featurized_ahead",
     "predict",
     "resolve_device",
     "set_seed",

@@ -1,0 +1,84 @@
+"""predict()'s pipeline: chunked features (tokenized ahead by a helper thread) give the
+outputs of one list, batches collated ahead keep their order and errors, and the faster
+collate pads exactly as padded Python lists did."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from ctxkit.data.batching import collate
+from ctxkit.heads.classification import EncoderWithHead, SequenceClassificationHead
+from ctxkit.models import BertModel, get_preset
+from ctxkit.training import featurized_ahead, predict
+from ctxkit.training.predict import _ahead
+
+
+def _model():
+    torch.manual_seed(0)
+    cfg = get_preset("bert_2_128_2").config
+    return EncoderWithHead(BertModel(cfg), SequenceClassificationHead(cfg.hidden_size, 3)).eval()
+
+
+def _features(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        length = int(torch.randint(3, 40, (1,), generator=g))
+        ids = [2] + torch.randint(5, 1000, (length - 2,), generator=g).tolist() + [3]
+        out.append({"input_ids": ids, "token_type_ids": [0] * length, "attention_mask": [1] * length})
+    return out
+
+
+def test_chunks_give_the_outputs_of_one_list():
+    model, feats = _model(), _features(70)
+    whole = predict(model, feats, batch_size=8, device="cpu")
+    seen = []
+
+    def featurize(part):  # what a task's featurize does, on "examples" that are feature dicts
+        seen.append(threading.current_thread().name)
+        return list(part)
+
+    chunked = predict(model, featurized_ahead(featurize, feats, 16), batch_size=8, device="cpu", total=len(feats))
+    assert len(chunked) == len(whole) == 70 and len(seen) == 6  # 2, then 16 at a time
+    assert all(name.startswith("ctxkit-featurize") for name in seen)
+    # Batches differ (sorted per chunk), so rounding may too: fp32 against float64 scale.
+    for a, b in zip(chunked, whole):
+        assert a.shape == (3,) and np.allclose(a, b, rtol=0, atol=1e-5 * max(1.0, float(np.abs(b).max())))
+    # Different inputs, different outputs: the order is the input order, not the batch order.
+    assert float(np.abs(whole[0] - whole[1]).max()) > 1e-4
+
+
+def test_ahead_keeps_order_and_raises_the_producers_error():
+    assert list(_ahead(iter(range(100)), depth=3)) == list(range(100))
+
+    def broken():
+        yield 1
+        yield 2
+        raise ValueError("bad batch 3")
+
+    got = []
+    with pytest.raises(ValueError, match="bad batch 3"):
+        for item in _ahead(broken(), depth=2):
+            got.append(item)
+    assert got == [1, 2]
+    # A consumer that stops early stops the producer (no thread left behind).
+    before = threading.active_count()
+    for item in _ahead(iter(range(10_000)), depth=2):
+        if item == 3:
+            break
+    assert threading.active_count() <= before
+
+
+@pytest.mark.parametrize("multiple_of", [1, 8])
+def test_collate_pads_like_python_lists(multiple_of):
+    feats = _features(33, seed=1) + [{"input_ids": [7], "token_type_ids": [1], "attention_mask": [1]}]
+    for f in feats:
+        f["labels"] = list(range(len(f["input_ids"])))
+    out = collate(feats, multiple_of=multiple_of)
+    longest = max(len(f["input_ids"]) for f in feats)
+    longest = -(-longest // multiple_of) * multiple_of
+    for key, pad in (("input_ids", 0), ("token_type_ids", 0), ("attention_mask", 0), ("labels", -100)):
+        want = torch.tensor([f[key] + [pad] * (longest - len(f[key])) for f in feats], dtype=torch.long)
+        assert out[key].dtype == torch.long and torch.equal(out[key], want)
