@@ -113,7 +113,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     lines = task.clean_input(numbered, source, args.extra_columns)
     task, model, tokenizer, info = load_run(args.run_dir, args.device, fast=args.fast)
     # auto decides once per run folder; the gpu backend runs the plan (the run's own unless --fast)
-    model, description = with_backend(model, args.backend, args.precision, run_dir=args.run_dir, plan=info.get("fast"))
+    # auto keeps its timed choice in a run folder; a transformers checkpoint (maybe in the Hub cache) is not written to
+    keep = None if info.get("hf_task") else args.run_dir
+    model, description = with_backend(model, args.backend, args.precision, run_dir=keep, plan=info.get("fast"))
     if "fast plan" not in description and info.get("fast_plan"):  # the backends that run the loaded model as it is
         description += f"; fast plan: {info['fast_plan']}"
     print(f"backend: {description}", file=sys.stderr)

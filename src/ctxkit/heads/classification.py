@@ -38,7 +38,13 @@ class SequenceClassificationHead(_DenseHead):
         hidden_size: encoder width.
         num_labels: classes; 1 means regression (MSE loss).
         dropout: dropout before the dense layer.
+        pre_classifier: first a dense ``hidden -> hidden`` layer and a ReLU over the [CLS]
+            vector (DistilBERT's ``*ForSequenceClassification`` head, which has no pooler).
     """
+
+    def __init__(self, hidden_size: int, num_labels: int, dropout: float = 0.1, pre_classifier: bool = False):
+        super().__init__(hidden_size, num_labels, dropout)
+        self.pre_classifier = nn.Linear(hidden_size, hidden_size) if pre_classifier else None
 
     def forward(self, encoder_output, attention_mask: Optional[Tensor] = None) -> Tensor:
         """Logits ``(batch, num_labels)`` (``(batch,)`` for regression).
@@ -50,6 +56,8 @@ class SequenceClassificationHead(_DenseHead):
         pooled = encoder_output.pooler_output
         if pooled is None:
             pooled = encoder_output.last_hidden_state[:, 0]
+        if self.pre_classifier is not None:
+            pooled = F.relu(self.pre_classifier(pooled))
         logits = self.classifier(self.dropout(pooled))
         return logits.squeeze(-1) if self.num_labels == 1 else logits
 

@@ -300,7 +300,8 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         # The GPU encoder casts its model to bf16 in place: give it a copy, so /embed keeps
         # the fp32 encoder (and its answers equal offline `ctxkit embed`).
         on_gpu = first is not None and first.is_cuda and (backend == "gpu" or (backend == "auto" and _is_bert(base)))
-        model, backend_name = with_backend(copy.deepcopy(base) if on_gpu else base, backend, precision, run_dir=run_dir, plan=plan)
+        keep = None if info.get("hf_task") else run_dir  # auto's choice is kept in run folders, not in transformers checkpoints
+        model, backend_name = with_backend(copy.deepcopy(base) if on_gpu else base, backend, precision, run_dir=keep, plan=plan)
     token_check = TokenCheck(tokenizer)
     params = list(base.parameters())
     dev = str(params[0].device) if params else "cpu"  # an int8 run (ONNX Runtime) has no torch parameters

@@ -544,7 +544,8 @@ def config_to_hf(config: BertConfig, architecture: Optional[str] = None) -> dict
     }
 
 
-def _from_hf_state(hf_state: Dict[str, Tensor], config: BertConfig, with_heads: bool, source: str) -> Tuple[Dict[str, Tensor], list]:
+def _from_hf_state(hf_state: Dict[str, Tensor], config: BertConfig, with_heads: bool, source: str,
+                   heads_used: bool = False) -> Tuple[Dict[str, Tensor], list]:
     """Rename an HF state dict to ours; returns ``(state, unknown_keys)``."""
     family_prefix = "bert." if config.family == "bert" else "distilbert."
     encoder_map = HF_KEYS[config.family]
@@ -566,12 +567,13 @@ def _from_hf_state(hf_state: Dict[str, Tensor], config: BertConfig, with_heads: 
             skipped_heads.append(key)
         else:
             unknown.append(key)
-    if skipped_heads:
+    if skipped_heads and not heads_used:
         logger.warning("%s: %d task-head tensors are not used by the encoder: %s", source, len(skipped_heads), ", ".join(skipped_heads))
     return state, unknown
 
 
-def load_bert(directory: os.PathLike, config: Optional[BertConfig] = None, with_heads: bool = False) -> nn.Module:
+def load_bert(directory: os.PathLike, config: Optional[BertConfig] = None, with_heads: bool = False,
+              heads_used: bool = False) -> nn.Module:
     """Load an HF-format BERT or DistilBERT checkpoint folder.
 
     Args:
@@ -579,6 +581,8 @@ def load_bert(directory: os.PathLike, config: Optional[BertConfig] = None, with_
         config: architecture to load into; by default the checkpoint's own. When given, the
             checkpoint must match its architecture fields.
         with_heads: return :class:`BertForPreTraining` (MLM + NSP heads) instead of the encoder.
+        heads_used: the caller reads the task-head tensors itself (an HF task checkpoint
+            loaded as a run): they are not reported as unused.
 
     Returns:
         The model in eval mode.
@@ -599,7 +603,7 @@ def load_bert(directory: os.PathLike, config: Optional[BertConfig] = None, with_
     # costs seconds for large vocabularies.
     with torch.device("meta"):
         model: nn.Module = BertForPreTraining(config) if with_heads else BertModel(config)
-    state, unknown = _from_hf_state(hf_state, config, with_heads, str(directory))
+    state, unknown = _from_hf_state(hf_state, config, with_heads, str(directory), heads_used)
     if unknown:
         # Route through the strict loader so unknown keys are reported with everything else.
         state.update({f"<unmapped> {k}": torch.empty(0) for k in unknown})

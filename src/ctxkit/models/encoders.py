@@ -37,11 +37,12 @@ def encoder_family(directory: os.PathLike) -> str:
     return family.name
 
 
-def load_encoder(directory: os.PathLike, config=None) -> nn.Module:
-    """The encoder of an HF-format folder (``config``: a BERT preset's config to check against)."""
+def load_encoder(directory: os.PathLike, config=None, heads_used: bool = False) -> nn.Module:
+    """The encoder of an HF-format folder (``config``: a BERT preset's config to check against;
+    ``heads_used``: the caller loads the task-head tensors itself, so they are not reported)."""
     family = encoder_family(directory)
     if family == "bert":
-        return load_bert(directory, config=config)
+        return load_bert(directory, config=config, heads_used=heads_used)
     return family_of(Path(directory)).load(Path(directory))[0]
 
 

@@ -41,7 +41,9 @@ from ..core.deps import require_all
 from ..core.durable import recover_folder, verify_manifest
 from ..core.errors import UserError
 from ..tokenizers import WordPieceTokenizer
+from ..core.hub import hub_snapshot, is_hub_id
 from .base import Task
+from .hub_tasks import hf_task, hf_task_kind, load_hf_task_model
 from .ort_model import OrtTaskModel
 from .registry import get_task
 from ..zoo import get_model
@@ -58,15 +60,34 @@ def save_run_model(model: nn.Module, tokenizer, folder: Path) -> None:
     save_weights(model.head.state_dict(), folder / "head.safetensors")
 
 
+def run_folder(run_dir: os.PathLike) -> Path:
+    """The folder of a run: the path itself, or for a Hub id (of a transformers task model,
+    e.g. ``distilbert/distilbert-base-uncased-finetuned-sst-2-english``) its snapshot in the
+    Hugging Face cache, downloaded first if needed."""
+    path = Path(run_dir)
+    if not path.exists() and is_hub_id(str(run_dir)):
+        return hub_snapshot(str(run_dir))
+    return path
+
+
 def load_task(run_dir: os.PathLike) -> Tuple[Task, dict]:
-    """The task of a run folder and its ``task.json``, without loading any weights.
+    """The task of a run folder and its ``task.json``, without loading any weights; for a
+    transformers task checkpoint (:mod:`ctxkit.tasks.hub_tasks`), the task its
+    ``config.json`` describes (``info["hf_task"]`` says which head).
 
     Raises:
         CheckpointError: the folder is not a run folder, or its task.json is unreadable.
     """
-    info_path = Path(run_dir) / "task.json"
+    run_dir = run_folder(run_dir)
+    info_path = run_dir / "task.json"
     if not info_path.is_file():
-        raise CheckpointError(f"{run_dir}: not a ctxkit run folder (no task.json)")
+        kind = hf_task_kind(run_dir)
+        if kind is not None:
+            task = hf_task(run_dir, kind)
+            return task, {"task": task.name, "options": task.options(), "model": str(run_dir), "hf_task": kind}
+        raise CheckpointError(f"{run_dir}: not a ctxkit run folder (no task.json) nor a transformers task checkpoint "
+                              "(a config.json whose architectures name a *ForSequenceClassification, "
+                              "*ForTokenClassification or *ForQuestionAnswering model)")
     try:
         info = json.loads(info_path.read_text(encoding="utf-8"))
         return get_task(info["task"], **info.get("options", {})), info
@@ -97,8 +118,16 @@ def load_run(run_dir: os.PathLike, device: str = "auto", fast: Optional[str] = N
         CheckpointError: the folder is not a finished run, or its weights do not match.
         UserError: a plan that cannot run here.
     """
-    run_dir = Path(run_dir)
+    run_dir = run_folder(run_dir)
     task, info = load_task(run_dir)
+    if info.get("hf_task"):  # a transformers task checkpoint: the folder is the model
+        asked = FastPlan.parse(fast if fast is not None else "auto")
+        dev = resolve_device(device)
+        plan = resolve(asked, use="infer", device=dev)
+        model, arch = load_hf_task_model(run_dir, info["hf_task"], task)
+        apply(model, plan)
+        tokenizer = WordPieceTokenizer.from_dir(run_dir)
+        return task, model.to(dev).eval(), tokenizer, {**info, "architecture": arch, "fast": asked, "fast_plan": str(plan)}
     best = run_dir / "best"
     if not best.is_dir():  # a crash between the two renames of a save: the previous best/ stands aside
         try:
@@ -304,7 +333,9 @@ def evaluate_run(run_dir: os.PathLike, data: Optional[os.PathLike] = None, split
             logger.info("scoring the first %d examples of each split, as in training (--limit-eval); "
                         "pass --limit-eval 0 to score them all", limit_eval)
     separate = data is None and info.get("eval_data")
-    data = data or info.get("eval_data") or info["data"]
+    data = data or info.get("eval_data") or info.get("data")
+    if not data:  # a transformers checkpoint records no data
+        raise UserError(f"{run_dir} records no evaluation data; pass --data PATH")
     if not Path(data).exists():
         raise UserError(f"{run_dir} was trained on {data}, which does not exist here; pass --data PATH")
     chosen = {}
