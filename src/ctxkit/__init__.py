@@ -9,6 +9,7 @@ Quick start::
 
 from .core.version import __version__
 from .features.embed import embed as _embed
+from .inference.pipelines import pipeline
 from .zoo import AutoModel, AutoTokenizer, get_model, list_models
 
 
@@ -17,4 +18,6 @@ def embed(texts, model="all_minilm_l6_v2", **kwargs):
     return _embed(texts, model=model, **kwargs)
 
 
-__all__ = ["AutoModel", "AutoTokenizer", "embed", "get_model", "list_models", "__version__"]
+
+
+__all__ = ["AutoModel", "AutoTokenizer", "embed", "get_model", "list_models", "pipeline", "__version__"]

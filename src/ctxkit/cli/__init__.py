@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     decoding.add_commands(sub)  # generate, translate-train, translate
     deploy.add_export_commands(sub)
     deploy.add_serve_command(sub)
+    deploy.add_pipeline_command(sub)
     pretraining.add_commands(sub)
     pretraining.add_pretrain_command(sub)
     pretraining.add_lm_commands(sub)

@@ -14,7 +14,9 @@ from pathlib import Path
 
 
 from ..core.errors import UserError
+from ..data.lines import decode_lines, read_lines
 from ..inference import serve
+from ..inference.pipelines import PIPELINE_TASKS, pipeline
 from ..inference.backends import add_backend_arguments
 from ..inference.serve_limits import at_least_one
 from ..core.deps import require_all
@@ -103,3 +105,56 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                                    "BERT-family run on a CUDA device, pytorch otherwise)")
     p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on shutdown (default: 30)")
     p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_pipeline(args: argparse.Namespace) -> int:
+
+    source = "<stdin>" if args.input == "-" else args.input
+    lines = decode_lines(sys.stdin.buffer, "<stdin>") if args.input == "-" else read_lines(args.input)
+    items = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if args.task in ("question-answering",):
+            try:
+                record = json.loads(line)
+                items.append({"question": record["question"], "context": record["context"]})
+            except (json.JSONDecodeError, KeyError, TypeError):
+                question, sep, context = line.partition("\t")
+                if not sep:
+                    raise UserError(f"{source}:{number}: expected JSON {{\"question\", \"context\"}} or 'question<TAB>context'") from None
+                items.append({"question": question, "context": context})
+        elif args.task in ("text-classification", "sentiment-analysis") and "\t" in line:
+            text, _, pair = line.partition("\t")
+            items.append({"text": text, "text_pair": pair})
+        else:
+            items.append(line)
+    if not items:
+        raise UserError(f"{source}: no input lines")
+    options = {k: v for k, v in (("top_k", args.top_k), ("aggregation_strategy", args.aggregation_strategy),
+                                 ("max_new_tokens", args.max_new_tokens)) if v is not None}
+    pipe = pipeline(args.task, args.model, device=args.device, fast=args.fast, batch_size=args.batch_size)
+    for result in pipe(items, **options):
+        sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
+    return 0
+
+
+def add_pipeline_command(sub: argparse._SubParsersAction) -> None:
+    """Register ``pipeline`` on the ``ctxkit`` parser."""
+
+    names = sorted({n for name, aliases in PIPELINE_TASKS.items() for n in (name, *aliases)})
+    p = sub.add_parser("pipeline", help="transformers-style pipeline over input lines, one JSON line each",
+                       description="Run ctxkit.pipeline(TASK, model=MODEL) over the lines of a file or stdin and "
+                                   "print one JSON answer per non-empty line (transformers' output keys). "
+                                   "question-answering lines: 'question<TAB>context' or JSON {question, context}; "
+                                   "text-classification: 'text' or 'text<TAB>pair'.")
+    p.add_argument("task", metavar="TASK", choices=names, help=f"one of: {', '.join(names)}")
+    p.add_argument("model", metavar="MODEL", help="a run folder, a transformers task checkpoint (folder or Hub id), a zoo name")
+    p.add_argument("input", nargs="?", default="-", help="input file (default: stdin)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--fast", default="auto", help="the fast plan (default: auto)")
+    p.add_argument("--batch-size", type=at_least_one, default=32)
+    p.add_argument("--top-k", type=int, default=None, help="text-classification, fill-mask: how many answers")
+    p.add_argument("--aggregation-strategy", choices=("none", "simple"), default=None, help="token-classification")
+    p.add_argument("--max-new-tokens", type=at_least_one, default=None, help="text-generation")
+    p.set_defaults(func=_cmd_pipeline)
