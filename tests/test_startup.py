@@ -1,0 +1,62 @@
+"""Start-up (issue 38 item 8): ``import ctxkit``, ``ctxkit --help`` and ``--version`` import no
+torch, and building the whole parser tree imports none of the heavy optional modules; the
+cached top-level help is exactly what the parser prints."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+HEAVY = ("torch._dynamo", "triton", "onnxruntime", "matplotlib", "fastapi", "uvicorn", "transformers", "sklearn")
+
+
+def _python(code_or_args, **env):
+    args = ["-c", code_or_args] if isinstance(code_or_args, str) else code_or_args
+    run_env = {**os.environ, "PYTHONPATH": str(SRC), **env}
+    done = subprocess.run([sys.executable, "-X", "importtime", *args], capture_output=True, text=True, env=run_env, timeout=300)
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    return done, imported
+
+
+def test_import_ctxkit_imports_no_torch_until_a_name_is_used():
+    done, imported = _python("import ctxkit; print(ctxkit.__version__, sorted(ctxkit.__all__))")
+    assert done.returncode == 0 and "torch" not in imported and "ctxkit" in imported
+    assert "pipeline" in done.stdout
+    done, imported = _python("import ctxkit; print(ctxkit.get_model.__module__, ctxkit.pipeline.__module__)")
+    assert done.stdout.split() == ["ctxkit.zoo", "ctxkit.inference.pipelines"] and "torch" in imported
+    done, _ = _python("import ctxkit; ctxkit.no_such_name")
+    assert "module 'ctxkit' has no attribute 'no_such_name'" in done.stderr
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h", "--version"])
+def test_help_and_version_import_no_torch(flag):
+    done, imported = _python(["-m", "ctxkit", flag])
+    assert done.returncode == 0 and "torch" not in imported and not any(m.startswith("ctxkit.cli") for m in imported)
+    if flag == "--version":
+        from ctxkit.core.version import __version__
+
+        assert done.stdout == f"ctxkit {__version__}\n"
+    else:
+        assert done.stdout == (SRC / "ctxkit" / "cli" / "help.txt").read_text(encoding="utf-8")
+
+
+def test_cached_help_is_the_parsers_own(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    from ctxkit.cli import build_parser
+
+    cached = (SRC / "ctxkit" / "cli" / "help.txt").read_text(encoding="utf-8")
+    assert cached == build_parser().format_help(), \
+        "src/ctxkit/cli/help.txt is stale: COLUMNS=100 python -c \"from ctxkit.cli import build_parser; " \
+        "open('src/ctxkit/cli/help.txt', 'w').write(build_parser().format_help())\""
+
+
+def test_the_parser_tree_imports_no_heavy_module():
+    done, imported = _python("from ctxkit.cli import build_parser; build_parser()")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not [m for m in HEAVY if m in imported], [m for m in HEAVY if m in imported]
+    # a verb's own help goes through argparse as before
+    done, _ = _python(["-m", "ctxkit", "pipeline", "--help"])
+    assert done.returncode == 0 and "question-answering" in done.stdout
