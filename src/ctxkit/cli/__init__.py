@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
+import shlex
 import sys
 import traceback
 from typing import Optional, Sequence
@@ -121,6 +122,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _check_verb(parser, argv)
     args = parser.parse_args(argv)
+    # The command as typed (model cards record it); no verb defines this option name.
+    args.command_line = "ctxkit " + shlex.join(list(sys.argv[1:] if argv is None else argv))
     # Windowing/truncation warnings from embed() go to stderr, never silently dropped.
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_LineFormatter("ctxkit: warning: %(message)s"))

@@ -206,7 +206,7 @@ def _device_name(device: torch.device) -> str:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    options = {k: v for k, v in vars(args).items() if k not in ("verb", "func", "what")}
+    options = {k: v for k, v in vars(args).items() if k not in ("verb", "func", "what", "command_line")}
     result = {"pretrain": bench_pretrain, "infer": bench_infer, "decode": bench_decode}[args.what](**options)
     print(result["plan"], file=sys.stderr)
     print(json.dumps(result))

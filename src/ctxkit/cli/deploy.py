@@ -76,7 +76,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         serve_log.addHandler(handler)
     serve_log.setLevel(logging.INFO)
     serve_log.propagate = False  # the CLI's "ctxkit: " line prefix would break the JSON lines
-    serve.serve(**{k: v for k, v in vars(args).items() if k not in ("verb", "func")})  # option dests match serve()
+    serve.serve(**{k: v for k, v in vars(args).items() if k not in ("verb", "func", "command_line")})  # option dests match serve()
     return 0
 
 

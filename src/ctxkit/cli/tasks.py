@@ -78,7 +78,8 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     callbacks = make_callbacks(args.log_to, args.out, eval_name=task.eval_splits[0])
     config = train_config_from_args(args)
     summary = finetune(task, args.model, args.data, args.out, config, resume=args.resume,
-                       limit_train=args.limit_train, limit_eval=args.limit_eval, eval_data=args.eval_data, callbacks=callbacks)
+                       limit_train=args.limit_train, limit_eval=args.limit_eval, eval_data=args.eval_data, callbacks=callbacks,
+                       command=getattr(args, "command_line", None))
     print(json.dumps(summary, indent=2))
     if "stopped" in summary:  # a stop that was asked for is a success
         print(f"ctxkit: stopped by --{summary['stopped']['reason'].replace('_', '-')} at step {summary['stopped']['step']}; "

@@ -9,6 +9,7 @@ A run folder holds::
     log.jsonl        one record per log step / evaluation
     curve.png        training loss and dev metric
     results.json     final metrics of the best model on every evaluation split
+    README.md        the model card (ctxkit.tasks.model_card): scores, data, command, plan
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ..tokenizers import WordPieceTokenizer
 from ..core.hub import hub_snapshot, is_hub_id
 from .base import Task
 from .hub_tasks import hf_task, hf_task_kind, load_hf_task_model
+from .model_card import write_model_card
 from .ort_model import OrtTaskModel
 from .registry import get_task
 from ..zoo import get_model
@@ -212,6 +214,7 @@ def finetune(
     limit_eval: Optional[int] = None,
     eval_data: Optional[os.PathLike] = None,
     callbacks: Optional[Sequence[Callback]] = None,
+    command: Optional[str] = None,
 ) -> dict:
     """Fine-tune ``model_name`` on ``task`` and evaluate the best epoch on every eval split.
 
@@ -235,6 +238,8 @@ def finetune(
             every question of ``data`` trains).
         callbacks: also receive the training log (:mod:`ctxkit.training.callbacks`), e.g.
             a TensorBoard writer.
+        command: the command line that started the run, for the model card (``RUN/README.md``,
+            :mod:`ctxkit.tasks.model_card`), which is written with ``results.json``.
 
     Returns:
         ``{"results": {split: metrics}, "train_time": s, "best_epoch": int, ...}``.
@@ -298,6 +303,7 @@ def finetune(
         summary["stopped"] = {"reason": result.stopped, "step": result.steps,
                               "resume": "ctxkit finetune ... --resume continues exactly from checkpoint/"}
     write_json(summary, out / "results.json")
+    write_model_card(out, info, summary, command)
     return summary
 
 
