@@ -36,6 +36,7 @@ Sockets time out (``TIMEOUT`` seconds) on the server side, so no test hangs on a
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -50,6 +51,7 @@ from huggingface_hub import constants
 TIMEOUT = 10.0
 _LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".h5", ".onnx", ".msgpack")
 _API = re.compile(r"^/api/models/(?P<repo>.+?)/(?P<kind>revision|tree)/(?P<rev>[^/]+)(?:/(?P<sub>.*))?$")
+_UPLOAD = re.compile(r"^/api/models/(?P<repo>.+?)/(?P<kind>preupload|commit)/(?P<rev>[^/]+)$")
 _RESOLVE = re.compile(r"^/(?P<repo>.+?)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
 
@@ -74,6 +76,34 @@ def lfs_pointer(data: bytes) -> bytes:
 def commit_id(seed: str) -> str:
     """A made-up 40-hex commit id."""
     return hashlib.sha1(seed.encode()).hexdigest()
+
+
+def _card_errors(content: str) -> List[str]:
+    """What the Hub would reject in a model card's YAML front matter (the checks a stand-in can
+    make: parseable, a mapping, a model-index of named entries whose results have a task type
+    and numeric metrics)."""
+    import yaml  # huggingface_hub depends on PyYAML
+
+    if not content.startswith("---\n") or "\n---" not in content[4:]:
+        return []  # no front matter: nothing to validate
+    try:
+        front = yaml.safe_load(content[4:content.index("\n---", 4)])
+    except yaml.YAMLError as err:
+        return [f"YAML: {err}"]
+    if not isinstance(front, dict):
+        return ["the metadata is not a mapping"]
+    errors = []
+    for entry in front.get("model-index") or []:
+        if not isinstance(entry, dict) or not entry.get("name"):
+            errors.append("model-index entries need a name")
+            continue
+        for result in entry.get("results") or []:
+            if not (isinstance(result.get("task"), dict) and result["task"].get("type")):
+                errors.append("model-index results need task.type")
+            for metric in result.get("metrics") or []:
+                if not isinstance(metric.get("value"), (int, float)) or not metric.get("type"):
+                    errors.append(f"metric {metric!r} needs a type and a numeric value")
+    return errors
 
 
 class HubServer:
@@ -167,6 +197,47 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         self._serve(head=False)
+
+    def do_POST(self):
+        """The upload side, as ``HfApi.create_repo`` and ``upload_folder`` (without Xet) use it:
+        ``/api/repos/create``, ``/api/models/{repo}/preupload/{rev}`` (every file "regular":
+        its bytes come inside the commit) and ``/api/models/{repo}/commit/{rev}`` (NDJSON)."""
+        self.hub._log(Request(self.command, self.path, None))
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        path = urlsplit(self.path).path
+        if path == "/api/validate-yaml":  # a README.md's front matter, checked before its commit
+            errors = _card_errors(json.loads(body)["content"])
+            return self._json(400 if errors else 200, {"errors": [{"message": e} for e in errors], "warnings": []})
+        if path == "/api/repos/create":
+            spec = json.loads(body)
+            repo_id = f"{spec['organization']}/{spec['name']}" if spec.get("organization") else spec["name"]
+            if repo_id in self.hub.repos:
+                return self._error(409, None, "You already created this model repo", False)
+            self.hub.repos[repo_id] = {"commit": commit_id(repo_id + ":empty"), "files": {}, "private": spec.get("visibility") == "private"}
+            return self._json(200, {"url": f"{self.hub.url}/{repo_id}", "name": repo_id})
+        m = _UPLOAD.match(path)
+        if not m:
+            return self._error(404, None, "Not Found", False)
+        repo, _ = self._repo_at(unquote(m["repo"]), unquote(m["rev"]), False)
+        if repo is None:
+            return
+        if m["kind"] == "preupload":
+            files = json.loads(body)["files"]
+            return self._json(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None}
+                                              for f in files]})
+        lines = [json.loads(line) for line in body.decode("utf-8").splitlines() if line.strip()]
+        if not lines or lines[0].get("key") != "header":
+            return self._error(400, None, "a commit starts with its header", False)
+        files = dict(repo["files"])
+        for line in lines[1:]:
+            if line["key"] != "file" or line["value"].get("encoding") != "base64":
+                return self._error(400, None, f"unsupported commit operation {line['key']}", False)
+            files[line["value"]["path"]] = base64.b64decode(line["value"]["content"])
+        repo_id = unquote(m["repo"])
+        commit = commit_id(repo_id + "".join(f"{k}:{git_blob_id(v)}" for k, v in sorted(files.items())))
+        repo.update(files=files, commit=commit, message=lines[0]["value"].get("summary"))
+        return self._json(200, {"commitUrl": f"{self.hub.url}/{repo_id}/commit/{commit}", "commitOid": commit,
+                                "pullRequestUrl": None})
 
     # -- routing ------------------------------------------------------------------------------
 

@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_export_commands(sub)
     deploy.add_serve_command(sub)
     deploy.add_pipeline_command(sub)
+    deploy.add_push_command(sub)
     pretraining.add_commands(sub)
     pretraining.add_pretrain_command(sub)
     pretraining.add_lm_commands(sub)

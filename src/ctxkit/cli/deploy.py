@@ -21,7 +21,7 @@ from ..inference.backends import add_backend_arguments
 from ..inference.serve_limits import at_least_one
 from ..core.deps import require_all
 from ..inference.export import DEPLOY_NEEDS, export_onnx, folder_size_mb, quantize_onnx, quantize_run, verify_onnx
-from ..tasks import load_run
+from ..tasks import load_run, push_run
 
 serve_log = logging.getLogger("ctxkit.serve")
 
@@ -158,3 +158,22 @@ def add_pipeline_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--aggregation-strategy", choices=("none", "simple"), default=None, help="token-classification")
     p.add_argument("--max-new-tokens", type=at_least_one, default=None, help="text-generation")
     p.set_defaults(func=_cmd_pipeline)
+
+
+def _cmd_push(args: argparse.Namespace) -> int:
+    url = push_run(args.run_dir, args.repo_id, private=True if args.private else None, commit_message=args.message)
+    print(f"ctxkit: pushed {args.run_dir} to {args.repo_id}: {url}", file=sys.stderr)
+    return 0
+
+
+def add_push_command(sub: argparse._SubParsersAction) -> None:
+    """Register ``push`` on the ``ctxkit`` parser."""
+    p = sub.add_parser("push", help="upload a fine-tuned run to the Hugging Face Hub (ORG/NAME then works in every verb)",
+                       description="Upload a fine-tuned run (best/'s files, task.json, results.json and the model card) "
+                                   "to a Hub model repository in one commit, creating it if needed; predict, evaluate and "
+                                   "serve then take ORG/NAME. Uses your Hugging Face token (hf auth login, or HF_TOKEN).")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("repo_id", metavar="ORG/NAME")
+    p.add_argument("--private", action="store_true", help="create the repository private")
+    p.add_argument("--message", default=None, help="the commit message")
+    p.set_defaults(func=_cmd_push)

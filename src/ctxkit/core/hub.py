@@ -34,15 +34,16 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from huggingface_hub import constants as hf_constants
-from huggingface_hub import snapshot_download
-from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, LocalEntryNotFoundError, OfflineModeIsEnabled,
+from huggingface_hub import HfApi, snapshot_download
+from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
+                                    OfflineModeIsEnabled,
                                     RepositoryNotFoundError, RevisionNotFoundError)
 from tqdm.auto import tqdm
 
 from .errors import UserError
 
 __all__ = ["HubDownloadError", "HubNotCachedError", "CONFIG_AND_VOCAB", "hub_cache_dir", "hub_snapshot", "is_hub_id",
-           "hub_unreachable", "is_offline", "cached_snapshot"]
+           "hub_unreachable", "is_offline", "cached_snapshot", "push_folder"]
 
 logger = logging.getLogger("ctxkit")
 
@@ -51,6 +52,7 @@ CONFIG_AND_VOCAB = (
     "config.json",
     "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",  # WordPiece (BERT, DistilBERT)
     "vocab.json", "merges.txt",  # byte-level BPE (GPT-2)
+    "task.json", "head.safetensors", "fast.json",  # a fine-tuned run pushed by `ctxkit push` (tasks.runs.push_run)
 )
 SAFETENSORS = ("model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json")
 PICKLES = ("pytorch_model.bin", "pytorch_model-*-of-*.bin", "pytorch_model.bin.index.json")
@@ -247,3 +249,26 @@ class _Silent(tqdm):
     def __init__(self, *args, **kwargs):
         kwargs["disable"] = True
         super().__init__(*args, **kwargs)
+
+
+def push_folder(folder: Path, repo_id: str, *, private: Optional[bool] = None, commit_message: Optional[str] = None,
+                revision: Optional[str] = None, token: Optional[str] = None) -> str:
+    """Upload every file of ``folder`` to the Hub repository ``repo_id`` (created if missing,
+    ``private`` as asked) in one commit, through ``huggingface_hub``'s upload API; returns the
+    commit's URL.
+
+    Raises:
+        UserError: not a Hub id, offline, or the Hub refused (no token, no write access...).
+    """
+    if not is_hub_id(repo_id):
+        raise UserError(f"{repo_id!r} is not a Hub repository id (org/name)")
+    if is_offline():
+        raise UserError(f"cannot push to {repo_id}: HF_HUB_OFFLINE is set")
+    api = HfApi(token=token)
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, revision=revision,
+                                 commit_message=commit_message or "Upload with ctxkit")
+    except HfHubHTTPError as err:
+        raise UserError(f"the Hub refused the push to {repo_id}: {err}") from None
+    return str(info.commit_url if hasattr(info, "commit_url") else info)

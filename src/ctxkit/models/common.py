@@ -6,6 +6,7 @@ The families themselves are listed in :mod:`.families`."""
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Tuple, TypeVar
@@ -14,7 +15,7 @@ from torch import nn
 
 from ..core.checkpoint import model_folder_of_run
 from ..core.errors import UserError
-from ..core.hub import hub_snapshot, is_hub_id
+from ..core.hub import hub_snapshot, is_hub_id, push_folder
 from .catalog import hub_model
 
 __all__ = ["Preset", "Replaceable", "PaperNames", "IndexableOutput", "PretrainedHabits"]
@@ -62,6 +63,14 @@ class PretrainedHabits:
         """Write the model (and ``tokenizer``'s files, when given) into ``directory`` in the HF
         layout: ``transformers.AutoModel.from_pretrained(directory)`` loads it. Returns the folder."""
         return self._save_folder(directory, tokenizer)
+
+    def push_to_hub(self, repo_id: str, tokenizer=None, *, private=None, commit_message=None, revision=None, token=None) -> str:
+        """Upload the model (and ``tokenizer``'s files) to the Hub repository ``repo_id`` in the HF
+        layout, creating it if needed, in one commit (``huggingface_hub``'s upload API); returns
+        the commit's URL. ``from_pretrained(repo_id)`` (ours or transformers') loads it back."""
+        with tempfile.TemporaryDirectory(prefix="ctxkit-push-") as tmp:
+            self.save_pretrained(tmp, tokenizer=tokenizer)
+            return push_folder(Path(tmp), repo_id, private=private, commit_message=commit_message, revision=revision, token=token)
 
     def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
         """Parameters, as transformers counts them (tied weights once)."""

@@ -6,6 +6,6 @@
 
 from .base import Task
 from .registry import TASKS, get_task
-from .runs import evaluate_run, finetune, load_run, load_task, save_run_model
+from .runs import evaluate_run, finetune, load_run, load_task, push_run, save_run_model
 
-__all__ = ["TASKS", "Task", "get_task", "finetune", "evaluate_run", "load_run", "load_task", "save_run_model"]
+__all__ = ["TASKS", "Task", "get_task", "finetune", "evaluate_run", "load_run", "load_task", "push_run", "save_run_model"]

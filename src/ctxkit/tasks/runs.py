@@ -19,6 +19,8 @@ import json
 import logging
 import os
 import platform
+import shutil
+import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -42,7 +44,7 @@ from ..core.deps import require_all
 from ..core.durable import recover_folder, verify_manifest
 from ..core.errors import UserError
 from ..tokenizers import WordPieceTokenizer
-from ..core.hub import hub_snapshot, is_hub_id
+from ..core.hub import hub_snapshot, is_hub_id, push_folder
 from .base import Task
 from .hub_tasks import hf_task, hf_task_kind, load_hf_task_model
 from .model_card import write_model_card
@@ -131,7 +133,9 @@ def load_run(run_dir: os.PathLike, device: str = "auto", fast: Optional[str] = N
         tokenizer = WordPieceTokenizer.from_dir(run_dir)
         return task, model.to(dev).eval(), tokenizer, {**info, "architecture": arch, "fast": asked, "fast_plan": str(plan)}
     best = run_dir / "best"
-    if not best.is_dir():  # a crash between the two renames of a save: the previous best/ stands aside
+    if not best.is_dir() and (run_dir / "head.safetensors").is_file():
+        best = run_dir  # a run pushed to the Hub (push_run): best/'s files at the top, beside task.json
+    elif not best.is_dir():  # a crash between the two renames of a save: the previous best/ stands aside
         try:
             recover_folder(best)
         except OSError:
@@ -157,6 +161,32 @@ def load_run(run_dir: os.PathLike, device: str = "auto", fast: Optional[str] = N
     load_state_dict_strict(model.head, read_weights_file(best / "head.safetensors"), source=str(best / "head.safetensors"))
     apply(model, plan)  # a loaded run only runs inference: e.g. one q/k/v GEMM instead of three (ctxkit.fast)
     return task, model.to(dev).eval(), tokenizer, {**info, "fast": asked, "fast_plan": str(plan)}
+
+
+def push_run(run_dir: os.PathLike, repo_id: str, *, private: Optional[bool] = None, commit_message: Optional[str] = None,
+             token: Optional[str] = None) -> str:
+    """Upload a fine-tuned run to the Hub repository ``repo_id`` in one commit: ``best/``'s files
+    (the encoder in the HF layout, the tokenizer, ``head.safetensors``) at the top, with
+    ``task.json``, ``fast.json``, ``results.json`` and the model card ``README.md``;
+    ``ctxkit predict|evaluate|serve ORG/NAME`` then load it as they load the folder. Returns
+    the commit's URL.
+
+    Raises:
+        CheckpointError: not a finished run (no ``best/``).
+    """
+    run_dir = Path(run_dir)
+    task, info = load_task(run_dir)
+    best = run_dir / "best"
+    if info.get("hf_task") or not (best / "head.safetensors").is_file():
+        raise CheckpointError(f"{run_dir}: no finished run to push (no best/head.safetensors)")
+    with tempfile.TemporaryDirectory(prefix="ctxkit-push-") as tmp:
+        for item in best.iterdir():
+            if item.is_file() and item.name != "MANIFEST.json":  # the Hub checks each file's SHA-256 itself
+                shutil.copy2(item, Path(tmp) / item.name)
+        for name in ("task.json", "fast.json", "results.json", "README.md"):
+            if (run_dir / name).is_file():
+                shutil.copy2(run_dir / name, Path(tmp) / name)
+        return push_folder(Path(tmp), repo_id, private=private, commit_message=commit_message or f"Upload {task.name} run", token=token)
 
 
 def read_weights_file(path: Path) -> Dict[str, torch.Tensor]:

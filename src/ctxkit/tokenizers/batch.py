@@ -14,12 +14,13 @@ same ids, masks and segment ids as ``BertTokenizerFast`` / ``GPT2TokenizerFast``
 from __future__ import annotations
 
 import logging
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..core.errors import UserError
-from ..core.hub import hub_snapshot, is_hub_id
+from ..core.hub import hub_snapshot, is_hub_id, push_folder
 
 __all__ = ["Encoding", "BatchEncoding", "TransformersStyle"]
 
@@ -430,6 +431,13 @@ class TransformersStyle:
         """Write the tokenizer's files into ``directory`` in the layout transformers reads
         (``AutoTokenizer.from_pretrained(directory)`` loads them); returns the folder."""
         return self.save(directory)
+
+    def push_to_hub(self, repo_id: str, *, private=None, commit_message=None, revision=None, token=None) -> str:
+        """Upload the tokenizer's files to the Hub repository ``repo_id`` (created if needed) in one
+        commit; returns the commit's URL."""
+        with tempfile.TemporaryDirectory(prefix="ctxkit-push-") as tmp:
+            self.save_pretrained(tmp)
+            return push_folder(Path(tmp), repo_id, private=private, commit_message=commit_message, revision=revision, token=token)
 
     @classmethod
     def from_pretrained(cls, name_or_path, revision: Optional[str] = None):
