@@ -299,3 +299,18 @@ def test_generate_and_perplexity_take_a_run_folder_or_a_model_name(gpt2_dir, tmp
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     assert main(["generate", "gpt2", *args]) == 2
     assert "openai-community/gpt2" in capsys.readouterr().err  # the name was resolved, then the cache was asked
+
+
+def test_generate_a_preset_only_with_random_init(capsys):
+    """`ctxkit generate gpt2_2_128_2` says it is a preset; with --random-init it samples from
+    random weights over a byte-level vocabulary, reproducibly for a seed (issue 38 item 5)."""
+    from ctxkit.cli import main
+
+    assert main(["generate", "gpt2_2_128_2", "--prompt", "hi"]) == 2
+    assert "is a preset (an architecture, no weights): add --random-init" in capsys.readouterr().err
+    runs = []
+    for _ in range(2):
+        assert main(["generate", "gpt2_2_128_2", "--random-init", "--prompt", "hi", "--max-new-tokens", "6", "--seed", "3",
+                     "--device", "cpu", "--fast", "reference"]) == 0
+        runs.append(capsys.readouterr().out)
+    assert runs[0] == runs[1] and runs[0].startswith("hi") and len(runs[0].encode("utf-8")) > len("hi\n")

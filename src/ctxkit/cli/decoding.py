@@ -22,7 +22,7 @@ from ..data.lines import decode_lines, read_lines
 from ..decoding.generate import GenerationConfig, generate
 from ..fast import resolve
 from ..zoo import checkpoint_folder
-from ..models.gpt2 import load_gpt2
+from ..models.gpt2 import GPT2_PRESETS, GPT2LMHeadModel, load_gpt2
 from ..tasks.translation import alignment, bleu, load_translator, read_parallel, train_translation, translate
 from ..tokenizers import ByteLevelBPETokenizer
 from ..training import resolve_device
@@ -85,9 +85,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """Handler of ``ctxkit generate``."""
 
     device = resolve_device(args.device)
-    folder = checkpoint_folder(args.model)  # a folder, a run folder (its best/), a checkpoint name or a Hub id such as gpt2
-    model = load_gpt2(folder).to(device).eval()
-    tokenizer = ByteLevelBPETokenizer.from_dir(folder)
+    if args.random_init:
+        model, tokenizer = _random_gpt2(args.model, args.seed)
+        model = model.to(device).eval()
+    else:
+        if args.model in GPT2_PRESETS:
+            raise UserError(f"{args.model} is a preset (an architecture, no weights): add --random-init to sample from "
+                            "random weights, or name a checkpoint (gpt2, distilgpt2, a folder)")
+        folder = checkpoint_folder(args.model)  # a folder, a run folder (its best/), a checkpoint name or a Hub id such as gpt2
+        model = load_gpt2(folder).to(device).eval()
+        tokenizer = ByteLevelBPETokenizer.from_dir(folder)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, do_sample=not args.greedy and args.num_beams == 1,
                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               repetition_penalty=args.repetition_penalty, num_beams=args.num_beams,
@@ -122,6 +129,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _random_gpt2(preset: str, seed: Optional[int]):
+    """A GPT-2 preset with random weights (seeded) and a byte-level tokenizer of the 256 byte
+    symbols and ``<|endoftext|>`` (the vocabulary the model gets): the architecture, explicitly
+    without any training."""
+    if preset not in GPT2_PRESETS:
+        raise UserError(f"--random-init builds a GPT-2 preset; {preset!r} is none of {', '.join(sorted(GPT2_PRESETS))}")
+    tokenizer = ByteLevelBPETokenizer.train(iter([""]), vocab_size=257, min_frequency=1, show_progress=False)
+    # The preset's shape with the tokenizer's vocabulary: every id the model can pick decodes.
+    config = GPT2_PRESETS[preset].replace(vocab_size=tokenizer.vocab_size)
+    torch.manual_seed(0 if seed is None else seed)
+    logger.warning("%s: random weights (--random-init): the text will be noise", preset)
+    return GPT2LMHeadModel(config), tokenizer
+
+
 def _stdin_prompts():
     tty = sys.stdin.isatty()
     while True:
@@ -152,6 +173,8 @@ def add_generate_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop when this text appears (repeatable)")
     p.add_argument("--seed", type=int, default=None, help="seed for reproducible samples")
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
+    p.add_argument("--random-init", action="store_true",
+                   help="MODEL is a GPT-2 preset (gpt2_2_128_2, gpt2_117m, ...): build it with random weights and a byte-level tokenizer")
     add_fast_argument(p, what="; compile: the first prompt waits for compilation, ~1 min on a CPU")
     p.add_argument("--device", default="auto")
     p.set_defaults(func=cmd_generate)
