@@ -129,3 +129,19 @@ def test_text_generation_greedy_equals_transformers(tmp_path):
         "the film", max_new_tokens=8, do_sample=False)
     got = ctxkit.pipeline("text-generation", model=folder, device="cpu")("the film", max_new_tokens=8)
     assert got == [{"generated_text": want[0]["generated_text"]}] and len(got[0]["generated_text"]) > len("the film")
+
+
+def test_batched_inputs_answer_as_one_by_one(tmp_path):
+    """Inputs of different lengths batched together (padded, length-sorted) give what each
+    gives alone, in input order."""
+    folder, _, _ = _folder(tmp_path, "mlm", "bert", "PreTraining")
+    texts = ["john lives in [MASK] .", "the [MASK] was great", "a movie , the plot was awful , the actor was [MASK] !"]
+    fill = ctxkit.pipeline("fill-mask", model=folder, device="cpu", batch_size=8)
+    feats = ctxkit.pipeline("feature-extraction", model=folder, device="cpu", batch_size=8)
+    together, alone = fill(texts), [fill(t) for t in texts]
+    for a, b in zip(together, alone):
+        assert [r["token"] for r in a] == [r["token"] for r in b]
+        assert all(abs(x["score"] - y["score"]) <= 1e-5 for x, y in zip(a, b))
+    for t, f in zip(texts, feats(texts)):
+        one = torch.tensor(feats(t))
+        assert torch.tensor(f).shape == one.shape and float((torch.tensor(f) - one).abs().max()) <= 1e-4 * float(one.abs().max())

@@ -177,14 +177,9 @@ class TokenClassificationPipeline(_TaskPipeline):
 
 @torch.inference_mode()
 def _token_logits(model, encs: list, batch_size: int, device) -> list:
-    """Per-token logits ``(len, labels)`` of each encoding, in batches padded to their longest."""
-    out = []
-    for i in range(0, len(encs), batch_size):
-        part = encs[i:i + batch_size]
-        batch = collate([{"input_ids": e.input_ids, "token_type_ids": e.token_type_ids, "attention_mask": e.attention_mask} for e in part])
-        logits = model(**{k: v.to(device) for k, v in batch.items()})["logits"].float().cpu().numpy()
-        out += [logits[j, : len(e.input_ids)] for j, e in enumerate(part)]
-    return out
+    """Per-token logits ``(len, labels)`` of each encoding (length-sorted batches)."""
+    return _by_length(model, encs, batch_size, device,
+                      lambda result, row, enc: result["logits"][row, : len(enc.input_ids)].float().cpu().numpy())
 
 
 def _group(tokens: list, text: str, tokenizer) -> list:
@@ -248,6 +243,22 @@ class _ModelPipeline(_Pipeline):
         self.model.eval()
 
 
+def _by_length(model, encs: list, batch_size: int, device, run) -> list:
+    """``run(model outputs, row, encoding)`` for every encoding, in batches of similar lengths
+    (longest first, padded to the longest of the batch), answers in input order."""
+    order = sorted(range(len(encs)), key=lambda i: -len(encs[i].input_ids))
+    out: list = [None] * len(encs)
+    for b in range(0, len(order), batch_size):
+        idx = order[b:b + batch_size]
+        batch = collate([{"input_ids": encs[i].input_ids, "token_type_ids": encs[i].token_type_ids,
+                          "attention_mask": encs[i].attention_mask} for i in idx])
+        batch = {k: v.to(device) for k, v in batch.items()}
+        result = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        for row, i in enumerate(idx):
+            out[i] = run(result, row, encs[i])
+    return out
+
+
 class FillMaskPipeline(_ModelPipeline):
     task = "fill-mask"
     with_heads = True
@@ -255,24 +266,24 @@ class FillMaskPipeline(_ModelPipeline):
     @torch.inference_mode()
     def _run(self, items, top_k: int = 5, **_) -> list:
         mask_id = self.tokenizer.token_to_id("[MASK]")
-        out = []
-        for text in items:
-            enc = self.tokenizer.encode(text)
-            where = [i for i, t in enumerate(enc.input_ids) if t == mask_id]
-            if len(where) != 1:
-                raise UserError(f"fill-mask needs exactly one [MASK] in each text, found {len(where)} in {text!r}")
-            ids = torch.tensor([enc.input_ids], device=self.device)
-            mlm, _ = self.model(ids, torch.ones_like(ids), torch.tensor([enc.token_type_ids], device=self.device))
-            probs = mlm[0, where[0]].float().softmax(-1)
-            scores, tokens = probs.topk(top_k)
+        encs = [self.tokenizer.encode(text) for text in items]
+        for text, enc in zip(items, encs):
+            found = sum(t == mask_id for t in enc.input_ids)
+            if found != 1:
+                raise UserError(f"fill-mask needs exactly one [MASK] in each text, found {found} in {text!r}")
+
+        def fill(result, row, enc):
+            where = enc.input_ids.index(mask_id)
+            scores, tokens = result[0][row, where].float().softmax(-1).topk(top_k)
             rows = []
             for score, token in zip(scores.tolist(), tokens.tolist()):
                 filled = list(enc.input_ids)
-                filled[where[0]] = token
+                filled[where] = token
                 rows.append({"score": score, "token": token, "token_str": self.tokenizer.decode([token], skip_special_tokens=False),
                              "sequence": self.tokenizer.decode(filled, skip_special_tokens=True)})
-            out.append(rows)
-        return out
+            return rows
+
+        return _by_length(self.model, encs, self.batch_size, self.device, fill)
 
 
 class FeatureExtractionPipeline(_ModelPipeline):
@@ -280,13 +291,9 @@ class FeatureExtractionPipeline(_ModelPipeline):
 
     @torch.inference_mode()
     def _run(self, items, **_) -> list:
-        out = []
-        for text in items:
-            enc = self.tokenizer.encode(text)
-            ids = torch.tensor([enc.input_ids], device=self.device)
-            hidden = self.model(ids, torch.ones_like(ids), torch.tensor([enc.token_type_ids], device=self.device)).last_hidden_state
-            out.append(hidden.float().cpu().tolist())
-        return out
+        encs = [self.tokenizer.encode(text) for text in items]
+        return _by_length(self.model, encs, self.batch_size, self.device,
+                          lambda result, row, enc: result.last_hidden_state[row:row + 1, : len(enc.input_ids)].float().cpu().tolist())
 
 
 class TextGenerationPipeline(_Pipeline):
