@@ -15,19 +15,23 @@ if not torch.cuda.is_available():
 
 
 def pytest_configure(config):
-    """Torch threads per test process.
+    """Torch threads per test process: at most its share of the cores.
 
-    ``OMP_NUM_THREADS``, when set, is obeyed as it is, even above the core count, where
-    torch would silently cap it (the suite is checked under 1, 2 and 4 threads: other thread
-    counts, other BLAS blockings, other rounding). Otherwise the cores are shared out between
-    pytest-xdist workers: two workers with two threads each on two cores leave OpenMP
-    threads spinning for a core, which made small models 10-20x slower.
+    pytest-xdist workers split the cores between them (two workers on two cores: one thread
+    each); ``OMP_NUM_THREADS`` can only lower that share, because two workers with two threads
+    each on two cores leave OpenMP threads spinning for a core, which made the suite take 20
+    minutes instead of 12 under ``OMP_NUM_THREADS=2``. Run one process (``-n 0``) to check
+    rounding under more threads: there ``OMP_NUM_THREADS`` is obeyed as it is, even above the
+    core count, where torch would silently cap it (the suite is checked under 1, 2 and 4
+    threads: other thread counts, other BLAS blockings, other rounding).
     """
-    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
-        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
-        return
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    share = max(1, (os.cpu_count() or 1) // workers)
+    asked = os.environ.get("OMP_NUM_THREADS", "")
+    if asked.isdigit() and int(asked) > 0:
+        torch.set_num_threads(int(asked) if workers == 1 else min(int(asked), share))
+        return
+    torch.set_num_threads(share)
 
 
 def data_dir() -> Path:

@@ -7,6 +7,7 @@ are about the pipeline, so a step costs milliseconds.
 """
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,19 @@ def test_a_bug_prints_its_traceback_and_is_not_called_bad_input(sst_table, tmp_p
     monkeypatch.undo()
     assert main(["finetune", "no-such-task", "--data", str(sst_table), "--out", str(tmp_path / "r")]) == 2
     assert capsys.readouterr().err.startswith("ctxkit: error: unknown task 'no-such-task'; known tasks: sst-2")
+
+
+def test_resume_without_a_checkpoint_starts_from_the_beginning(tiny_bert_dir, sst_table, uninterrupted, tmp_path, capsys):
+    """A command that crashed before its first checkpoint can simply be run again with --resume
+    (issue 39 item 6): a one-line note, then the run a fresh start gives; a finished run whose
+    checkpoint is gone is refused in one line instead of being trained over."""
+    run = tmp_path / "crashed"
+    run.mkdir()
+    (run / "task.json").write_text("{}")  # what a crash right after the start leaves
+    assert _finetune(tiny_bert_dir, sst_table, run, "--seed", "42", "--save-every", "1", "--resume") == 0
+    assert "no complete checkpoint to resume from: starting from the beginning" in capsys.readouterr().err
+    assert _train_losses(run) == _train_losses(uninterrupted)
+    _assert_identical(_weights(uninterrupted / "best"), _weights(run / "best"))
+    shutil.rmtree(run / "checkpoint")
+    assert _finetune(tiny_bert_dir, sst_table, run, "--seed", "42", "--resume") == 2
+    assert "a finished run with no checkpoint left to resume from" in capsys.readouterr().err

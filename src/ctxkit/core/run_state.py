@@ -124,6 +124,13 @@ def save_checkpoint(folder: os.PathLike, *, model_state: Mapping[str, torch.Tens
     return write_folder(folder, write, retire=retire)
 
 
+def has_checkpoint(folder: os.PathLike) -> bool:
+    """Whether ``folder`` (a run's ``checkpoint/``) holds a complete checkpoint, after putting
+    back a copy a crash left aside."""
+    found = recover_folder(Path(folder))
+    return found is not None and (found / STATE_FILE).is_file()
+
+
 def load_checkpoint(folder: os.PathLike) -> Checkpoint:
     """Read what :func:`save_checkpoint` wrote, after putting back a copy a crash left aside.
 

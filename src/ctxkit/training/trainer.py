@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from ..core.deps import missing
 from ..core.durable import write_folder
-from ..core.run_state import (autocast, keep_last, load_checkpoint, resolve_device, restore_rng, save_checkpoint, set_seed,
+from ..core.run_state import (autocast, has_checkpoint, keep_last, load_checkpoint, resolve_device, restore_rng, save_checkpoint, set_seed,
                               tidy_run_folder)
 from ..data.batching import length_grouped_batches
 from .callbacks import Callback, CallbackList, JsonlWriter
@@ -298,6 +298,14 @@ class Trainer:
             # re-resolved for inference there, and what it resolved to here.
             write_json({"asked": cfg.fast, "resolved": str(self.plan), "notes": list(self.plan.notes), "context": self.plan.context},
                        self.out_dir / "fast.json")
+        if resume and not has_checkpoint(self.out_dir / "checkpoint"):
+            # A run that crashed before its first checkpoint: re-running the same command works.
+            if (self.out_dir / "results.json").is_file():
+                raise UserError(f"{self.out_dir}: a finished run with no checkpoint left to resume from; "
+                                "train into another --out (or drop --resume to start it again)")
+            if self.rank == 0:
+                _say("%s: no complete checkpoint to resume from: starting from the beginning", self.out_dir)
+            resume = False
         if resume:
             state = self._load_checkpoint()
             run_info["resumed_at_step"] = state["step"]  # the log goes on: no start record in log.jsonl
