@@ -266,3 +266,43 @@ def test_resume_without_a_checkpoint_starts_from_the_beginning(tiny_bert_dir, ss
     shutil.rmtree(run / "checkpoint")
     assert _finetune(tiny_bert_dir, sst_table, run, "--seed", "42", "--resume") == 2
     assert "a finished run with no checkpoint left to resume from" in capsys.readouterr().err
+
+
+def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resumes_exactly(tiny_bert_dir, sst_table, tmp_path):
+    """SIGTERM (what SLURM, Kubernetes and systemd send before a kill) is a graceful stop
+    (issue 39 item 4): the step finishes, a checkpoint is written, one line, exit 143, no
+    debris; the same command with --resume then ends as a run that was never stopped."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = ["finetune", "table", "--model", str(tiny_bert_dir), "--data", str(sst_table), "--epochs", "6", "--batch-size", "8",
+            "--max-length", "32", "--lr", "1e-3", "--device", "cpu", "--no-progress", "--log-every", "1", "--seed", "42"]
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "ctxkit", *args, "--out", str(run)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        log = run / "log.jsonl"
+        if log.is_file() and '"event": "train"' in log.read_text(encoding="utf-8"):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be signalled"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 143, err[-2000:]
+    assert "SIGTERM at step" in err and "stopped by a signal at step" in err
+    stopped = json.loads((run / "results.json").read_text(encoding="utf-8"))["stopped"]
+    assert stopped["reason"] == "signal" and 1 <= stopped["step"] < 36
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".")]  # no debris of a half-written save
+    # Resumed and reference runs in processes like the first (one thread: the same rounding).
+    reference = tmp_path / "reference"
+    for extra in (["--out", str(run), "--resume"], ["--out", str(reference)]):
+        done = subprocess.run([sys.executable, "-m", "ctxkit", *args, *extra], env=env, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert _train_losses(run) == _train_losses(reference)
+    _assert_identical(_weights(reference / "best"), _weights(run / "best"))

@@ -81,6 +81,10 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
                        limit_train=args.limit_train, limit_eval=args.limit_eval, eval_data=args.eval_data, callbacks=callbacks,
                        command=getattr(args, "command_line", None))
     print(json.dumps(summary, indent=2))
+    if summary.get("stopped", {}).get("reason") == "signal":  # SIGTERM/SIGUSR1: the status schedulers expect
+        print(f"ctxkit: stopped by a signal at step {summary['stopped']['step']}; {args.out}/checkpoint holds it; "
+              "add --resume to continue", file=sys.stderr)
+        return 143
     if "stopped" in summary:  # a stop that was asked for is a success
         print(f"ctxkit: stopped by --{summary['stopped']['reason'].replace('_', '-')} at step {summary['stopped']['step']}; "
               f"{args.out}/best holds the best model so far; add --resume to continue", file=sys.stderr)

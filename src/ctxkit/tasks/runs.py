@@ -308,6 +308,12 @@ def finetune(
         save_best=lambda m, folder: save_run_model(m, tokenizer, folder), callbacks=callbacks,
     )
     result = trainer.train(resume=resume)
+    if result.stopped == "signal":  # stopped by SIGTERM/SIGUSR1: the checkpoint is what counts, no evaluation
+        summary = {"task": task.name, "model": str(model_name), "steps": result.steps, "fast": str(trainer.plan),
+                   "stopped": {"reason": "signal", "step": result.steps,
+                               "resume": "ctxkit finetune ... --resume continues exactly from checkpoint/"}}
+        write_json(summary, out / "results.json")
+        return summary
     t1 = time.time()
     # Score the best epoch's weights (not the last epoch's) on every split.
     _, best_model, _, _ = load_run(out, config.device)

@@ -15,7 +15,9 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -83,6 +85,36 @@ def _compiled_graphs() -> int:
 
 def _to(batch: Dict[str, torch.Tensor], device: torch.device) -> Dict[str, torch.Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+class StopSignals:
+    """While a training loop runs, SIGTERM and SIGUSR1 ask it to stop after the current step
+    (``received`` names the signal); a second one stops at once (``KeyboardInterrupt``, whose
+    durable writes leave no debris). Installed only from the main thread (Python's rule);
+    the previous handlers come back on exit."""
+
+    NAMES = ("SIGTERM", "SIGUSR1")
+
+    def __init__(self):
+        self.received: Optional[str] = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for name in self.NAMES:
+                if hasattr(signal, name):
+                    self._previous[getattr(signal, name)] = signal.signal(getattr(signal, name), self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:
+            raise KeyboardInterrupt(f"a second {signal.Signals(signum).name}")
+        self.received = signal.Signals(signum).name
+        _say("%s received: stopping after this step (send it again to stop at once)", self.received)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 class Trainer:
@@ -283,8 +315,10 @@ class Trainer:
 
     def train(self, resume: bool = False) -> TrainResult:
         """Train; with ``resume`` continue from ``out_dir/checkpoint`` exactly. The callbacks
-        are closed when this returns, also when training fails."""
-        with self.callbacks:
+        are closed when this returns, also when training fails. SIGTERM or SIGUSR1 (what
+        SLURM, Kubernetes and systemd send before a kill) ends the run after the current step
+        with a checkpoint (``TrainResult.stopped == "signal"``); a second signal stops at once."""
+        with self.callbacks, StopSignals() as self._signals:
             return self._train(resume)
 
     def _train(self, resume: bool) -> TrainResult:
@@ -377,6 +411,11 @@ class Trainer:
                     self._checkpoint(state, epoch, b + cfg.grad_accum, step, losses)
                     stopped = "max_minutes"
                     break
+                if (self.world == 1 or step % cfg.log_every == 0) and agree(self._signals.received is not None, self.device):
+                    self._checkpoint(state, epoch, b + cfg.grad_accum, step, losses)
+                    _say("%s at step %d: checkpoint written; the same command with --resume continues", self._signals.received, step)
+                    stopped = "signal"
+                    break
                 if step >= self.total_steps:
                     if cfg.max_steps and step == cfg.max_steps and b + cfg.grad_accum < usable:
                         # Interrupted by max_steps mid-epoch: checkpoint the exact position
@@ -392,7 +431,7 @@ class Trainer:
             if step >= self.total_steps:
                 break
         bar.close()
-        if stopped:
+        if stopped and stopped != "signal":  # a signal leaves seconds before the kill: the checkpoint only
             # A stop the user asked for is a success: besides the resumable checkpoint, leave a
             # usable best/ (evaluated now). The checkpoint was written first, so resuming
             # continues exactly as if there had been no stop.
