@@ -27,7 +27,7 @@ from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
 from .char_lm import add_char_flags, run_char_lm
 from .models import add_wordpiece_flags, check_vocab_size
-from .train_flags import add_train_flags, train_config_from_args
+from .train_flags import add_train_flags, signal_status, train_config_from_args
 from ..data.errors import check_input, require_rereadable
 from ..models.elmo_io import load_elmo_lm
 from ..models.gpt2 import load_gpt2
@@ -139,7 +139,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     summary = pretrain(args.data, args.preset, args.out, config, args.tokenizer and _tokenizer_dir(args.tokenizer), masking, args.resume,
                        callbacks=callbacks)
     print(json.dumps(summary, indent=2))
-    return 0
+    return signal_status(summary, args.out)
 
 
 def add_pretrain_command(sub: argparse._SubParsersAction) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
 from ..training.progress import progress_bar
-from .train_flags import add_fast_argument, add_train_flags, fast_from_args, train_config_from_args
+from .train_flags import add_fast_argument, add_train_flags, fast_from_args, signal_status, train_config_from_args
 from ..data.lines import decode_lines, read_lines
 from ..inference.backends import add_backend_arguments, with_backend
 from ..tasks import evaluate_run, finetune, get_task, load_run, load_task
@@ -68,7 +68,7 @@ def _cmd_distill(args: argparse.Namespace) -> int:
                       eval_data=info.get("eval_data") if args.data is None else None, limit_train=args.limit_train,
                       limit_eval=args.limit_eval, resume=args.resume, callbacks=callbacks)
     print(json.dumps(summary, indent=2))
-    return 0
+    return signal_status(summary, args.out)
 
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
@@ -82,9 +82,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
                        command=getattr(args, "command_line", None))
     print(json.dumps(summary, indent=2))
     if summary.get("stopped", {}).get("reason") == "signal":  # SIGTERM/SIGUSR1: the status schedulers expect
-        print(f"ctxkit: stopped by a signal at step {summary['stopped']['step']}; {args.out}/checkpoint holds it; "
-              "add --resume to continue", file=sys.stderr)
-        return 143
+        return signal_status(summary, args.out)
     if "stopped" in summary:  # a stop that was asked for is a success
         print(f"ctxkit: stopped by --{summary['stopped']['reason'].replace('_', '-')} at step {summary['stopped']['step']}; "
               f"{args.out}/best holds the best model so far; add --resume to continue", file=sys.stderr)

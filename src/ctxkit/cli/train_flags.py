@@ -263,3 +263,14 @@ def fast_from_args(args: argparse.Namespace) -> Optional[str]:
         plan = (plan or "auto") + "+compile"
         print(f"ctxkit: note: --compile is now part of the fast plan: --fast {plan}", file=sys.stderr)
     return plan
+
+
+def signal_status(summary: dict, out) -> int:
+    """A training verb's exit status: 143 (what schedulers expect after SIGTERM) with one line
+    when a signal stopped the run (the Trainer's graceful stop), else 0."""
+    stop = summary.get("stopped") or {}
+    if stop.get("reason") != "signal":
+        return 0
+    print(f"ctxkit: stopped by a signal at step {stop['step']}; {out}/checkpoint holds it; add --resume to continue",
+          file=sys.stderr)
+    return 143

@@ -132,6 +132,9 @@ def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: Tra
         collator.lengths = length_buckets(data.meta["max_seq_len"])
         collator.rows = trainer.micro_batch // (trainer.world if trainer.graphed is None else 1)
     result = trainer.train(resume=resume)
+    if result.stopped == "signal":  # stopped by SIGTERM/SIGUSR1: checkpoint/ holds the run; no final/ of a partial one
+        return {"preset": preset, "steps": result.steps, "stopped": {
+            "reason": "signal", "step": result.steps, "resume": "ctxkit pretrain ... --resume continues exactly from checkpoint/"}}
     final = Path(out_dir) / "final"
     if trainer.sharded:
         # Under FSDP each rank holds only shards of ``model``: gather the weights (every

@@ -202,6 +202,11 @@ def distill(teacher_run: os.PathLike, data: os.PathLike, out_dir: os.PathLike, c
     trainer = Trainer(objective, features, config, out, evaluate, task.main_metric,
                       save_best=lambda m, folder: save_run_model(m.student, tokenizer, folder), callbacks=callbacks)
     result = trainer.train(resume=resume)
+    if result.stopped == "signal":  # stopped by SIGTERM/SIGUSR1: the checkpoint is what counts, no evaluation
+        summary = {"task": task.name, "steps": result.steps, "stopped": {
+            "reason": "signal", "step": result.steps, "resume": "ctxkit distill ... --resume continues exactly from checkpoint/"}}
+        write_json(summary, out / "results.json")
+        return summary
     t1 = time.time()
     _, best, _, _ = load_run(out, config.device)
     results = {split: task.evaluate(best, tokenizer, examples, config.eval_batch_size, config.device)[0]
