@@ -122,11 +122,47 @@ def read_config(directory: os.PathLike) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{directory}: no config.json (not an HF-format checkpoint folder)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise _json_error(path, err) from None
     except UnicodeDecodeError as err:
         raise CheckpointError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: JSON nested too deeply to be a model configuration") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path}: expected a JSON object of settings, got {type(config).__name__}")
+    return config
+
+
+def check_config_fields(config: dict, source: str, positive: Sequence[str] = (), non_negative: Sequence[str] = (),
+                        fractions: Sequence[str] = (), positive_floats: Sequence[str] = (), strings: Sequence[str] = ()) -> None:
+    """Check the values of a ``config.json`` before a model is built from them, naming the file
+    and the field: ``positive`` integers (sizes, counts), ``non_negative`` integers,
+    ``fractions`` in [0, 1) (dropout), ``positive_floats`` (epsilons) and ``strings``.
+
+    Raises:
+        CheckpointError: the first value of the wrong type or out of range.
+    """
+    def bad(name, want):
+        return CheckpointError(f"{source}: field {name!r} is {config[name]!r}; expected {want}")
+
+    for name in positive + non_negative:
+        if name in config:
+            value = config[name]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise bad(name, "an integer")
+            if value < (1 if name in positive else 0) or value > 1 << 31:
+                raise bad(name, "a positive integer" if name in positive else "an integer >= 0")
+    for name in fractions + positive_floats:
+        if name in config:
+            value = config[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise bad(name, "a number")
+            if (name in fractions and not 0 <= value < 1) or (name in positive_floats and not 0 < value < 1):
+                raise bad(name, "a number in [0, 1)" if name in fractions else "a small positive number")
+    for name in strings:
+        if name in config and not isinstance(config[name], str):
+            raise bad(name, "a string")
 
 
 def read_weights(directory: os.PathLike) -> Dict[str, Tensor]:
@@ -141,9 +177,12 @@ def read_weights(directory: os.PathLike) -> Dict[str, Tensor]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError) as err:
-            raise CheckpointError(f"{index}: malformed shard index ({err})") from None
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as err:
+            raise CheckpointError(f"{index}: malformed shard index ({type(err).__name__}: {err})") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard file names")
+        shards = sorted(set(weight_map.values()))
         state: Dict[str, Tensor] = {}
         for shard in shards:
             state.update(_read_weight_file(directory / shard))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple
@@ -21,6 +22,7 @@ from torch import Tensor, nn
 
 from ..core.checkpoint import (
     CheckpointError,
+    check_config_fields,
     KeyMap,
     load_state_dict_strict,
     read_config,
@@ -456,6 +458,9 @@ _HF_REDUNDANT = ("embeddings.position_ids", "cls.predictions.decoder.weight", "c
 _HF_HEAD_PREFIXES = ("cls.", "vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "classifier.", "pre_classifier.", "qa_outputs.")
 
 
+_LAYER_KEY = re.compile(r"(?:^|\.)(?:encoder|transformer)\.layer\.(\d+)\.")
+
+
 def config_from_hf(hf: dict) -> BertConfig:
     """Build a :class:`BertConfig` from an HF ``config.json`` dict (bert or distilbert).
 
@@ -463,6 +468,24 @@ def config_from_hf(hf: dict) -> BertConfig:
         CheckpointError: for model types other than bert/distilbert, or missing fields.
     """
     model_type = hf.get("model_type", "bert")
+    source = "config.json"
+    if model_type == "distilbert":
+        check_config_fields(hf, source, positive=("n_layers", "dim", "n_heads", "hidden_dim", "vocab_size", "max_position_embeddings"),
+                            non_negative=("pad_token_id",), fractions=("dropout", "attention_dropout"), strings=("activation",))
+    elif model_type == "bert":
+        check_config_fields(hf, source, positive=("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+                                                  "vocab_size", "max_position_embeddings"),
+                            non_negative=("type_vocab_size",), fractions=("hidden_dropout_prob", "attention_probs_dropout_prob"),
+                            positive_floats=("layer_norm_eps",), strings=("hidden_act",))
+        if hf.get("pad_token_id") is not None:
+            check_config_fields(hf, source, non_negative=("pad_token_id",))
+    heads = hf.get("n_heads" if model_type == "distilbert" else "num_attention_heads")
+    width = hf.get("dim" if model_type == "distilbert" else "hidden_size")
+    if isinstance(heads, int) and isinstance(width, int) and heads > 0 and width % heads:
+        raise CheckpointError(f"{source}: hidden size {width} is not a multiple of the {heads} attention heads")
+    pad, vocab = hf.get("pad_token_id"), hf.get("vocab_size")
+    if isinstance(pad, int) and isinstance(vocab, int) and pad >= vocab:
+        raise CheckpointError(f"{source}: pad_token_id {pad} is outside the vocabulary of {vocab}")
     try:
         if model_type == "distilbert":
             return BertConfig(
@@ -598,6 +621,11 @@ def load_bert(directory: os.PathLike, config: Optional[BertConfig] = None, with_
         # HF builds token-classification and QA models without the pooler.
         logger.info("%s: no pooler weights; building the encoder without a pooler", directory)
         ckpt_config = ckpt_config.replace(pooler=False)
+    present = {int(m.group(1)) for k in hf_state for m in [_LAYER_KEY.search(k)] if m}
+    if ckpt_config.num_layers > len(present):
+        # Checked before anything is built: a config can name more layers than memory holds.
+        raise CheckpointError(f"{directory / 'config.json'}: {ckpt_config.num_layers} layers, but the weights hold "
+                              f"{len(present)}")
     config = ckpt_config if config is None else config.with_checkpoint(ckpt_config)
     # Built on the meta device: random initialisation would be overwritten anyway and
     # costs seconds for large vocabularies.
