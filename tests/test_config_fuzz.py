@@ -70,3 +70,24 @@ def test_any_config_mutation_loads_or_is_a_user_error(tiny_bert_dir, tmp_path_fa
         load_bert(folder)
     except UserError:
         pass
+
+
+@pytest.mark.parametrize("dtype", ["int64", "bool"])
+def test_weights_that_are_not_floating_point_are_one_line(tiny_bert_dir, tmp_path, dtype):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder = _copy(tiny_bert_dir, tmp_path / dtype)
+    state = load_file(str(folder / "model.safetensors"))
+    save_file({k: v.to(getattr(torch, dtype)) for k, v in state.items()}, str(folder / "model.safetensors"))
+    with pytest.raises(UserError, match=rf"tensor\(s\) are not floating point where weights are: .*\(torch.{dtype}\)"):
+        load_bert(folder)
+
+
+def test_tokenizer_settings_of_the_wrong_type_are_one_line(tiny_bert_dir, tmp_path):
+    from ctxkit.tokenizers import WordPieceTokenizer
+
+    folder = _copy(tiny_bert_dir, tmp_path / "tok")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": "yes"}))
+    with pytest.raises(UserError, match=r"tokenizer_config.json: do_lower_case must be true or false, got 'yes'"):
+        WordPieceTokenizer.from_dir(folder)

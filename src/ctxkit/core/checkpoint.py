@@ -250,6 +250,12 @@ def load_state_dict_strict(module: nn.Module, state: Mapping[str, Tensor], sourc
     misshaped = [(k, tuple(state[k].shape), tuple(own[k].shape)) for k in own if k in state and state[k].shape != own[k].shape]
     if missing or unexpected or misshaped:
         raise CheckpointMismatchError(source, missing, unexpected, misshaped)
+    # Weights must be numbers of the right kind: integer or boolean tensors in place of
+    # floating-point weights (a damaged or foreign file) would only fail deep inside a forward.
+    wrong = [f"{k} ({state[k].dtype})" for k in own if own[k].is_floating_point() and not state[k].is_floating_point()]
+    if wrong:
+        raise CheckpointError(f"{source}: {len(wrong)} tensor(s) are not floating point where weights are: "
+                              + ", ".join(wrong[:8]) + (" ..." if len(wrong) > 8 else ""))
     module.load_state_dict(dict(state), strict=True, assign=assign)
 
 

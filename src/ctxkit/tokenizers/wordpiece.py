@@ -202,6 +202,11 @@ class WordPieceTokenizer(TransformersStyle):
             raise UserError(f"{path / 'tokenizer_config.json'}: model_max_length must be a number >= 3, "
                             f"got {str(max_length)[:40]}")
         max_length = 512 if max_length > _NO_LIMIT_SENTINEL else int(max_length)
+        for name, allowed in (("do_lower_case", (bool,)), ("tokenize_chinese_chars", (bool,)), ("clean_text", (bool,)),
+                              ("strip_accents", (bool, type(None)))):
+            if name in config and not isinstance(config[name], allowed):
+                raise UserError(f"{path / 'tokenizer_config.json'}: {name} must be "
+                                f"{'true, false or null' if type(None) in allowed else 'true or false'}, got {config[name]!r}")
         if (path / "vocab.txt").is_file():
             return cls.from_vocab(
                 path / "vocab.txt", lowercase=config.get("do_lower_case", True),
