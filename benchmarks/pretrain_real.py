@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import io
 import json
 import sys
@@ -77,7 +78,7 @@ def run(argv) -> None:
             raise SystemExit(f"ctxkit {' '.join(argv)} failed")
 
 
-def hf_trainer(shards: Path, vocab: Path, preset: str, batch: int, steps: int, warmup: int, workers: int) -> dict:
+def hf_trainer(shards: Path, vocab: Path, preset: str, batch: int, steps: int, warmup: int, workers: int, pad_multiple: int = 128) -> dict:
     """Tokens/s of transformers' Trainer on the shards' token sequences (after ``warmup`` steps)."""
     import transformers
     from transformers import (BertConfig, BertForPreTraining, BertTokenizerFast, DataCollatorForLanguageModeling, Trainer,
@@ -107,13 +108,18 @@ def hf_trainer(shards: Path, vocab: Path, preset: str, batch: int, steps: int, w
             times.append(time.perf_counter())
 
     cuda = torch.cuda.is_available()
+    # Batches of similar lengths, as ctxkit's: transformers >= 5.2 spells it train_sampling_strategy.
+    names = inspect.signature(TrainingArguments).parameters
+    grouped = ({"train_sampling_strategy": "group_by_length"} if "train_sampling_strategy" in names else
+               {"group_by_length": True} if "group_by_length" in names else {})
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(out, per_device_train_batch_size=batch, max_steps=warmup + steps, learning_rate=1e-4,
                                  weight_decay=0.01, warmup_steps=0, bf16=cuda, torch_compile=cuda,
                                  dataloader_num_workers=workers if cuda else 0, dataloader_pin_memory=cuda, logging_steps=10_000,
-                                 save_strategy="no", report_to=[], disable_tqdm=True, seed=0)
+                                 save_strategy="no", report_to=[], disable_tqdm=True, seed=0, **grouped)
         trainer = Trainer(model=BertForPreTraining(config), args=args, train_dataset=Sequences(),
-                          data_collator=DataCollatorForLanguageModeling(tok, mlm_probability=0.15), callbacks=[Clock()])
+                          data_collator=DataCollatorForLanguageModeling(tok, mlm_probability=0.15, pad_to_multiple_of=pad_multiple or None),
+                          callbacks=[Clock()])
         trainer.train()
     seconds = times[-1] - times[warmup - 1]
     # Its collator runs in worker processes in the sampler's order: the timed steps' real tokens
@@ -121,7 +127,8 @@ def hf_trainer(shards: Path, vocab: Path, preset: str, batch: int, steps: int, w
     mean_len = sum(data.lengths) / len(data)
     return {"tokens_per_s": steps * batch * mean_len / seconds, "seq_per_s": steps * batch / seconds,
             "name": f"transformers {transformers.__version__} Trainer, BertForPreTraining (sdpa{', bf16, torch_compile' if cuda else ''}, "
-                    f"{workers if cuda else 0} workers, DataCollatorForLanguageModeling 15 %)"}
+                    f"{workers if cuda else 0} workers, grouped by length, MLM collator 15 %"
+                    f"{f', pad to {pad_multiple}' if pad_multiple else ''})"}
 
 
 def main(argv=None) -> int:
@@ -134,6 +141,9 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--fast", default="auto")
     parser.add_argument("--workers", type=int, default=4, help="the HF side's dataloader workers")
+    parser.add_argument("--pad-multiple", type=int, default=128,
+                        help="the HF side's pad_to_multiple_of (default 128: one shape, one compile; 16 gave it eight "
+                             "shapes and 0.9 s steps under torch_compile on an H200; 0: pad to each batch's longest)")
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--results", default=None)
     args = parser.parse_args(argv)
@@ -179,7 +189,7 @@ def main(argv=None) -> int:
                                 f"ctxkit bench pretrain, the same plan (synthetic, fixed 128 tokens): {synthetic['fast']}",
                                 synthetic["tokens_per_s"], command, **extra)]
         if not args.no_peer:
-            hf = hf_trainer(tmp / "shards", tmp / "vocab", args.preset, args.batch, steps, warmup, args.workers)
+            hf = hf_trainer(tmp / "shards", tmp / "vocab", args.preset, args.batch, steps, warmup, args.workers, args.pad_multiple)
             print(f"{hf['name']}: {hf['tokens_per_s']:,.0f} tokens/s -> ctxkit {tokens_s / hf['tokens_per_s']:.2f}x", flush=True)
             records.append(speed_record("pretrain_real", case, "tokens per second, end to end", "tokens/s", tokens_s, hf["name"],
                                         hf["tokens_per_s"], command, **extra))

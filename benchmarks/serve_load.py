@@ -131,6 +131,35 @@ def encoder_texts_per_s(run: Path, texts: list, batch: int, reps: int = 5) -> tu
     return len(texts) / statistics.median(times), name
 
 
+def model_thread_texts_per_s(run: Path, texts: list, batch: int, reps: int = 3) -> float:
+    """Texts/s of what the server's model thread runs, in this process: ``predict_lines`` on
+    batches of ``batch`` raw texts (tokenizing, collating, the GPU encoder, the answers' dicts).
+
+    No HTTP: the most a single model thread can serve, whatever the front does.
+    """
+    import torch
+
+    from ctxkit.inference.backends import with_backend
+    from ctxkit.tasks import load_run
+
+    task, model, tokenizer, info = load_run(run, "cuda")
+    gpu, _ = with_backend(model, "gpu", None, plan=info.get("fast"))
+    chunks = [texts[i:i + batch] for i in range(0, len(texts), batch)]
+
+    def once():
+        for chunk in chunks:
+            task.predict_lines(gpu, tokenizer, chunk, batch, "cuda")
+        torch.cuda.synchronize()
+
+    once()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        once()
+        times.append(time.perf_counter() - start)
+    return len(texts) / statistics.median(times)
+
+
 def make_run(folder: Path) -> Path:
     """A classification run folder of all-MiniLM-L6-v2 with a seeded head (as tests/test_serve.py):
     a fine-tuned head costs the same time per request."""
@@ -269,6 +298,37 @@ async def load(base: str, bodies: list, concurrency: int, proc) -> dict:
             "background_cores": max(0.0, (after[0] - before[0]) / tick - ours) / wall}
 
 
+def fast_load(base: str, bodies: list, concurrency: int, proc, processes: int) -> dict:
+    """``load``'s result, sent by the raw multi-process client (benchmarks/http_load.py)."""
+    import httpx
+
+    from http_load import run_load
+
+    with httpx.Client(base_url=base, timeout=120) as client:  # wait for the server and warm it up
+        deadline = time.time() + 300
+        while True:
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"the server did not come up (exit status {proc.poll()})")
+            with contextlib.suppress(httpx.TransportError):
+                if client.get("/health").status_code == 200:
+                    break
+            time.sleep(0.2)
+    run_load(base, "/classify", bodies[:256], concurrency, processes)  # warm-up, not counted
+    before = _process_jiffies(proc.pid)
+    r = run_load(base, "/classify", bodies, concurrency, processes)
+    after = _process_jiffies(proc.pid)
+    with httpx.Client(base_url=base, timeout=120) as client:
+        health = client.get("/health").json()
+    lat = np.array(r["latencies"]) * 1000
+    statuses = r["statuses"]
+    return {"requests": len(bodies), "wall_s": r["wall_s"], "throughput": len(bodies) / r["wall_s"],
+            "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
+            "errors": len(bodies) - len(lat) + sum(n for s, n in statuses.items() if s >= 300),
+            "errors_429": statuses.get(429, 0), "texts": sum(len(b["texts"]) for b in bodies), "statuses": statuses,
+            "stats": health["stats"]["classify"], "server_cores": (after - before) / os.sysconf("SC_CLK_TCK") / r["wall_s"],
+            "client_cores": r["client_cpu_s"] / r["wall_s"]}
+
+
 @contextlib.contextmanager
 def busy_processes(n: int):
     """``n`` processes spinning on the CPU (another job on the machine) while the block runs."""
@@ -306,6 +366,10 @@ def main(argv=None) -> int:
                         help="cuda: served texts/s against the GPU encoder alone (see above; default: cpu)")
     parser.add_argument("--texts-per-request", type=int, default=16, help="texts per request with --device cuda (default: 16)")
     parser.add_argument("--max-batch", type=int, default=256, help="the server's --max-batch with --device cuda (default: 256)")
+    parser.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                        help="--device cuda: the load generator (raw: benchmarks/http_load.py from several processes; "
+                             "httpx: one AsyncClient, which tops out near 100 requests/s)")
+    parser.add_argument("--client-processes", type=int, default=4, help="--device cuda: processes of the raw client (default: 4)")
     args = parser.parse_args(argv)
     if args.device == "cuda":
         return gpu_main(args)
@@ -393,12 +457,17 @@ def gpu_main(args) -> int:
                  "--max-queue", str(4 * args.concurrency * args.texts_per_request)]
         try:
             with server(run, extra, None, tmp / "gpu.log", device="cuda") as (url, proc):
-                result = asyncio.run(load(url, bodies, args.concurrency, proc))
+                if args.client == "httpx":
+                    result = asyncio.run(load(url, bodies, args.concurrency, proc))
+                else:
+                    result = fast_load(url, bodies, args.concurrency, proc, args.client_processes)
         except RuntimeError:
             print((tmp / "gpu.log").read_text(errors="replace")[-4000:], file=sys.stderr)
             raise
         rate = result["texts"] / result["wall_s"]
         peer, backend = encoder_texts_per_s(run, served, args.max_batch)
+        thread_rate = model_thread_texts_per_s(run, served, args.max_batch)
+        print(f"the model thread alone (predict_lines in-process, batches of {args.max_batch}): {thread_rate:,.0f} texts/s", flush=True)
         log = (tmp / "gpu.log").read_text(errors="replace")
         print(log[-1500:])
         print(f"ctxkit serve --device cuda: {rate:,.0f} texts/s ({result['throughput']:.0f} req/s of {args.texts_per_request} texts, "
@@ -406,7 +475,10 @@ def gpu_main(args) -> int:
               f"{result['stats']['items'] / max(1, result['stats']['batches']):.1f}); GPU encoder alone ({backend}): {peer:,.0f} texts/s "
               f"= {rate / peer:.1%}", flush=True)
         command = (f"python benchmarks/serve_load.py --device cuda{' --run RUN_DIR' if args.run else ''} --requests {args.requests} "
-                   f"--concurrency {args.concurrency} --texts-per-request {args.texts_per_request} --max-batch {args.max_batch}")
+                   f"--concurrency {args.concurrency} --texts-per-request {args.texts_per_request} --max-batch {args.max_batch}"
+                   f"{' --client httpx' if args.client == 'httpx' else ''}")
+        client_name = ("one httpx.AsyncClient" if args.client == "httpx" else
+                       f"raw HTTP/1.1 keep-alive from {args.client_processes} processes (benchmarks/http_load.py)")
         record = {"benchmark": "serve_gpu", "case": f"{model_case} classifier over HTTP (loopback) on the GPU, {args.requests} requests "
                   f"of {args.texts_per_request} SST-2 sentences at concurrency {args.concurrency}, --max-batch {args.max_batch}",
                   "metric": "throughput", "unit": "texts/s", "ctxkit": round(rate, 1),
@@ -414,6 +486,8 @@ def gpu_main(args) -> int:
                   "peer": round(peer, 1), "speedup": round(rate / peer, 3), "p50_ms": round(result["p50"], 1),
                   "p99_ms": round(result["p99"], 1), "errors": result["errors"],
                   "mean_batch": round(result["stats"]["items"] / max(1, result["stats"]["batches"]), 1),
+                  "model_thread_texts_per_s": round(thread_rate, 1), "client": client_name,
+                  "host_cores": len(os.sched_getaffinity(0)),
                   "device": torch.cuda.get_device_name(0) + f", torch {torch.__version__}",
                   "date": datetime.date.today().isoformat(), "command": f"ctxkit serve RUN --device cuda --max-batch {args.max_batch}",
                   "benchmark_command": command}
