@@ -1,5 +1,8 @@
 """ctxkit.pipeline against transformers' pipelines on the same tiny random checkpoints
-(issue 38 item 3): the same keys, labels, spans and (within fp32 rounding) scores."""
+(issue 38 items 2 and 3): the same keys, labels, spans and (within fp32 rounding) scores; the
+token-classification aggregation strategies over a vocabulary that splits words into pieces;
+a ``*ForMaskedLM`` folder behind fill-mask; text generation streamed; translation as
+``ctxkit translate`` does it."""
 
 import numpy as np
 import pytest
@@ -111,7 +114,8 @@ def test_cli_pipeline_reads_lines_and_prints_json(tmp_path, capsys):
     assert [r["label"] for r in rows] == [w["label"] for w in want] and len(rows) == len(TEXTS)
 
 
-def test_text_generation_greedy_equals_transformers(tmp_path):
+def _gpt(tmp_path):
+    """A tiny random GPT-2 folder with a byte-level BPE trained here: ``(folder, model, tokenizer)``."""
     from tokenizers import ByteLevelBPETokenizer
 
     corpus = ["the film was great and the actor was fine", "john lives in paris and works in berlin"] * 20
@@ -125,6 +129,11 @@ def test_text_generation_greedy_equals_transformers(tmp_path):
     folder = tmp_path / "gpt"
     hf.save_pretrained(folder)
     tok.save_pretrained(folder)
+    return folder, hf, tok
+
+
+def test_text_generation_greedy_equals_transformers(tmp_path):
+    folder, hf, tok = _gpt(tmp_path)
     want = transformers.pipeline("text-generation", model=hf, tokenizer=tok, device="cpu")(
         "the film", max_new_tokens=8, do_sample=False)
     got = ctxkit.pipeline("text-generation", model=folder, device="cpu")("the film", max_new_tokens=8)
@@ -145,3 +154,212 @@ def test_batched_inputs_answer_as_one_by_one(tmp_path):
     for t, f in zip(texts, feats(texts)):
         one = torch.tensor(feats(t))
         assert torch.tensor(f).shape == one.shape and float((torch.tensor(f) - one).abs().max()) <= 1e-4 * float(one.abs().max())
+
+
+# --- issue 38 item 2: *ForMaskedLM checkpoints behind fill-mask --------------------------------
+
+
+def _masked_lm(tmp_path, family):
+    """A tiny random ``BertForMaskedLM`` / ``DistilBertForMaskedLM`` folder whose MLM head
+    separates the fillers (at init its logits are nearly flat: every ranking would be a tie)."""
+    folder, hf, tok = _folder(tmp_path, family, family, "MaskedLM")
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.startswith(("cls.", "vocab_")):
+                p.normal_(0.0, 2.0 if name.endswith("bias") else 1.0)
+    hf.save_pretrained(folder)
+    return folder, hf, tok
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert"])
+def test_masked_lm_checkpoint_fills_masks_as_transformers(tmp_path, family):
+    from safetensors import safe_open
+
+    folder, hf, tok = _masked_lm(tmp_path, family)
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert not [k for k in f.keys() if "pooler" in k or "seq_relationship" in k]  # no NSP head: not BertForPreTraining
+    theirs = transformers.pipeline("fill-mask", model=hf, tokenizer=tok, device="cpu")
+    ours = ctxkit.pipeline("fill-mask", model=folder, device="cpu")
+    texts = ["john lives in [MASK] .", "the [MASK] was great"]
+    keys = ("score", "token", "token_str", "sequence")
+    for options in ({}, {"top_k": 3}, {"targets": ["paris", "berlin", "film"]}, {"targets": "berlin"}):
+        for a, b in zip(ours(texts, **options), theirs(texts, **options)):
+            _same(a, b, keys)
+    best = ours(texts[0])
+    assert best[0]["score"] > 2 * best[-1]["score"]  # the head ranks: a comparison of ties could not fail
+    _same(ours(texts[0], targets=["paris", "zzz"]), theirs(texts[0], targets=["paris", "zzz"]), keys)  # zzz -> [UNK], as theirs
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert"])
+def test_masked_lm_model_saves_for_transformers(tmp_path, family):
+    """get_model(with_heads=True) of a *ForMaskedLM folder is BertForMaskedLM (MLM head, no NSP);
+    saved again, transformers' *ForMaskedLM reads it back with the same logits."""
+    from ctxkit.models.bert_mlm import BertForMaskedLM
+
+    folder, hf, tok = _masked_lm(tmp_path, family)
+    model, tokenizer = ctxkit.get_model(str(folder), with_heads=True)
+    assert isinstance(model, BertForMaskedLM)
+    batch = tok(TEXTS, padding=True, return_tensors="pt")
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        logits, nsp = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        want = hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    assert nsp is None and float((logits - want)[real].abs().max()) <= 1e-4 * float(want.abs().max())
+    model.save_pretrained(tmp_path / "again", tokenizer=tokenizer)
+    back = type(hf).from_pretrained(tmp_path / "again").eval()
+    with torch.no_grad():
+        again = back(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    assert torch.equal(again, want)
+
+
+def test_an_encoder_without_heads_is_one_line_for_fill_mask(tmp_path):
+    folder = tmp_path / "enc"
+    folder.mkdir()
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the"]) + "\n")
+    config = transformers.DistilBertConfig(vocab_size=6, dim=32, n_layers=1, n_heads=2, hidden_dim=48, max_position_embeddings=16)
+    transformers.DistilBertModel(config).save_pretrained(folder)
+    with pytest.raises(UserError, match="no masked-LM head in the weights"):
+        ctxkit.pipeline("fill-mask", model=folder, device="cpu")
+
+
+# --- issue 38 item 3: aggregation strategies over word pieces -----------------------------------
+
+PIECES = "the a in and lives works john paris ber ##lin ##s mer ##kel ang ##ela visit ##ed , . city".split()
+NER_TEXTS = ["angela merkel visited zurich and berlin", "johns lives in berlin , a city", "john works in paris ."]
+
+
+def _ner_with_pieces(tmp_path):
+    """A tiny random BertForTokenClassification over a vocabulary that splits words
+    (ang ##ela, ber ##lin, visit ##ed; zurich is [UNK])."""
+    folder = tmp_path / "ner-pieces"
+    folder.mkdir()
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + PIECES) + "\n")
+    tok = transformers.BertTokenizerFast(str(folder / "vocab.txt"), do_lower_case=True)
+    config = transformers.BertConfig(vocab_size=len(PIECES) + 5, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=48, max_position_embeddings=64, id2label=TAGS,
+                                     label2id={v: k for k, v in TAGS.items()})
+    torch.manual_seed(0)
+    hf = transformers.BertForTokenClassification(config).eval()
+    with torch.no_grad():
+        hf.classifier.weight.mul_(30)  # tags that differ between the pieces of a word
+    hf.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder, hf, tok
+
+
+@pytest.mark.parametrize("strategy", ["none", "simple", "first", "average", "max"])
+def test_aggregation_strategies_equal_transformers_on_word_pieces(tmp_path, strategy):
+    folder, hf, tok = _ner_with_pieces(tmp_path)
+    assert "##" in " ".join(t for text in NER_TEXTS for t in tok.tokenize(text))
+    theirs = transformers.pipeline("token-classification", model=hf, tokenizer=tok, device="cpu",
+                                   aggregation_strategy=strategy)(NER_TEXTS)
+    ours = ctxkit.pipeline("ner", model=folder, device="cpu", fast="reference", aggregation_strategy=strategy)(NER_TEXTS)
+    keys = ("entity", "score", "index", "word", "start", "end") if strategy == "none" else ("entity_group", "score", "word", "start", "end")
+    assert sum(len(w) for w in theirs) >= 4
+    for a, b in zip(ours, theirs):
+        _same(a, b, keys)
+    if strategy in ("first", "average", "max"):  # whole words: no group starts or ends inside one
+        words = " ".join(g["word"] for groups in ours for g in groups).split()
+        assert "##" not in " ".join(words) and {"angela", "merkel", "visited", "berlin", "johns"} & set(words)
+
+
+def test_word_strategies_differ_where_the_pieces_disagree(tmp_path):
+    """The random head tags the pieces of some word differently, so the strategies give
+    different groups: each is checked above against transformers on content that tells them apart."""
+    folder, _, _ = _ner_with_pieces(tmp_path)
+    ner = ctxkit.pipeline("ner", model=folder, device="cpu", fast="reference")
+    found = {s: ner(NER_TEXTS, aggregation_strategy=s) for s in ("simple", "first", "average", "max")}
+    assert len({repr(v) for v in found.values()}) >= 3
+    with pytest.raises(UserError, match="aggregation_strategy 'longest'"):
+        ner(NER_TEXTS, aggregation_strategy="longest")
+
+
+# --- issue 38 item 3: text generation streamed --------------------------------------------------
+
+
+def test_streamer_gets_what_transformers_streamers_get(tmp_path):
+    """transformers' TextIteratorStreamer as ``streamer=``: the pieces join into the generated
+    continuation, and are the pieces transformers' own pipeline streams."""
+    folder, hf, tok = _gpt(tmp_path)
+    ours = ctxkit.pipeline("text-generation", model=folder, device="cpu")
+    plain = ours("the film", max_new_tokens=12, return_full_text=False)[0]["generated_text"]
+    streamer = transformers.TextIteratorStreamer(tok, skip_prompt=True)
+    streamed = ours("the film", max_new_tokens=12, return_full_text=False, streamer=streamer)
+    pieces = list(streamer)  # the queue holds every piece already: generation ran on this thread
+    assert streamed[0]["generated_text"] == plain and "".join(pieces) == plain and len(plain) > 0
+    theirs = transformers.TextIteratorStreamer(tok, skip_prompt=True)
+    transformers.pipeline("text-generation", model=hf, tokenizer=tok, device="cpu")("the film", max_new_tokens=12,
+                                                                                   do_sample=False, streamer=theirs)
+    assert pieces == list(theirs)
+
+
+def test_stream_true_yields_the_continuation_in_pieces(tmp_path):
+    from ctxkit.decoding import TextIteratorStreamer
+
+    folder, _, _ = _gpt(tmp_path)
+    ours = ctxkit.pipeline("text-generation", model=folder, device="cpu")
+    for prompt in ("the film", "john lives in"):
+        plain = ours(prompt, max_new_tokens=16, return_full_text=False)[0]["generated_text"]
+        stream = ours(prompt, max_new_tokens=16, stream=True)
+        pieces = list(stream)
+        assert "".join(pieces) == plain and len(pieces) > 1
+    # ctxkit's own streamer, two prompts one after the other: two streams, each ended
+    mine = TextIteratorStreamer(ours.tokenizer, skip_prompt=True)
+    both = ours(["the film", "john lives in"], max_new_tokens=6, return_full_text=False, streamer=mine)
+    joined = "".join(iter(mine)), "".join(iter(mine))
+    assert list(joined) == [b[0]["generated_text"] for b in both]
+    with pytest.raises(UserError, match="temperature"):
+        ours("the film", stream=True, temperature=0)  # refused at the call, not on the thread
+    with pytest.raises(UserError, match="one prompt"):
+        ours(["the film", "john"], stream=True)
+
+
+# --- issue 38 item 3: translation ---------------------------------------------------------------
+
+
+def _translator(tmp_path):
+    """A tiny random Transformer translator saved as a ``translate-train`` run (``RUN/best/``):
+    a joint byte-level BPE with the translation specials, the model from a preset, shrunk."""
+    from ctxkit.models.presets import SEQ2SEQ_PRESETS
+    from ctxkit.models.seq2seq import TransformerSeq2Seq, save_seq2seq
+    from ctxkit.tasks.translation import SPECIALS
+    from ctxkit.tokenizers import ByteLevelBPETokenizer
+
+    text = ["ein hund läuft", "eine katze schläft", "die frau liest ein buch", "a dog runs", "a cat sleeps", "the woman reads a book"]
+    tok = ByteLevelBPETokenizer.train(iter(text), vocab_size=300, min_frequency=1, show_progress=False, special_tokens=SPECIALS)
+    arch = SEQ2SEQ_PRESETS["transformer_3_256_8"].replace(vocab_size=tok.vocab_size, max_position=64, num_encoder_layers=1,
+                                                          num_decoder_layers=1, hidden_size=32, num_heads=2, ffn_size=64)
+    torch.manual_seed(0)
+    model = TransformerSeq2Seq(arch).eval()
+    with torch.no_grad():  # random weights pick stray bytes; larger merged-word rows make the output words
+        model.embed.weight[259:].mul_(4)
+    run = tmp_path / "run"
+    save_seq2seq(model, run / "best")
+    tok.save(run / "best")
+    return run
+
+
+SOURCES = ["ein hund läuft", "die frau liest ein buch", "zwei katzen", "der mann isst im park"]
+
+
+def test_translation_equals_the_translate_function_and_verb(tmp_path, capsys):
+    import json
+
+    from ctxkit.cli import main
+    from ctxkit.tasks.translation import load_translator, translate
+
+    run = _translator(tmp_path)
+    model, tok = load_translator(run)
+    greedy, beams = translate(model, tok, SOURCES, device="cpu"), translate(model, tok, SOURCES, num_beams=2, device="cpu")
+    assert len(set(greedy)) > 1 and all(greedy)
+    pipe = ctxkit.pipeline("translation", model=run, device="cpu")
+    assert pipe(SOURCES) == [{"translation_text": t} for t in greedy]
+    assert pipe(SOURCES[0]) == [{"translation_text": greedy[0]}]  # one text: a one-element list, as transformers
+    assert pipe(SOURCES, num_beams=2) == [{"translation_text": t} for t in beams]
+    assert ctxkit.pipeline("translation_de_to_en", model=run / "best", device="cpu", num_beams=2)(SOURCES[1]) == \
+        [{"translation_text": beams[1]}]
+    (tmp_path / "in.de").write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    assert main(["translate", str(run), str(tmp_path / "in.de"), "--beams", "2", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.splitlines() == beams
+    assert main(["pipeline", "translation", str(run), str(tmp_path / "in.de"), "--num-beams", "2", "--device", "cpu"]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [{"translation_text": t} for t in beams]

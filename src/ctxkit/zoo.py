@@ -37,6 +37,7 @@ from .core.fetch import fetch_files, files_present
 from .core.hub import cached_snapshot, hub_snapshot, is_hub_id
 from .core.wheel_fetch import fetch_wheel_files
 from .models.bert import BertForPreTraining, config_from_hf, load_bert
+from .models.bert_mlm import load_bert_with_heads
 from .models.catalog import GLUON_NAMES, HUB_MODELS, URL_MODELS, UrlModel, gluon_name, hub_model
 from .models.families import FAMILIES, find_family, preset_family
 from .models.presets import PRESETS, get_preset
@@ -293,7 +294,9 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
         name: see above.
         checkpoint: a checkpoint (any of the names above, or a folder) to load into the preset ``name``.
         device: where to put the model.
-        with_heads: BERT: build :class:`~ctxkit.models.bert.BertForPreTraining` (MLM + NSP heads).
+        with_heads: BERT: build :class:`~ctxkit.models.bert.BertForPreTraining` (MLM + NSP heads);
+            a checkpoint without the NSP head (transformers' ``BertForMaskedLM``,
+            ``DistilBertForMaskedLM``) gives :class:`~ctxkit.models.bert_mlm.BertForMaskedLM`.
         verify: check SHA-256 digests of registered checkpoints.
         dataset_name: GluonNLP's release name (with a GluonNLP model name).
         pretrained: False builds random weights from a preset (no tokenizer).
@@ -420,7 +423,8 @@ def _load_folder(folder: Path, preset: Optional[str], device: str, with_heads: b
         raise CheckpointError(f"{folder}: no model of a known family (HF folders need config.json with a model_type)")
     if family.name == "bert":
         config = get_preset(preset).config if preset else None
-        model = load_bert(folder, config=config, with_heads=with_heads)
+        # with_heads: the heads the checkpoint has (MLM + NSP, or a *ForMaskedLM's MLM alone)
+        model = load_bert_with_heads(folder, config=config) if with_heads else load_bert(folder, config=config)
         tokenizer = WordPieceTokenizer.from_dir(folder) if (Path(folder) / "vocab.txt").is_file() or \
             (Path(folder) / "tokenizer.json").is_file() else None
         return model.to(device).eval(), tokenizer

@@ -17,6 +17,7 @@ from ..core.errors import UserError
 from ..data.lines import decode_lines, read_lines
 from ..inference import serve
 from ..inference.pipelines import PIPELINE_TASKS, pipeline
+from ..inference.token_groups import STRATEGIES as TOKEN_STRATEGIES
 from ..inference.backends import add_backend_arguments
 from ..inference.serve_limits import at_least_one
 from ..core.deps import require_all
@@ -132,7 +133,7 @@ def _cmd_pipeline(args: argparse.Namespace) -> int:
     if not items:
         raise UserError(f"{source}: no input lines")
     options = {k: v for k, v in (("top_k", args.top_k), ("aggregation_strategy", args.aggregation_strategy),
-                                 ("max_new_tokens", args.max_new_tokens)) if v is not None}
+                                 ("max_new_tokens", args.max_new_tokens), ("num_beams", args.num_beams)) if v is not None}
     pipe = pipeline(args.task, args.model, device=args.device, fast=args.fast, batch_size=args.batch_size)
     for result in pipe(items, **options):
         sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
@@ -149,14 +150,16 @@ def add_pipeline_command(sub: argparse._SubParsersAction) -> None:
                                    "question-answering lines: 'question<TAB>context' or JSON {question, context}; "
                                    "text-classification: 'text' or 'text<TAB>pair'.")
     p.add_argument("task", metavar="TASK", choices=names, help=f"one of: {', '.join(names)}")
-    p.add_argument("model", metavar="MODEL", help="a run folder, a transformers task checkpoint (folder or Hub id), a zoo name")
+    p.add_argument("model", metavar="MODEL", help="a run folder, a transformers task checkpoint (folder or Hub id), a zoo name; "
+                                                  "translation: a translate-train run or model folder")
     p.add_argument("input", nargs="?", default="-", help="input file (default: stdin)")
     p.add_argument("--device", default="auto")
     p.add_argument("--fast", default="auto", help="the fast plan (default: auto)")
     p.add_argument("--batch-size", type=at_least_one, default=32)
     p.add_argument("--top-k", type=int, default=None, help="text-classification, fill-mask: how many answers")
-    p.add_argument("--aggregation-strategy", choices=("none", "simple"), default=None, help="token-classification")
-    p.add_argument("--max-new-tokens", type=at_least_one, default=None, help="text-generation")
+    p.add_argument("--aggregation-strategy", choices=TOKEN_STRATEGIES, default=None, help="token-classification")
+    p.add_argument("--max-new-tokens", type=at_least_one, default=None, help="text-generation, translation")
+    p.add_argument("--num-beams", type=at_least_one, default=None, help="translation: beam size (default 1: greedy)")
     p.set_defaults(func=_cmd_pipeline)
 
 

@@ -10,27 +10,41 @@ task (aliases)                              one input gives
 analysis)                                   ``top_k=None``: every label, best first
 ``token-classification`` (``ner``)          ``[{"entity", "score", "index", "word", "start",
                                             "end"}]`` per non-``O`` token; with
-                                            ``aggregation_strategy="simple"``:
-                                            ``[{"entity_group", "score", "word", "start", "end"}]``
+                                            ``aggregation_strategy`` ``"simple"``, ``"first"``,
+                                            ``"average"`` or ``"max"``: ``[{"entity_group",
+                                            "score", "word", "start", "end"}]`` (see
+                                            :mod:`~ctxkit.inference.token_groups`)
 ``question-answering``                      ``{"score", "start", "end", "answer"}`` (long
                                             contexts in windows of ``doc_stride``)
 ``fill-mask``                               ``[{"score", "token", "token_str", "sequence"}]``,
-                                            ``top_k`` (5) best fillers of the ``[MASK]``
+                                            ``top_k`` (5) best fillers of the ``[MASK]``;
+                                            ``targets=[...]``: among those words only
 ``feature-extraction``                      ``[[hidden vector per token]]`` (``(1, seq, hidden)``)
-``text-generation``                         ``[{"generated_text"}]`` (prompt + continuation)
+``text-generation``                         ``[{"generated_text"}]`` (prompt + continuation);
+                                            ``streamer=``: each token to ``put``, as
+                                            transformers' streamers take them; ``stream=True``:
+                                            an iterator of the continuation's text pieces
+``translation`` (``translation_de_to_en``,  ``[{"translation_text"}]`` (a list of texts: one
+any ``translation_X_to_Y``)                 dict each), as ``ctxkit translate`` decodes it
+                                            (``num_beams``, default 1: greedy)
 ==========================================  ===================================================
 
 A list of inputs gives a list of those. ``model`` is any name ctxkit loads: a run folder, a
 transformers task checkpoint (folder or Hub id) for the three task pipelines; a zoo name, Hub
-id or folder for the others. Inputs are batched by length; the model runs its fast plan
-(``fast``, default ``auto``). ``score`` is a probability (softmax) everywhere except question
+id or folder for the others (fill-mask: a checkpoint with the MLM head, transformers'
+``BertForPreTraining``, ``BertForMaskedLM`` or ``DistilBertForMaskedLM``); a ``translate-train``
+run or saved model folder for translation. Inputs are batched by length; the model runs its
+fast plan (``fast``, default ``auto``). ``score`` is a probability (softmax) everywhere except question
 answering, where it is ctxkit's span score (see :class:`~ctxkit.tasks.qa.SquadTask`).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Optional, Sequence
+import logging
+import re
+import threading
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -39,11 +53,15 @@ from ..core.errors import UserError
 from ..core.run_state import resolve_device
 from ..data.batching import collate
 from ..data.glue import TextExample
-from ..decoding import GenerationConfig, generate, left_pad
+from ..decoding import GenerationConfig, TextIteratorStreamer, generate, left_pad, streamer_hook
 from ..tasks import load_run
+from ..tasks.translation import load_translator, translate
 from ..zoo import get_model
+from .token_groups import STRATEGIES, aggregate, token_entities
 
 __all__ = ["pipeline", "PIPELINE_TASKS"]
+
+logger = logging.getLogger("ctxkit")
 
 #: task name -> aliases transformers accepts too
 PIPELINE_TASKS = {
@@ -53,8 +71,10 @@ PIPELINE_TASKS = {
     "fill-mask": (),
     "feature-extraction": (),
     "text-generation": (),
+    "translation": (),
 }
 _ALIASES = {alias: name for name, aliases in PIPELINE_TASKS.items() for alias in (name, *aliases)}
+_TRANSLATION_PAIR = re.compile(r"translation_\w+_to_\w+")  # transformers' translation_en_to_de: the model knows its pair
 
 
 def pipeline(task: str, model: Any = None, device: str = "auto", fast: str = "auto", batch_size: int = 32, **defaults):
@@ -66,19 +86,20 @@ def pipeline(task: str, model: Any = None, device: str = "auto", fast: str = "au
         device: ``auto``, ``cpu``, ``cuda``...
         fast: the fast plan the model runs (``auto``: the fastest exact one here).
         batch_size: inputs per forward pass.
-        defaults: call options every call gets (``top_k``, ``aggregation_strategy``, ...).
+        defaults: call options every call gets (``top_k``, ``aggregation_strategy``, ``streamer``, ...).
 
     Raises:
         UserError: an unknown task (with the known ones), or no model.
     """
-    name = _ALIASES.get(str(task).lower())
+    name = _ALIASES.get(str(task).lower()) or ("translation" if _TRANSLATION_PAIR.fullmatch(str(task).lower()) else None)
     if name is None:
         raise UserError(f"unknown pipeline task {task!r}; known: {', '.join(sorted(_ALIASES))}")
     if model is None:
         raise UserError(f"pipeline({task!r}) needs model=: a run folder, a transformers task checkpoint, a zoo name or a Hub id")
     cls = {"text-classification": TextClassificationPipeline, "token-classification": TokenClassificationPipeline,
            "question-answering": QuestionAnsweringPipeline, "fill-mask": FillMaskPipeline,
-           "feature-extraction": FeatureExtractionPipeline, "text-generation": TextGenerationPipeline}[name]
+           "feature-extraction": FeatureExtractionPipeline, "text-generation": TextGenerationPipeline,
+           "translation": TranslationPipeline}[name]
     return cls(model, resolve_device(device), fast, batch_size, defaults)
 
 
@@ -151,27 +172,19 @@ class TokenClassificationPipeline(_TaskPipeline):
     kinds = ("conll2003", "token")
 
     def _run(self, items, aggregation_strategy: str = "none", ignore_labels: Sequence[str] = ("O",), **_) -> list:
-        if aggregation_strategy not in ("none", "simple"):
-            raise UserError(f"aggregation_strategy {aggregation_strategy!r}: ctxkit has 'none' and 'simple'")
+        if aggregation_strategy not in STRATEGIES:
+            raise UserError(f"aggregation_strategy {aggregation_strategy!r}: ctxkit has {', '.join(map(repr, STRATEGIES))}")
         limit = getattr(self.task_obj, "max_length", 512)
         encs = self.tokenizer.encode_batch(list(items), max_length=limit, padding=None)
         logits = _token_logits(self.model, encs, self.batch_size, self.device)
-        labels = self.task_obj.labels
+        decoder = self.tokenizer.backend.decoder
+        decode = decoder.decode if decoder is not None else " ".join
         out = []
         for text, enc, lg in zip(items, encs, logits):
-            z = lg - lg.max(-1, keepdims=True)
-            probs = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
-            tokens = []
-            for i, (tok, (start, end), seq) in enumerate(zip(enc.tokens, enc.offsets, enc.sequence_ids)):
-                if seq is None:
-                    continue  # [CLS], [SEP]
-                best = int(probs[i].argmax())
-                tokens.append({"entity": labels[best], "score": float(probs[i, best]), "index": i, "word": tok,
-                               "start": start, "end": end})
-            if aggregation_strategy == "simple":
-                out.append([g for g in _group(tokens, text, self.tokenizer) if g["entity_group"] not in ignore_labels])
-            else:
-                out.append([t for t in tokens if t["entity"] not in ignore_labels])
+            z = np.exp(lg - lg.max(-1, keepdims=True))
+            tokens = token_entities(text, enc, z / z.sum(-1, keepdims=True), self.tokenizer)
+            found = aggregate(tokens, aggregation_strategy, self.task_obj.labels, decode)
+            out.append([e for e in found if e.get("entity", e.get("entity_group")) not in ignore_labels])
         return out
 
 
@@ -180,32 +193,6 @@ def _token_logits(model, encs: list, batch_size: int, device) -> list:
     """Per-token logits ``(len, labels)`` of each encoding (length-sorted batches)."""
     return _by_length(model, encs, batch_size, device,
                       lambda result, row, enc: result["logits"][row, : len(enc.input_ids)].float().cpu().numpy())
-
-
-def _group(tokens: list, text: str, tokenizer) -> list:
-    """transformers' ``simple`` aggregation: consecutive tokens of one entity type (a ``B-``
-    starts a new entity), the mean of their scores, the words decoded, the characters spanned."""
-    groups, current = [], []
-
-    def close():
-        if current:
-            tag = current[0]["entity"]
-            groups.append({"entity_group": tag.split("-", 1)[-1] if tag[:2] in ("B-", "I-") else tag,
-                           "score": float(np.mean([t["score"] for t in current])),
-                           "word": tokenizer.backend.decoder.decode([t["word"] for t in current])
-                           if tokenizer.backend.decoder is not None else " ".join(t["word"] for t in current),
-                           "start": current[0]["start"], "end": current[-1]["end"]})
-
-    for t in tokens:
-        bi, kind = (t["entity"][0], t["entity"][2:]) if t["entity"][:2] in ("B-", "I-") else ("I", t["entity"])
-        prev = current[-1]["entity"] if current else None
-        prev_kind = (prev[2:] if prev[:2] in ("B-", "I-") else prev) if prev else None
-        if current and (bi == "B" or kind != prev_kind):
-            close()
-            current = []
-        current.append(t)
-    close()
-    return groups
 
 
 class QuestionAnsweringPipeline(_TaskPipeline):
@@ -261,22 +248,29 @@ def _by_length(model, encs: list, batch_size: int, device, run) -> list:
 
 class FillMaskPipeline(_ModelPipeline):
     task = "fill-mask"
-    with_heads = True
+    with_heads = True  # BertForPreTraining, or BertForMaskedLM for a checkpoint without the NSP head
 
     @torch.inference_mode()
-    def _run(self, items, top_k: int = 5, **_) -> list:
+    def _run(self, items, top_k: int = 5, targets=None, **_) -> list:
         mask_id = self.tokenizer.token_to_id("[MASK]")
         encs = [self.tokenizer.encode(text) for text in items]
         for text, enc in zip(items, encs):
             found = sum(t == mask_id for t in enc.input_ids)
             if found != 1:
                 raise UserError(f"fill-mask needs exactly one [MASK] in each text, found {found} in {text!r}")
+        allowed = None if targets is None else torch.tensor(self._target_ids(targets))
+        if allowed is not None:
+            top_k = min(top_k, len(allowed))
 
         def fill(result, row, enc):
             where = enc.input_ids.index(mask_id)
-            scores, tokens = result[0][row, where].float().softmax(-1).topk(top_k)
+            probs = result[0][row, where].float().softmax(-1)  # over the whole vocabulary, targets or not
+            if allowed is not None:
+                probs = probs[allowed.to(probs.device)]
+            scores, picks = probs.topk(top_k)
             rows = []
-            for score, token in zip(scores.tolist(), tokens.tolist()):
+            for score, pick in zip(scores.tolist(), picks.tolist()):
+                token = int(allowed[pick]) if allowed is not None else pick
                 filled = list(enc.input_ids)
                 filled[where] = token
                 rows.append({"score": score, "token": token, "token_str": self.tokenizer.decode([token], skip_special_tokens=False),
@@ -284,6 +278,30 @@ class FillMaskPipeline(_ModelPipeline):
             return rows
 
         return _by_length(self.model, encs, self.batch_size, self.device, fill)
+
+    def _target_ids(self, targets) -> list:
+        """transformers' ``targets``: each word's vocabulary id, else its first word piece's
+        (with a warning); each id once.
+
+        Raises:
+            UserError: no target left.
+        """
+        ids = []
+        for target in [targets] if isinstance(targets, str) else list(targets):
+            token = self.tokenizer.token_to_id(target)
+            if token is None:
+                pieces = self.tokenizer.encode(target, add_special_tokens=False).input_ids
+                if not pieces:
+                    logger.warning("fill-mask target %r is no token of the vocabulary; left out", target)
+                    continue
+                token = pieces[0]
+                logger.warning("fill-mask target %r is not in the vocabulary; using its first piece %r", target,
+                               self.tokenizer.id_to_token(token))
+            if token not in ids:
+                ids.append(token)
+        if not ids:
+            raise UserError("fill-mask targets: none of them is in the vocabulary")
+        return ids
 
 
 class FeatureExtractionPipeline(_ModelPipeline):
@@ -303,17 +321,84 @@ class TextGenerationPipeline(_Pipeline):
         self.model, self.tokenizer = get_model(str(model), device=str(self.device))
         self.model.eval()
 
-    def _run(self, items, max_new_tokens: int = 50, do_sample: bool = False, temperature: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0, seed: Optional[int] = None, return_full_text: bool = True, **_) -> list:
-        if seed is not None:
-            torch.manual_seed(seed)
+    def __call__(self, inputs, **options):
+        if {**self.defaults, **options}.get("stream"):
+            return self._stream(inputs, {**self.defaults, **options})
+        return super().__call__(inputs, **options)
+
+    @staticmethod
+    def _config(max_new_tokens: int = 50, do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                **_) -> GenerationConfig:
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                                   top_p=top_p)
+        config.check()  # before a streamer hears of a prompt
+        return config
+
+    def _run(self, items, seed: Optional[int] = None, return_full_text: bool = True, streamer=None, **options) -> list:
+        config = self._config(**options)
+        if seed is not None:
+            torch.manual_seed(seed)
         out = []
         for text in items:
             prompt = self.tokenizer.encode_batch([text])[0]
             ids, mask = left_pad([list(prompt)])
-            tokens = generate(self.model, ids.to(self.device), mask.to(self.device), config)
+            if streamer is not None:
+                streamer.put(ids)  # transformers' order: the prompt first (skip_prompt=True drops it)
+            # Without a streamer no hook runs: the plain path keeps its speed (no per-token copy to the CPU)
+            tokens = generate(self.model, ids.to(self.device), mask.to(self.device), config,
+                              on_tokens=streamer_hook(streamer) if streamer is not None else None)
+            if streamer is not None:
+                streamer.end()
             new = self.tokenizer.decode(tokens[0, ids.size(1):].tolist())
             out.append([{"generated_text": (text + new) if return_full_text else new}])
         return out
+
+    def _stream(self, text, options: dict) -> Iterator[str]:
+        """``stream=True``: the continuation of one prompt as text pieces, generated on a
+        thread meanwhile (an error there is raised here, after the pieces so far)."""
+        if not isinstance(text, str):
+            raise UserError("stream=True streams one prompt (a str); pass streamer= to stream a list")
+        options = {k: v for k, v in options.items() if k not in ("stream", "streamer")}
+        self._config(**options)  # a bad setting is refused here, not on the thread
+        pieces = TextIteratorStreamer(self.tokenizer, skip_prompt=True)
+        failed: list = []
+
+        def work():
+            try:
+                self._run([text], streamer=pieces, **options)
+            except BaseException as err:  # handed to the reading thread
+                failed.append(err)
+                pieces.end()
+
+        worker = threading.Thread(target=work, name="ctxkit-pipeline-stream", daemon=True)
+        worker.start()
+
+        def read():
+            yield from pieces
+            worker.join()
+            if failed:
+                raise failed[0]
+
+        return read()
+
+
+class TranslationPipeline(_Pipeline):
+    """Sentences through a ``translate-train`` model with :func:`ctxkit.tasks.translation.translate`."""
+
+    task = "translation"
+
+    def _load(self, model):
+        self.model, self.tokenizer = load_translator(model)  # a run folder (its best/) or a saved model folder
+        self.model.to(self.device).eval()
+
+    def _run(self, items, num_beams: int = 1, max_new_tokens: Optional[int] = None, **_) -> list:
+        if not all(isinstance(t, str) for t in items):
+            raise UserError("translation takes a text or a list of texts")
+        texts = translate(self.model, self.tokenizer, items, num_beams=num_beams, batch_size=self.batch_size,
+                          max_new_tokens=max_new_tokens, device=str(self.device))
+        return [{"translation_text": t} for t in texts]
+
+    def __call__(self, inputs, **options):
+        # transformers: a single text gives a one-element list, a list of texts one dict each
+        out = super().__call__(inputs, **options)
+        return [out] if isinstance(inputs, str) else out

@@ -1,0 +1,92 @@
+"""Streaming a generation's text as its tokens arrive, with transformers' streamer protocol.
+
+A streamer is any object with ``put(token_ids)`` and ``end()`` (transformers' ``TextStreamer``
+and ``TextIteratorStreamer`` are such objects): ``put`` gets the prompt ``(1, prompt)`` first,
+then each new token ``(1,)``, and ``end`` says the generation is over.
+:func:`streamer_hook` turns one into :func:`~ctxkit.decoding.generate`'s ``on_tokens``;
+:class:`TextIteratorStreamer` is ctxkit's own, an iterator of text pieces.
+"""
+
+from __future__ import annotations
+
+import queue
+import unicodedata
+from typing import Callable, Iterator, List, Optional
+
+from torch import Tensor
+
+from ..core.errors import UserError
+
+__all__ = ["TextIteratorStreamer", "streamer_hook"]
+
+
+def streamer_hook(streamer) -> Callable[[Tensor], None]:
+    """``on_tokens`` for :func:`~ctxkit.decoding.generate` that hands each step's tokens
+    ``(batch,)`` to ``streamer.put`` on the CPU (as transformers does), stopping no row."""
+
+    def hook(new: Tensor) -> None:
+        streamer.put(new.cpu())
+
+    return hook
+
+
+class TextIteratorStreamer:
+    """Text pieces of one generation at a time, to iterate over while another thread
+    generates (transformers' ``TextIteratorStreamer``, same arguments and protocol).
+
+    The text is decoded from all tokens so far; a piece is the new end of it, held back while
+    it may still change: a piece with symbols (an incomplete UTF-8 character decodes as
+    U+FFFD) goes out only up to its last space. So the pieces always join into the decoded
+    continuation, whatever the tokenizer glues or cleans up.
+
+    Args:
+        tokenizer: anything with ``decode(ids, ...)``.
+        skip_prompt: drop the first ``put`` (the prompt), streaming the new text only.
+        timeout: seconds the iterator waits for the next piece (None: forever).
+        decode_kwargs: passed to ``tokenizer.decode``.
+    """
+
+    def __init__(self, tokenizer, skip_prompt: bool = False, timeout: Optional[float] = None, **decode_kwargs):
+        self.tokenizer, self.skip_prompt, self.timeout, self.decode_kwargs = tokenizer, skip_prompt, timeout, decode_kwargs
+        self.token_cache: List[int] = []
+        self.print_len = 0
+        self.next_tokens_are_prompt = True
+        self.pieces: "queue.Queue[Optional[str]]" = queue.Queue()
+
+    def put(self, value: Tensor) -> None:
+        """Take token ids ``(1, n)`` or ``(n,)``; queue the text that became final.
+
+        Raises:
+            UserError: a batch of more than one row.
+        """
+        if value.dim() > 1 and value.size(0) > 1:
+            raise UserError("a text streamer follows one sequence; generate one row at a time to stream")
+        if self.skip_prompt and self.next_tokens_are_prompt:
+            self.next_tokens_are_prompt = False
+            return
+        self.token_cache.extend(value.reshape(-1).tolist())
+        text = self.tokenizer.decode(self.token_cache, **self.decode_kwargs)
+        pending = text[self.print_len:]
+        if not all(c.isspace() or unicodedata.category(c)[0] in "LMN" for c in pending):
+            pending = text[self.print_len:text.rfind(" ") + 1]  # symbols may still change: up to the last space
+        self.print_len += len(pending)
+        if pending:
+            self.pieces.put(pending)
+
+    def end(self) -> None:
+        """Queue the rest of the text and the end of the stream; ready for the next generation."""
+        if self.token_cache:
+            rest = self.tokenizer.decode(self.token_cache, **self.decode_kwargs)[self.print_len:]
+            if rest:
+                self.pieces.put(rest)
+        self.token_cache, self.print_len, self.next_tokens_are_prompt = [], 0, True
+        self.pieces.put(None)
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        piece = self.pieces.get(timeout=self.timeout)
+        if piece is None:
+            raise StopIteration
+        return piece
