@@ -14,6 +14,7 @@ from ctxkit.core.checkpoint import (
     CheckpointError,
     CheckpointMismatchError,
     atomic_write,
+    load_state_dict_strict,
     read_config,
     read_weights,
     save_weights,
@@ -49,6 +50,56 @@ def test_mismatch_lists_missing_unexpected_and_misshaped(saved):
     msg = str(e)
     assert "missing keys (1)" in msg and "misshaped key encoder.layers.0.self_attn.q_proj.weight: checkpoint (5, 5) vs model (32, 32)" in msg
     assert str(path) in msg
+
+
+def test_a_mismatch_of_500_keys_is_one_line_and_twenty_entries():
+    # Issue 44 item 7: a checkpoint of another architecture used to print every key, on two lines
+    # thousands of characters long; now one line of counts and at most 20 indented keys.
+    module = torch.nn.ModuleList(torch.nn.Linear(1, 1) for _ in range(250))  # 500 keys
+    with pytest.raises(CheckpointMismatchError) as err:
+        load_state_dict_strict(module, {}, source="other.safetensors")
+    lines = str(err.value).splitlines()
+    assert lines[0] == "checkpoint other.safetensors does not match the model: missing keys (500)"
+    assert lines[1:3] == ["  missing key 0.weight", "  missing key 0.bias"]
+    assert len(lines) == 1 + 20 + 1 and all(line.startswith("  ") for line in lines[1:])
+    assert lines[-1] == "  ... and 480 more"
+    assert len(err.value.missing) == 500  # the attribute keeps them all
+
+    # Missing and unexpected keys at once (a prefix): both kinds are shown, 10 each.
+    state = {f"bert.{k}": v for k, v in module.state_dict().items()}
+    with pytest.raises(CheckpointMismatchError) as err:
+        load_state_dict_strict(module, state, source="prefixed")
+    lines = str(err.value).splitlines()
+    assert lines[0].endswith("does not match the model: missing keys (500), unexpected keys (500)")
+    assert [line.split(" key ")[0] for line in lines[1:-1]] == ["  missing"] * 10 + ["  unexpected"] * 10
+    assert lines[-1] == "  ... and 980 more"
+
+
+@pytest.mark.parametrize("where", ["absolute", "parent"])
+def test_a_shard_index_may_not_point_outside_its_folder(saved, tmp_path, where):
+    # Issue 44 item 4: the weight_map of model.safetensors.index.json named files anywhere (an
+    # absolute path, or ../), and loading read them. Valid weights wait outside the folder here.
+    from safetensors import safe_open
+
+    _, path = saved
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.move(path / "model.safetensors", outside / "model.safetensors")
+    with safe_open(str(outside / "model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    shard = str(outside / "model.safetensors") if where == "absolute" else "../elsewhere/model.safetensors"
+    index = path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {k: shard for k in keys}}))
+    with pytest.raises(CheckpointError) as err:
+        load_bert(path)
+    msg = str(err.value)
+    assert msg == (f"{index}: shard {shard!r} is outside the checkpoint folder; a shard index may name only files "
+                   "inside its own folder")
+
+    # The same shard inside the folder loads.
+    shutil.move(outside / "model.safetensors", path / "model-00001-of-00001.safetensors")
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {k: "model-00001-of-00001.safetensors" for k in keys}}))
+    assert isinstance(load_bert(path), BertModel)
 
 
 def test_truncated_safetensors_is_a_clear_error(saved):

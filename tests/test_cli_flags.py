@@ -2,8 +2,9 @@
 verbs wrote by hand before (option strings, dest, default, type, choices, action: the
 snapshot below, recorded from the hand-written parsers), except that speed is one flag,
 ``--fast PLAN``, whose old spellings (``--compile``, ``--bf16-residual``, ...) still parse
-into plan options; and ``train_config_from_args`` builds the same :class:`TrainConfig` the
-handlers built by hand."""
+into plan options, and ``--on-sigterm`` (the exit status after a graceful stop, issue 39) is
+new on every training verb; and ``train_config_from_args`` builds the same
+:class:`TrainConfig` the handlers built by hand."""
 
 import argparse
 
@@ -20,6 +21,7 @@ SNAPSHOT = {
         ((), 'teacher', None, None, None, '_StoreAction'),
         (('--data',), 'data', None, None, None, '_StoreAction'),
         (('--out',), 'out', None, None, None, '_StoreAction'),
+        (('--on-sigterm',), 'on_sigterm', 'exit143', None, ('exit143', 'exit0'), '_StoreAction'),
         (('--student-layers',), 'student_layers', 3, 'int', None, '_StoreAction'),
         (('--layers',), 'layers', None, None, None, '_StoreAction'),
         (('--student-init',), 'student_init', None, None, None, '_StoreAction'),
@@ -53,6 +55,7 @@ SNAPSHOT = {
         (('--model',), 'model', 'all_minilm_l6_v2', None, None, '_StoreAction'),
         (('--data',), 'data', None, None, None, '_StoreAction'),
         (('--out',), 'out', None, None, None, '_StoreAction'),
+        (('--on-sigterm',), 'on_sigterm', 'exit143', None, ('exit143', 'exit0'), '_StoreAction'),
         (('--epochs',), 'epochs', None, 'float', None, '_StoreAction'),
         (('--lr',), 'lr', None, 'float', None, '_StoreAction'),
         (('--batch-size',), 'batch_size', None, 'int', None, '_StoreAction'),
@@ -88,6 +91,7 @@ SNAPSHOT = {
         (('--valid-src',), 'valid_src', None, None, None, '_StoreAction'),
         (('--valid-tgt',), 'valid_tgt', None, None, None, '_StoreAction'),
         (('--out',), 'out', None, None, None, '_StoreAction'),
+        (('--on-sigterm',), 'on_sigterm', 'exit143', None, ('exit143', 'exit0'), '_StoreAction'),
         (('--preset',), 'preset', 'transformer_3_256_8', None, None, '_StoreAction'),
         (('--vocab-size',), 'vocab_size', 8000, 'int', None, '_StoreAction'),
         (('--max-length',), 'max_length', 128, 'int', None, '_StoreAction'),
@@ -113,6 +117,7 @@ SNAPSHOT = {
         (('--data',), 'data', None, None, None, '_StoreAction'),
         (('--preset',), 'preset', 'bert_4_256_4', None, None, '_StoreAction'),
         (('--out',), 'out', None, None, None, '_StoreAction'),
+        (('--on-sigterm',), 'on_sigterm', 'exit143', None, ('exit143', 'exit0'), '_StoreAction'),
         (('--tokenizer',), 'tokenizer', None, None, None, '_StoreAction'),
         (('--epochs',), 'epochs', 1.0, 'float', None, '_StoreAction'),
         (('--max-steps',), 'max_steps', None, 'int', None, '_StoreAction'),
@@ -162,6 +167,7 @@ SNAPSHOT = {
         (('--no-second-target',), 'no_second_target', False, None, None, '_StoreTrueAction'),
         (('--max-eval-chars',), 'max_eval_chars', None, 'int', None, '_StoreAction'),
         (('--out',), 'out', None, None, None, '_StoreAction'),
+        (('--on-sigterm',), 'on_sigterm', 'exit143', None, ('exit143', 'exit0'), '_StoreAction'),
         (('--tokenizer',), 'tokenizer', None, None, None, '_StoreAction'),
         (('--vocab-size',), 'vocab_size', 8000, 'int', None, '_StoreAction'),
         (('--block-size',), 'block_size', 128, 'int', None, '_StoreAction'),
@@ -190,6 +196,7 @@ SNAPSHOT = {
         (('--d-inner',), 'd_inner', None, 'int', None, '_StoreAction'),
         (('--dropout',), 'dropout', None, 'float', None, '_StoreAction'),
         (('--out',), 'out', None, None, None, '_StoreAction'),
+        (('--on-sigterm',), 'on_sigterm', 'exit143', None, ('exit143', 'exit0'), '_StoreAction'),
         (('--K',), 'K', 6.0, 'float', None, '_StoreAction'),
         (('--epochs',), 'epochs', 1.0, 'float', None, '_StoreAction'),
         (('--max-steps',), 'max_steps', None, 'int', None, '_StoreAction'),

@@ -441,3 +441,42 @@ def test_squad_v2_zip_and_fields(tmp_path):
     f.write_text('{"data": [\n  {"title": "T",\n   "paragraphs": [}\n]}')
     with pytest.raises(DataError, match=rf"^{f}:3: invalid JSON: .* at column 19$"):
         read_squad(f, on_error="skip")  # a broken document cannot be skipped
+
+
+# ----------------------------------------------------------------------------- short errors
+
+BIG = "x" * 20_000_000  # a 20 MB line without newlines
+
+
+@pytest.mark.parametrize("case", ["glue header", "table label", "conll tag", "squad answer"])
+def test_a_20_mb_line_gives_a_short_error_line(tmp_path, case):
+    # Issue 44 item 7: the line (or field) was quoted whole, so the error line was 20 MB long.
+    if case == "glue header":  # the whole file is one line: its header
+        path, line, read = write(tmp_path / "dev.tsv", BIG), 1, lambda p: read_glue("sst-2", p, "dev")
+    elif case == "table label":
+        path, line = write(tmp_path / "t.tsv", f"text\tlabel\nfine\tpos\nbad\t{BIG}\n"), 3
+        read = lambda p: read_table(p, labels=["pos", "neg"])  # noqa: E731
+    elif case == "conll tag":
+        path, line, read = write(tmp_path / "ner.txt", f"EU B-ORG\nrejects {BIG}\n"), 2, read_conll
+    else:
+        doc = {"data": [{"title": "T", "paragraphs": [{"context": "Paris is in France.", "qas": [
+            {"id": "q1", "question": "Where?", "answers": [{"text": BIG, "answer_start": 0}]}]}]}]}
+        path, line, read = write(tmp_path / "squad.json", json.dumps(doc)), "article 0 / paragraph 0 / question q1", read_squad
+    with pytest.raises(DataError) as err:
+        read(path)
+    msg = str(err.value)
+    assert msg.startswith(f"{path}:{line}: ") and "\n" not in msg
+    assert len(msg) < 300, msg
+    assert "(20,000,000 characters)" in msg  # says how much was left out
+
+
+def test_quote_and_capped_lists():
+    from ctxkit.core.errors import capped_join, capped_list, quote
+
+    assert quote("it's") == '"it\'s"' and quote(3) == "3" and quote([1, 2]) == "[1, 2]"
+    long = quote("\x00" * 10_000)  # escapes are 4 characters each: the slice is cut after rendering
+    assert len(long) < 240 and long.endswith("...' (10,000 characters)")
+    assert capped_list([]) == "" and capped_list(["a", "b"]) == "\n  a\n  b"
+    lines = capped_list(range(500)).splitlines()
+    assert lines[1:] == [f"  {i}" for i in range(20)] + ["  ... and 480 more"]
+    assert capped_join(range(25)) == ", ".join(map(str, range(20))) + ", ... and 5 more"

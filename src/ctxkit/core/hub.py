@@ -14,8 +14,9 @@
   10 MiB chunk it received); a failed call leaves the files already complete in the cache,
   so running it again fetches only the others (a file cut off part-way starts over:
   ``huggingface_hub`` 2.x deletes partial downloads rather than keeping them between calls);
-* every weight file that the Hub stores by its SHA-256 (LFS files: the blob is named by
-  it) is hashed after download; a mismatch removes the file from the cache and fails;
+* every file downloaded is hashed and compared with the Hub's record of it, which names its
+  blob in the cache: the SHA-256 of an LFS file (weights), the git blob id of any other
+  (config, vocabulary, tokenizer files); a mismatch removes the file from the cache and fails;
 * ``HF_HUB_OFFLINE=1``: the cache only; a repository not in it is one clear error naming the
   id, the cache folder and how to get the files.
 """
@@ -31,7 +32,7 @@ import socket
 import threading
 import urllib.parse
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import HfApi, snapshot_download
@@ -40,6 +41,7 @@ from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTT
                                     RepositoryNotFoundError, RevisionNotFoundError)
 from tqdm.auto import tqdm
 
+from .diskspace import DiskFullError, free_bytes, is_out_of_space
 from .errors import UserError
 
 __all__ = ["HubDownloadError", "HubNotCachedError", "CONFIG_AND_VOCAB", "hub_cache_dir", "hub_snapshot", "is_hub_id",
@@ -58,6 +60,7 @@ SAFETENSORS = ("model.safetensors", "model-*-of-*.safetensors", "model.safetenso
 PICKLES = ("pytorch_model.bin", "pytorch_model-*-of-*.bin", "pytorch_model.bin.index.json")
 _WEIGHT_FILE = re.compile(r"^(model(-\d+-of-\d+)?\.safetensors|pytorch_model(-\d+-of-\d+)?\.bin)$")
 _SHA256_NAME = re.compile(r"^[0-9a-f]{64}$")
+_GIT_BLOB_NAME = re.compile(r"^[0-9a-f]{40}$")
 # A Hub repository id: "name" (legacy top-level models such as gpt2) or "org/name".
 _HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
 
@@ -70,9 +73,14 @@ class HubDownloadError(UserError):
     """The Hub refused or failed the download (unknown repository, gated, interrupted, corrupted)."""
 
 
+#: the Hub's longest repository id (huggingface_hub's validate_repo_id)
+MAX_HUB_ID = 96
+
+
 def is_hub_id(name: str) -> bool:
     """Whether ``name`` can be a Hub repository id (``gpt2``, ``google-bert/bert-base-cased``)."""
-    return bool(_HUB_ID.match(name)) and ".." not in name and not name.endswith((".", "-"))
+    return (len(name) <= MAX_HUB_ID and bool(_HUB_ID.match(name)) and ".." not in name
+            and not name.endswith((".", "-")))
 
 
 def is_offline() -> bool:
@@ -167,6 +175,9 @@ def hub_snapshot(repo_id: str, revision: Optional[str] = None, progress: bool = 
     except UserError:
         raise
     except Exception as err:  # connection reset, timeout, HTTP errors: each huggingface_hub version has its own types
+        if is_out_of_space(err):
+            raise DiskFullError(hub_cache_dir(), free=free_bytes(hub_cache_dir()), intact="the files already complete are kept: "
+                                "free some space and run the same command again to resume") from err
         raise HubDownloadError(f"downloading {repo_id} failed ({type(err).__name__}: {str(err)[:300]}); run the same "
                                "command again to resume (the files already complete are kept; a file cut off part-way "
                                "starts over), or set HF_HUB_OFFLINE=1 to use only the cache") from None
@@ -177,9 +188,26 @@ def hub_snapshot(repo_id: str, revision: Optional[str] = None, progress: bool = 
     return folder
 
 
+def _blob_digest(blob: Path) -> Optional[Tuple[str, str]]:
+    """``(kind, digest)`` of a cache blob, computed the way its name records it: ``sha256``
+    for an LFS file, ``git blob id`` (SHA-1 of ``"blob SIZE\\0"`` and the bytes) for any
+    other; None when the name records neither."""
+    if _SHA256_NAME.match(blob.name):
+        kind, digest = "sha256", hashlib.sha256()
+    elif _GIT_BLOB_NAME.match(blob.name):
+        kind, digest = "git blob id", hashlib.sha1(b"blob %d\0" % blob.stat().st_size)
+    else:
+        return None
+    with open(blob, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return kind, digest.hexdigest()
+
+
 def verify_snapshot(folder: Path) -> List[str]:
-    """Hash every weight file whose cache blob is named by its SHA-256 (the Hub's record of
-    an LFS file) and compare. A mismatch removes the file and its blob from the cache, so
+    """Hash every file of a snapshot and compare with the Hub's record that names its cache
+    blob: the SHA-256 of an LFS file (weights), the git blob id of the others (config,
+    vocabulary, tokenizer files). A mismatch removes the file and its blob from the cache, so
     the next call downloads it again, and raises.
 
     Returns:
@@ -187,18 +215,16 @@ def verify_snapshot(folder: Path) -> List[str]:
     """
     checked, bad = [], []
     for path in sorted(folder.iterdir()):
-        if not _WEIGHT_FILE.match(path.name) or not path.is_symlink():
+        if not path.is_symlink():
             continue  # a copied (not linked) cache carries no digest to compare with
         blob = path.resolve()
-        if not _SHA256_NAME.match(blob.name):
+        found = _blob_digest(blob) if blob.is_file() else None
+        if found is None:
             continue
-        digest = hashlib.sha256()
-        with open(blob, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
+        kind, digest = found
         checked.append(path.name)
-        if digest.hexdigest() != blob.name:
-            bad.append(f"{path.name}: sha256 {digest.hexdigest()}, the Hub records {blob.name}")
+        if digest != blob.name:
+            bad.append(f"{path.name}: {kind} {digest}, the Hub records {blob.name}")
             blob.unlink(missing_ok=True)
             path.unlink(missing_ok=True)
     if bad:

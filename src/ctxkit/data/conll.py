@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from .errors import ProblemLog, ReadResult, iter_lines, open_input
-from ..core.errors import UserError
+from ..core.errors import UserError, quote
 
 __all__ = ["TaggedSentence", "ConllReadResult", "read_conll", "iob1_to_bio", "label_list", "align_labels",
            "word_predictions", "encode_tagged", "SCHEMES"]
@@ -153,7 +153,7 @@ def read_conll(path: PathLike, tag_column: int = -1, scheme: str = "auto", on_er
                 continue
             tag = fields[tag_column]
             if not _TAG.fullmatch(tag):
-                problems.report(line_no, "bad tag", f"{tag!r}; tags must be O, B-TYPE or I-TYPE")
+                problems.report(line_no, "bad tag", f"{quote(tag, 100)}; tags must be O, B-TYPE or I-TYPE")
                 bad = True
                 continue
             words.append(fields[0])
@@ -167,7 +167,7 @@ def read_conll(path: PathLike, tag_column: int = -1, scheme: str = "auto", on_er
             sent.tags = iob1_to_bio(sent.tags)
         elif scheme == "bio" and (i := _orphan_inside(sent.tags)) is not None:
             problems.report(first + i, "entity opened by I-",
-                            f"{sent.tags[i]!r} follows {sent.tags[i - 1] if i else 'the sentence start'}; "
+                            f"{quote(sent.tags[i], 100)} follows {quote(sent.tags[i - 1], 100) if i else 'the sentence start'}; "
                             f"IOB1 data? pass scheme='iob1' or 'auto'")
             continue
         kept.append(sent)

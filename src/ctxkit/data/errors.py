@@ -26,7 +26,7 @@ import zlib
 from collections import Counter
 from typing import IO, Any, Iterable, Iterator, Optional, Tuple, Union
 
-from ..core.errors import MissingFileError, UserError
+from ..core.errors import MissingFileError, UserError, clip
 
 __all__ = ["DataError", "ReadResult", "ON_ERROR", "summarize", "ProblemLog", "iter_lines",
            "check_input", "open_input", "is_rereadable", "require_rereadable", "raw_lines", "json_error_detail",
@@ -44,10 +44,16 @@ class DataError(UserError):
         path: The file (as given to the reader).
         where: 1-based line number, or a record description for JSON documents.
         reason: Short category used for counting in skip mode (e.g. ``"unknown label"``).
-        detail: The rest of the explanation.
+        detail: The rest of the explanation (readers quote input with
+            :func:`ctxkit.core.errors.quote`; longer details are cut here as a last guard, so
+            no input makes the message longer than a few hundred characters).
     """
 
+    #: the most characters of ``detail`` kept (a quoted field of ~200 plus the explanation)
+    DETAIL_LIMIT = 400
+
     def __init__(self, path: PathLike, where: Union[int, str], reason: str, detail: str = ""):
+        detail = clip(detail, self.DETAIL_LIMIT)
         self.path, self.where, self.reason, self.detail = str(path), where, reason, detail
         super().__init__(f"{self.path}:{where}: {reason}" + (f": {detail}" if detail else ""))
 

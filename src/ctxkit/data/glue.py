@@ -17,7 +17,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import (DataError, ProblemLog, ReadResult, check_input, iter_lines, loads_json, lone_surrogate,
                      open_input)
-from ..core.errors import MissingFileError, UnknownNameError, UserError
+from ..core.errors import MissingFileError, UnknownNameError, UserError, capped_join, quote
 
 __all__ = ["TextExample", "GlueTask", "GLUE_TASKS", "get_glue_task", "read_glue", "read_table", "TextReadResult", "read_sst2"]
 
@@ -161,12 +161,22 @@ def _glue_file(task: GlueTask, path_or_dir: PathLike, split: str) -> Path:
     raise MissingFileError(f"{path}: no {task.name} {split} file; tried {', '.join(map(str, tried))}")
 
 
+#: characters of a label echoed in an error (labels are short words; a longer one is a broken line)
+LABEL_QUOTE = 100
+
+
+def _header(columns: Sequence[str]) -> str:
+    """A header row for an error: its columns quoted, each and their number capped (a file that
+    is one 20 MB line without newlines is all header)."""
+    return "[" + capped_join(quote(c, 60) for c in columns) + "]"
+
+
 def _resolve(columns: List[str], wanted: Optional[Column], problems: ProblemLog, what: str) -> Optional[int]:
     """Position of a named column in a header row; a missing one ends the read."""
     if wanted is None or isinstance(wanted, int):
         return wanted
     if wanted not in columns:
-        raise problems.fatal(1, "missing column", f"no {what} column {wanted!r} in header {columns}")
+        raise problems.fatal(1, "missing column", f"no {what} column {wanted!r} in header {_header(columns)}")
     return columns.index(wanted)
 
 
@@ -234,7 +244,7 @@ def read_glue(task: Union[str, GlueTask], path_or_dir: PathLike, split: str = "d
                 elif raw in label_index:
                     label = label_index[raw]
                 else:
-                    problems.report(line_no, "unknown label", f"{raw!r}; allowed: {', '.join(task.labels)}")
+                    problems.report(line_no, "unknown label", f"{quote(raw, LABEL_QUOTE)}; allowed: {', '.join(task.labels)}")
                     continue
             examples.append(TextExample(text, pair, label, f"{path.name}:{line_no}"))
     if cols is None and has_header:
@@ -332,7 +342,7 @@ def read_table(path: PathLike, text_column: str = "text", pair_column: Optional[
                 continue
         elif raw is not None:
             if raw not in label_index:
-                problems.report(line_no, "unknown label", f"{raw!r}; allowed: {', '.join(label_list)}")
+                problems.report(line_no, "unknown label", f"{quote(raw, LABEL_QUOTE)}; allowed: {capped_join(label_list)}")
                 continue
             label = label_index[raw]
         examples.append(TextExample(text, pair, label, f"{path.name}:{line_no}"))
@@ -361,7 +371,7 @@ def _infer_labels(raw_labels: List[str], regression: Optional[bool]) -> Tuple[Op
 def _header_positions(header: List[str], cols, problems: ProblemLog) -> Tuple[int, Optional[int], Optional[int]]:
     text_col, pair_col, label_col = cols
     if text_col not in header:
-        raise problems.fatal(1, "missing column", f"no text column {text_col!r} in header {header}")
+        raise problems.fatal(1, "missing column", f"no text column {text_col!r} in header {_header(header)}")
 
     def find(name):  # pair and label are optional: a table without them is single-text / unlabelled
         return header.index(name) if name is not None and name in header else None
@@ -487,13 +497,13 @@ def read_sst2(path) -> Tuple[List[str], List[int]]:
         rows = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
         header = next(rows, None)
         if not header or "sentence" not in header or "label" not in header:
-            raise DataError(path, 1, "bad header", f"expected columns 'sentence' and 'label', found {header}")
+            raise DataError(path, 1, "bad header", f"expected columns 'sentence' and 'label', found {_header(header or [])}")
         s_col, l_col = header.index("sentence"), header.index("label")
         for line_no, row in enumerate(rows, start=2):
             if len(row) != len(header):
                 raise DataError(path, line_no, "wrong number of fields", f"expected {len(header)}, found {len(row)}")
             if row[l_col] not in ("0", "1"):
-                raise DataError(path, line_no, "bad label", f"expected 0 or 1, found {row[l_col]!r}")
+                raise DataError(path, line_no, "bad label", f"expected 0 or 1, found {quote(row[l_col], LABEL_QUOTE)}")
             texts.append(row[s_col])
             labels.append(int(row[l_col]))
     return texts, labels

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
 
 from .errors import DataError, ProblemLog, ReadResult, loads_json, lone_surrogate, open_input
-from ..core.errors import UserError
+from ..core.errors import UserError, quote
 
 __all__ = ["Answer", "QAExample", "read_squad", "split_by_article"]
 
@@ -95,15 +95,15 @@ class _Fields:
             self.problems.report(where, "bad record", f"expected a JSON object, got {type(obj).__name__}")
             return _MISSING
         if key not in obj:
-            self.problems.report(where, "missing field", repr(key))
+            self.problems.report(where, "missing field", quote(key))
             return _MISSING
         value = obj[key]
         # bool is an int subclass; an answer_start of true is a data error, not 1.
         if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-            self.problems.report(where, "bad field type", f"{key!r} is {type(value).__name__}")
+            self.problems.report(where, "bad field type", f"{quote(key)} is {type(value).__name__}")
             return _MISSING
         if typ is str and (i := lone_surrogate(value)) is not None:
-            self.problems.report(where, "invalid text", f"{key!r} has a lone surrogate U+{ord(value[i]):04X} "
+            self.problems.report(where, "invalid text", f"{quote(key)} has a lone surrogate U+{ord(value[i]):04X} "
                                                         f"at index {i} (not a character)")
             return _MISSING
         return value
@@ -152,6 +152,8 @@ def read_squad(path: PathLike, on_error: str = "raise") -> ReadResult:
             for qi, qa in enumerate(qas):
                 qid = qa.get("id") if isinstance(qa, dict) else None
                 printable = isinstance(qid, str) and lone_surrogate(qid) is None
+                # An id is echoed only when short: the record is named by its place otherwise.
+                printable = printable and len(qid) <= 64
                 where_q = f"{where_p} / question {qid if printable else f'#{qi}'}"
                 example = _question(qa, title, context, where_q, fields, seen_ids)
                 if example is not None:
@@ -184,7 +186,7 @@ def _question(qa, title: str, context: str, where: str, fields: _Fields, seen_id
         found = context[start:start + len(text)] if start >= 0 else ""
         if not text or found != text:
             problems.report(where, "answer not at its offset",
-                            f"answer {k} {text!r} at answer_start {start}, but the context there is {found!r}")
+                            f"answer {k} {quote(text, 40)} at answer_start {start}, but the context there is {quote(found, 40)}")
             continue
         answers.append(Answer(text, start))
     if impossible and answers:

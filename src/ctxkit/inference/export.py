@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from ..tasks.ort_model import OrtTaskModel, _session
 from ..core.deps import require_all
+from ..core.diskspace import reporting_disk_full, tensor_bytes, unchanged_note
 from ..core.durable import MANIFEST, atomic_write, write_folder
 from ..core.errors import UserError
 from ..tasks import load_run
@@ -97,15 +98,19 @@ def export_onnx(model: nn.Module, path: os.PathLike, opset: int = 17) -> Path:
         axes[name] = {0: "batch", 1: "seq"} if tensor.dim() >= 2 and tensor.size(1) == example["input_ids"].size(1) else {0: "batch"}
     args = tuple(example[k] for k in ONNX_INPUTS)
     tmp = path.with_name(path.name + ".tmp")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the exporter's deprecation chatter is not the user's concern
-        # The TorchScript exporter (torch >= 2.4) needs only `onnx`; the dynamo one would also
-        # need onnxscript, so it is not used.
-        torch.onnx.export(wrapped, args, str(tmp), input_names=list(ONNX_INPUTS), output_names=outputs,
-                          dynamic_axes=axes, opset_version=opset, dynamo=False)
-    os.replace(tmp, path)  # a failed export never leaves a half-written file under the real name
-    for extra in path.parent.glob(tmp.name + "*"):
-        extra.unlink()
+    # The graph holds the weights in fp32: that is what the file needs, refused early if it cannot fit.
+    with reporting_disk_full(path, tensor_bytes(wrapped.state_dict()), intact=unchanged_note(path)):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the exporter's deprecation chatter is not the user's concern
+                # The TorchScript exporter (torch >= 2.4) needs only `onnx`; the dynamo one would also
+                # need onnxscript, so it is not used.
+                torch.onnx.export(wrapped, args, str(tmp), input_names=list(ONNX_INPUTS), output_names=outputs,
+                                  dynamic_axes=axes, opset_version=opset, dynamo=False)
+            os.replace(tmp, path)  # a failed export never leaves a half-written file under the real name
+        finally:  # the temporary file when the export failed, external-data files in any case
+            for extra in path.parent.glob(tmp.name + "*"):
+                extra.unlink()
     return path
 
 
@@ -139,10 +144,9 @@ def quantize_onnx(src: os.PathLike, dst: os.PathLike) -> Path:
     require_all(DEPLOY_NEEDS, "int8 quantisation")
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    dst = Path(dst)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm", "Gather"])
-    return dst
+    # Written beside dst and renamed: a failure (a full disk) leaves no partial file under its name.
+    return atomic_write(dst, lambda tmp: quantize_dynamic(str(src), tmp, weight_type=QuantType.QInt8,
+                                                          op_types_to_quantize=["MatMul", "Gemm", "Gather"]))
 
 
 def folder_size_mb(paths: Sequence[os.PathLike]) -> float:
@@ -184,7 +188,9 @@ def quantize_run(run_dir: os.PathLike, out_dir: os.PathLike, verify: bool = True
                                              + "\n", encoding="utf-8")
 
     out.mkdir(parents=True, exist_ok=True)
-    int8 = write_folder(out / "best", write) / "model.int8.onnx"  # swapped in whole, like a training run's best/
+    # Swapped in whole, like a training run's best/; it holds the fp32 export and the int8 copy
+    # (a quarter of it) at once, which a disk without room for both refuses before they start.
+    int8 = write_folder(out / "best", write, needed=tensor_bytes(model.state_dict()) * 5 // 4) / "model.int8.onnx"
     atomic_write(out / "task.json", lambda tmp: shutil.copyfile(run_dir / "task.json", tmp))
     weights = [p for p in src_best.iterdir() if p.suffix in (".safetensors", ".bin")]
     fp32_mb, int8_mb = folder_size_mb(weights), folder_size_mb([int8])

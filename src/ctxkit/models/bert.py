@@ -38,7 +38,7 @@ from ..layers import (
     padding_mask,
 )
 from .common import IndexableOutput, Preset, PretrainedHabits, Replaceable
-from ..core.errors import UnknownNameError, UserError
+from ..core.errors import UnknownNameError, UserError, quote
 
 __all__ = [
     "BertConfig",
@@ -506,7 +506,7 @@ def config_from_hf(hf: dict) -> BertConfig:
             )
         if model_type == "bert":
             if hf.get("position_embedding_type", "absolute") != "absolute":
-                raise CheckpointError(f"position_embedding_type {hf['position_embedding_type']!r} is not supported (only 'absolute')")
+                raise CheckpointError(f"position_embedding_type {quote(hf['position_embedding_type'], 100)} is not supported (only 'absolute')")
             return BertConfig(
                 num_layers=hf["num_hidden_layers"],
                 hidden_size=hf["hidden_size"],
@@ -524,8 +524,8 @@ def config_from_hf(hf: dict) -> BertConfig:
                 family="bert",
             )
     except KeyError as err:
-        raise CheckpointError(f"config.json lacks the field {err.args[0]!r} needed for model_type {model_type!r}") from None
-    raise CheckpointError(f"config.json has model_type {model_type!r}; this loader reads 'bert' and 'distilbert'")
+        raise CheckpointError(f"config.json lacks the field {err.args[0]!r} needed for model_type {quote(model_type, 100)}") from None
+    raise CheckpointError(f"config.json has model_type {quote(model_type, 100)}; this loader reads 'bert' and 'distilbert'")
 
 
 def config_to_hf(config: BertConfig, architecture: Optional[str] = None) -> dict:

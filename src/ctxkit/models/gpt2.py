@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional
@@ -22,7 +23,9 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor, nn
 
-from ..core.checkpoint import CheckpointError, KeyMap, load_state_dict_strict, read_config, read_weights, save_weights
+from ..core.checkpoint import (CheckpointError, KeyMap, check_config_against_weights, check_config_fields, check_config_types,
+                               check_heads_divide, count_layers, load_state_dict_strict, read_config, read_weights,
+                               require_config_fields, save_weights, weight_dim)
 from ..layers import KVCache, TransformerEncoder, causal_mask, padding_mask
 from .common import PretrainedHabits, Replaceable
 from ..core.errors import UserError
@@ -239,22 +242,49 @@ _CONV1D = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".m
 _REDUNDANT = (".attn.bias", ".attn.masked_bias")
 
 
-def gpt2_config_from_hf(hf: dict) -> GPT2Config:
-    """Our config from an HF ``config.json`` dict.
+# Switches of HF's GPT-2 that ctxkit's does not implement: a config that turns one on is refused.
+_UNSUPPORTED_FLAGS = ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention")
+
+
+def gpt2_config_from_hf(hf: dict, source: str = "config.json") -> GPT2Config:
+    """Our config from an HF ``config.json`` dict (``source``: its path, for messages).
 
     Raises:
-        CheckpointError: for another model type or a variant we do not implement.
+        CheckpointError: for another model type, a variant we do not implement, or a value
+            of the wrong type or range (naming the field).
     """
     if hf.get("model_type") != "gpt2":
-        raise CheckpointError(f"config.json has model_type {hf.get('model_type')!r}; this loader reads 'gpt2'")
-    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"):
+        raise CheckpointError(f"{source} has model_type {hf.get('model_type')!r}; this loader reads 'gpt2'")
+    require_config_fields(hf, source, ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions"))
+    check_config_fields(hf, source, positive=("n_layer", "n_embd", "n_head", "vocab_size", "n_positions"),
+                        fractions=("resid_pdrop", "embd_pdrop", "attn_pdrop"), positive_floats=("layer_norm_epsilon",),
+                        strings=("activation_function",))
+    if hf.get("n_inner") is not None:  # null: 4 x n_embd
+        check_config_fields(hf, source, positive=("n_inner",))
+    check_config_types(hf, source, booleans=_UNSUPPORTED_FLAGS, nullable=_UNSUPPORTED_FLAGS)
+    check_heads_divide(hf, source, "n_embd", "n_head")
+    for flag in _UNSUPPORTED_FLAGS:
         if hf.get(flag):
-            raise CheckpointError(f"config.json sets {flag}, which ctxkit's GPT-2 does not implement")
+            raise CheckpointError(f"{source} sets {flag}, which ctxkit's GPT-2 does not implement")
     hidden = hf["n_embd"]
     return GPT2Config(num_layers=hf["n_layer"], hidden_size=hidden, num_heads=hf["n_head"], vocab_size=hf["vocab_size"],
                       max_position=hf["n_positions"], ffn_size=hf.get("n_inner") or 4 * hidden, dropout=hf.get("resid_pdrop", 0.1),
                       attention_dropout=hf.get("attn_pdrop", 0.1), activation=hf.get("activation_function", "gelu_new"),
                       layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5))
+
+
+_LAYER_KEY = re.compile(r"(?:^|\.)h\.(\d+)\.")
+
+
+def _check_sizes(hf: dict, source: str, hf_state: Dict[str, Tensor]) -> None:
+    """config.json's sizes against the weights, before the model is built (the names with
+    or without the ``transformer.`` of GPT2LMHeadModel files)."""
+    state = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in hf_state.items()}
+    held = {"vocab_size": weight_dim(state, "wte.weight", 0), "n_embd": weight_dim(state, "wte.weight", 1),
+            "n_positions": weight_dim(state, "wpe.weight", 0)}
+    if hf.get("n_inner") is not None:  # Conv1D weights are (in, out)
+        held["n_inner"] = weight_dim(state, "h.{i}.mlp.c_fc.weight", 1)
+    check_config_against_weights(hf, source, held, layers=("n_layer", count_layers(state, _LAYER_KEY)))
 
 
 def _gpt2_config_to_hf(config: GPT2Config) -> dict:
@@ -296,8 +326,10 @@ def load_gpt2(directory: os.PathLike) -> GPT2LMHeadModel:
             and misshaped key.
     """
     directory = Path(directory)
-    config = gpt2_config_from_hf(read_config(directory))
+    hf, source = read_config(directory), str(directory / "config.json")
+    config = gpt2_config_from_hf(hf, source)
     hf_state = read_weights(directory)
+    _check_sizes(hf, source, hf_state)
     if "lm_head.weight" in hf_state and "transformer.wte.weight" in hf_state:
         if not torch.equal(hf_state["lm_head.weight"], hf_state["transformer.wte.weight"]):
             raise CheckpointError(f"{directory}: lm_head.weight differs from the token embeddings; ctxkit's GPT-2 ties them")

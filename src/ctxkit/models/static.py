@@ -44,6 +44,7 @@ from ctxkit.models.static_train import (
 
 from ..core.callbacks import Callback, CallbackList
 from ..core.errors import UnknownNameError, UserError
+from ..core.interrupts import StopSignals, resume_or_start
 from ..core.run_state import capture_rng, load_checkpoint, restore_rng, save_checkpoint
 
 __all__ = [
@@ -343,8 +344,14 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
             ``words_per_s``. Closed when training returns or fails.
         checkpoint: A folder for a resumable checkpoint (:func:`ctxkit.core.run_state.save_checkpoint`:
             both matrices, the optimiser, the random generator and the position), written
-            every ``save_every`` chunks and at each epoch's end.
+            every ``save_every`` chunks, at each epoch's end and when a signal stops the run.
         resume: Continue from ``checkpoint`` exactly: the vectors equal an uninterrupted run's.
+            With no complete checkpoint there (a run that crashed before its first), start
+            from the beginning with a one-line note.
+
+    SIGTERM or SIGUSR1 stop the run after the current batch, with the checkpoint written (when
+    there is a ``checkpoint`` folder): ``meta["stopped"]`` then says where, and the vectors
+    are those of an unfinished run. A second signal stops at once.
 
     Returns:
         :class:`WordVectors` of the input vectors (with sub-words: each word's mean of its own
@@ -395,6 +402,8 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
                     lr=lr, batch_size=batch_size, optimizer=optimizer, lowercase=lowercase, seed=seed)
     examples, step_lr, epoch_losses = 0, lr, []
     position = {"epoch": 0, "chunk": 0, "loss_sum": 0.0, "loss_n": 0}
+    if resume:  # a run that crashed before its first checkpoint starts again
+        resume = resume_or_start(checkpoint)
     if resume:
         ckpt = load_checkpoint(checkpoint)
         saved = ckpt.trainer_state
@@ -406,9 +415,11 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
         restore_rng(ckpt.rng, {"word2vec": rng})
         examples, epoch_losses, position = saved["examples"], saved["epoch_losses"], saved["position"]
 
-    def save(epoch: int, chunk: int, loss_sum: float, loss_n: int) -> None:
+    def save(epoch: int, chunk: int, loss_sum: float, loss_n: int, **mid_chunk) -> None:
+        """``mid_chunk``: ``batch`` (the next one) and ``chunk_rng`` (the generator's state when the
+        chunk began, which draws its examples again on resume), for a stop inside a chunk."""
         state = {"settings": settings, "train_tokens": total, "examples": examples, "epoch_losses": epoch_losses,
-                 "position": {"epoch": epoch, "chunk": chunk, "loss_sum": loss_sum, "loss_n": loss_n}}
+                 "position": {"epoch": epoch, "chunk": chunk, "loss_sum": loss_sum, "loss_n": loss_n, **mid_chunk}}
         opt_state = None if opt is None else opt.state_dict()
         for group in opt_state["param_groups"] if opt_state else ():
             group["lr"] = float(group["lr"])  # a NumPy scalar here; weights_only loading takes plain floats
@@ -419,22 +430,37 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
     start = time.perf_counter()
     bar = tqdm(total=epochs * total, unit="word", unit_scale=True, desc=model + ("+subwords" if subwords else ""),
                disable=not progress, mininterval=1.0)
-    with _torch_threads(num_threads), bar, CallbackList(callbacks or ()) as run_log:
+    stopped = None  # where a signal stopped the run
+    with _torch_threads(num_threads), bar, CallbackList(callbacks or ()) as run_log, StopSignals("batch") as signals:
         run_log.on_train_begin({"config": settings, "vocab_size": vocab_size, "train_tokens": total})
         for epoch in range(position["epoch"], epochs):
             first = position["chunk"] if epoch == position["epoch"] else 0
-            loss_sum, loss_n = (position["loss_sum"], position["loss_n"]) if first else (0.0, 0)
+            loss_sum, loss_n = (position["loss_sum"], position["loss_n"]) if epoch == position["epoch"] else (0.0, 0)
             for c in range(first, len(bounds) - 1):
                 lo, hi = bounds[c], bounds[c + 1]
                 base = epoch * total + lo  # corpus tokens seen before this chunk, all epochs
+                skip = position.get("batch", 0) if (epoch, c) == (position["epoch"], position["chunk"]) else 0
+                if skip:  # resumed inside this chunk: its examples again, from the generator state it began with
+                    now, rng.bit_generator.state = rng.bit_generator.state, position["chunk_rng"]
+                chunk_rng = rng.bit_generator.state
                 kept = rng.random(hi - lo) < keep[ids[lo:hi]]
                 if model == "skipgram":
                     inputs, targets = _skipgram_examples(ids[lo:hi][kept], sent[lo:hi][kept], window, rng)
                 else:
                     targets, inputs = _cbow_examples(ids[lo:hi][kept], sent[lo:hi][kept], window, rng)
                 order = rng.permutation(len(targets))
+                if skip:  # ... then on with the negatives where the stopped run left off
+                    rng.bit_generator.state = now
                 n_batches = max(1, math.ceil(len(order) / batch_size))
-                for b in range(n_batches):
+                for b in range(skip, n_batches):
+                    # SIGTERM/SIGUSR1: stop between two batches; not before the chunk's first, whose
+                    # generator state (after drawing the examples) the checkpoint does not keep.
+                    if signals.received and b > skip:
+                        stopped = {"reason": "signal", "epoch": epoch, "chunk": c, "batch": b,
+                                   "at": f"epoch {epoch + 1}, chunk {c + 1} of {len(bounds) - 1}, batch {b + 1}"}
+                        if checkpoint is not None:
+                            save(epoch, c, loss_sum, loss_n, batch=b, chunk_rng=chunk_rng)
+                        break
                     sel = order[b * batch_size:(b + 1) * batch_size]
                     if len(sel):  # a chunk can lose all examples, e.g. only one-word sentences left
                         rows, offsets, lengths = _bag_batch(inputs, sel, model == "cbow", sub_ptr, sub_rows)
@@ -452,14 +478,23 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
                             opt.step()
                         loss_sum, loss_n = loss_sum + float(loss.detach()), loss_n + len(sel)
                     bar.update(base + (hi - lo) * (b + 1) // n_batches - bar.n)
+                if stopped:  # inside the chunk: the rest of it is the resumed run's
+                    break
                 examples += len(targets)
                 words_per_s = (base + hi - lo - done_before) / max(time.perf_counter() - start, 1e-9)  # bar.n stays 0 when it is off
                 bar.set_postfix(loss=f"{loss_sum / max(1, loss_n):.3f}", lr=f"{step_lr:.2e}", refresh=False,
                                 **{"words/s": f"{words_per_s:,.0f}"})
                 run_log.on_log(int(base + hi - lo), {"epoch": epoch, "loss": loss_sum / max(1, loss_n), "lr": step_lr,
                                                      "words_per_s": round(words_per_s, 1)})
-                if checkpoint is not None and ((c + 1) % max(1, save_every) == 0 or c + 2 == len(bounds)):
+                if signals.received:  # it came during the chunk's last batch: stop at the chunk's end
+                    stopped = {"reason": "signal", "epoch": epoch, "chunk": c + 1, "batch": 0,
+                               "at": f"epoch {epoch + 1}, end of chunk {c + 1} of {len(bounds) - 1}"}
+                if checkpoint is not None and (stopped or (c + 1) % max(1, save_every) == 0 or c + 2 == len(bounds)):
                     save(epoch, c + 1, loss_sum, loss_n)
+                if stopped:
+                    break
+            if stopped:  # the epoch's loss is for the resumed run to finish
+                break
             epoch_losses.append(round(loss_sum / max(1, loss_n), 4))
         run_log.on_train_end({"epoch_losses": epoch_losses, "seconds": round(time.perf_counter() - start, 2)})
     seconds = time.perf_counter() - start
@@ -468,6 +503,9 @@ def train_word2vec(corpus, model: str = "skipgram", dim: int = 100, window: int 
     if subwords:
         vectors = F.embedding_bag(to_dev(sub_rows), w_in, to_dev(sub_ptr[:-1]), mode="mean")
         ngram_vectors = w_in[vocab_size:]
-    meta = dict(**settings, train_tokens=total, examples=examples, epoch_losses=epoch_losses, final_loss=epoch_losses[-1],
-                seconds=round(seconds, 2), words_per_sec=round((epochs * total - done_before) / max(seconds, 1e-9), 1))
+    meta = dict(**settings, train_tokens=total, examples=examples, epoch_losses=epoch_losses,
+                final_loss=epoch_losses[-1] if epoch_losses else None, seconds=round(seconds, 2),
+                words_per_sec=round((epochs * total - done_before) / max(seconds, 1e-9), 1))
+    if stopped:
+        meta["stopped"] = {**stopped, "saved": checkpoint is not None}
     return WordVectors(words, vectors, counts=counts, ngram_vectors=ngram_vectors, minn=minn, maxn=maxn, meta=meta)

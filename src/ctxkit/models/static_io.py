@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 from ctxkit.data.errors import DataError, is_rereadable, open_input, raw_lines, require_rereadable
 from ctxkit.data.lines import decode_lines
 
-from ..core.errors import UserError
+from ..core.errors import UserError, quote
 from .common import Replaceable
 
 __all__ = ["StaticVectorsConfig", "STATIC_PRESETS", "FORMATS", "guess_format", "open_file", "read_corpus", "read_vectors", "write_vectors"]
@@ -154,7 +154,7 @@ class _Collector:
 
     def add(self, word: str, values, where: Union[int, str]) -> None:
         if word in self.seen:
-            raise DataError(self.path, where, "duplicate word", f"{word!r} first seen at {self.seen[word]}")
+            raise DataError(self.path, where, "duplicate word", f"{quote(word, 100)} first seen at {self.seen[word]}")
         self.seen[word] = where
         self.words.append(word)
         self.rows.append(values)
@@ -288,7 +288,7 @@ def _read_binary_records(fh, path: PathLike, progress: bool, max_words: Optional
         if not np.isfinite(row).all():
             raise DataError(path, where, "non-finite value", "NaN or infinity in the vector")
         if word in seen:
-            raise DataError(path, where, "duplicate word", f"{word!r} first seen at record {seen[word]}")
+            raise DataError(path, where, "duplicate word", f"{quote(word, 100)} first seen at record {seen[word]}")
         seen[word] = record
         words.append(word)
         if len(matrix) < record:  # double, starting at ~16 MB
@@ -333,7 +333,7 @@ def _read_npz(path: PathLike, max_words: Optional[int]) -> Tuple[List[str], np.n
     matrix = np.asarray(vectors, dtype=np.float32)
     if not np.isfinite(matrix).all():
         row = int(np.flatnonzero(~np.isfinite(matrix).all(axis=1))[0])
-        raise DataError(path, "array 'vectors'", "non-finite value", f"NaN or infinity in row {row} ({words[row]!r})")
+        raise DataError(path, "array 'vectors'", "non-finite value", f"NaN or infinity in row {row} ({quote(words[row], 100)})")
     if max_words is not None:
         words, matrix = words[:max_words], matrix[:max_words]
     return words, matrix, extras

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -27,8 +28,10 @@ import torch
 from safetensors.torch import load_file, save_model
 from torch import Tensor
 
-from ..core.checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights
+from ..core.checkpoint import (CheckpointError, check_config_against_weights, check_config_fields, check_config_types, count_layers,
+                               load_state_dict_strict, read_config, read_weights, require_config_fields, weight_dim)
 from ..core.durable import atomic_write
+from ..core.errors import quote
 from .transformer_xl import TransformerXLConfig, TransformerXLLMHeadModel, TransformerXLModel, build_transformer_xl_lm
 
 __all__ = ["transformer_xl_config_from_hf", "load_transformer_xl", "save_transformer_xl_lm", "load_transformer_xl_lm",
@@ -38,14 +41,35 @@ __all__ = ["transformer_xl_config_from_hf", "load_transformer_xl", "save_transfo
 CTXKIT_MODEL_TYPE = "ctxkit-transformer-xl"
 
 
-def transformer_xl_config_from_hf(hf: dict) -> TransformerXLConfig:
-    """Our config from an HF ``config.json`` dict.
+def _check_values(hf: dict, source: str) -> None:
+    """Types and ranges of the fields :func:`transformer_xl_config_from_hf` reads, before any
+    arithmetic on them."""
+    require_config_fields(hf, source, ("vocab_size", "d_model", "n_head", "d_inner", "n_layer"))
+    check_config_fields(hf, source, positive=("vocab_size", "d_model", "n_head", "d_inner", "n_layer", "d_head", "d_embed", "div_val",
+                                              "tgt_len"),
+                        fractions=("dropout", "dropatt"), positive_floats=("layer_norm_epsilon",))
+    if hf.get("mem_len") is not None:  # null: no memory
+        check_config_fields(hf, source, non_negative=("mem_len",))
+    switches = ("untie_r", "pre_lnorm", "same_length", "tie_word_embeddings")
+    check_config_types(hf, source, integers=("clamp_len", "attn_type", "sample_softmax"), booleans=switches,
+                       int_lists=("cutoffs",), bool_lists=("tie_projs",), nullable=("cutoffs", "tie_projs"))
+    cutoffs, vocab = hf.get("cutoffs") or [], hf["vocab_size"]
+    # AdaptiveLogSoftmaxWithLoss takes clusters between 0 and the vocabulary, in order.
+    if any(not 0 < c < vocab for c in cutoffs) or any(a >= b for a, b in zip(cutoffs, cutoffs[1:])):
+        raise CheckpointError(f"{source}: field 'cutoffs' is {quote(cutoffs)}; expected increasing integers between 0 and "
+                              f"vocab_size {vocab}")
+
+
+def transformer_xl_config_from_hf(hf: dict, source: str = "config.json") -> TransformerXLConfig:
+    """Our config from an HF ``config.json`` dict (``source``: its path, for messages).
 
     Raises:
-        CheckpointError: another model type or a variant ctxkit does not implement.
+        CheckpointError: another model type, a variant ctxkit does not implement, or a value
+            of the wrong type or range (naming the field).
     """
     if hf.get("model_type") != "transfo-xl":
-        raise CheckpointError(f"config.json has model_type {hf.get('model_type')!r}; this loader reads 'transfo-xl'")
+        raise CheckpointError(f"{source} has model_type {quote(hf.get('model_type'), 100)}; this loader reads 'transfo-xl'")
+    _check_values(hf, source)
     d, heads = hf["d_model"], hf["n_head"]
     unsupported = []
     if hf.get("d_head", d // heads) * heads != d:
@@ -61,13 +85,31 @@ def transformer_xl_config_from_hf(hf: dict) -> TransformerXLConfig:
     if cutoffs and d_embed != d:
         unsupported.append(f"d_embed={d_embed} != d_model={d} with an adaptive softmax")
     if unsupported:
-        raise CheckpointError("config.json asks for what ctxkit's Transformer-XL does not implement: " + "; ".join(unsupported))
+        raise CheckpointError(f"{source} asks for what ctxkit's Transformer-XL does not implement: " + "; ".join(unsupported))
     clamp = hf.get("clamp_len", 1000)
     return TransformerXLConfig(vocab_size=hf["vocab_size"], d_model=d, n_heads=heads, d_inner=hf["d_inner"], n_layers=hf["n_layer"],
                                mem_len=hf.get("mem_len") or 0, tgt_len=hf.get("tgt_len", 128), dropout=hf.get("dropout", 0.1),
                                dropatt=hf.get("dropatt", 0.0), cutoffs=cutoffs, div_val=hf.get("div_val", 1), pre_lnorm=False,
                                untie_r=hf.get("untie_r", True), clamp_len=clamp if clamp > 0 else -1, d_embed=d_embed,
                                same_length=bool(hf.get("same_length", True)))
+
+
+_LAYER_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def _check_sizes(hf: dict, source: str, hf_state: Dict[str, Tensor]) -> None:
+    """config.json's sizes against the weights before the model is built: it is built on the
+    device, so a size the weights do not back would be allocated first (a vocabulary of
+    10**9 words, ten million layers) and refused only by the strict load after."""
+    state = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in hf_state.items()}
+    embeddings = [v for k, v in state.items() if re.fullmatch(r"word_emb\.emb_layers\.\d+\.weight", k) and v.dim() == 2]
+    biases = "layers.{i}.dec_attn.r_w_bias" if hf.get("untie_r", True) else "r_w_bias"  # (n_head, d_head)
+    held = {"vocab_size": (sum(int(v.shape[0]) for v in embeddings) or None, "the rows of word_emb.emb_layers"),
+            "d_embed": weight_dim(state, "word_emb.emb_layers.0.weight", 1),
+            "d_model": weight_dim(state, "layers.{i}.dec_attn.o_net.weight", 0),
+            "d_inner": weight_dim(state, "layers.{i}.pos_ff.CoreNet.0.weight", 0),
+            "n_head": weight_dim(state, biases, 0), "d_head": weight_dim(state, biases, 1)}
+    check_config_against_weights(hf, source, held, layers=("n_layer", count_layers(state, _LAYER_KEY)))
 
 
 _LAYER_RENAMES = {"dec_attn.o_net.weight": "self_attn.out_proj.weight", "dec_attn.r_w_bias": "self_attn.u",
@@ -180,11 +222,13 @@ def load_transformer_xl(directory: os.PathLike) -> TransformerXLLMHeadModel:
             every missing, unexpected and misshaped key.
     """
     directory = Path(directory)
-    hf = read_config(directory)
-    config = transformer_xl_config_from_hf(hf)
+    hf, source = read_config(directory), str(directory / "config.json")
+    config = transformer_xl_config_from_hf(hf, source)
     if not config.cutoffs:
         raise CheckpointError(f"{directory}: a Transformer-XL without cutoffs (plain softmax) is not in HF's layout")
-    hf_state = _untie(read_weights(directory), hf)
+    weights = read_weights(directory)
+    _check_sizes(hf, source, weights)
+    hf_state = _untie(weights, hf)
     state = _body_state(hf_state, config)
     model = TransformerXLLMHeadModel(config)
     model.load_note = None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -37,10 +38,17 @@ from torch import Tensor, nn
 from ..core.checkpoint import (
     CheckpointError,
     KeyMap,
+    check_config_against_weights,
+    check_config_fields,
+    check_config_types,
+    check_heads_divide,
+    count_layers,
     load_state_dict_strict,
     read_config,
     read_weights,
+    require_config_fields,
     save_weights,
+    weight_dim,
 )
 from ..layers import AddNorm, PositionwiseFFN, RelativeMultiHeadAttention, rel_shift
 from ..layers.attention import masked_softmax
@@ -405,21 +413,42 @@ _RENAMES = KeyMap([
 _PROJ = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "r": "r_proj", "o": "out_proj"}
 
 
-def xlnet_config_from_hf(hf: dict) -> XLNetConfig:
-    """Our config from an HF ``config.json`` dict.
+def xlnet_config_from_hf(hf: dict, source: str = "config.json") -> XLNetConfig:
+    """Our config from an HF ``config.json`` dict (``source``: its path, for messages).
 
     Raises:
-        CheckpointError: another model type or a variant we do not implement.
+        CheckpointError: another model type, a variant we do not implement, or a value of the
+            wrong type or range (naming the field).
     """
     if hf.get("model_type") != "xlnet":
-        raise CheckpointError(f"config.json has model_type {hf.get('model_type')!r}; this loader reads 'xlnet'")
+        raise CheckpointError(f"{source} has model_type {hf.get('model_type')!r}; this loader reads 'xlnet'")
+    require_config_fields(hf, source, ("vocab_size", "d_model", "n_head", "d_inner", "n_layer"))
+    check_config_fields(hf, source, positive=("vocab_size", "d_model", "n_head", "d_inner", "n_layer", "d_head"),
+                        fractions=("dropout",), positive_floats=("layer_norm_eps",), strings=("ff_activation", "attn_type"))
+    if hf.get("mem_len") is not None:  # null: no memory
+        check_config_fields(hf, source, non_negative=("mem_len",))
+    check_config_types(hf, source, integers=("clamp_len",), booleans=("bi_data", "same_length"), nullable=("bi_data", "same_length"))
+    check_heads_divide(hf, source, "d_model", "n_head", "d_head")
     if hf.get("attn_type", "bi") != "bi" or hf.get("bi_data") or hf.get("same_length"):
-        raise CheckpointError("config.json asks for attn_type='uni', bi_data or same_length, which ctxkit's XLNet does not implement")
+        raise CheckpointError(f"{source} asks for attn_type='uni', bi_data or same_length, which ctxkit's XLNet does not implement")
     if hf.get("ff_activation", "gelu") != "gelu":
-        raise CheckpointError(f"config.json sets ff_activation={hf.get('ff_activation')!r}; ctxkit's XLNet uses 'gelu'")
+        raise CheckpointError(f"{source} sets ff_activation={hf.get('ff_activation')!r}; ctxkit's XLNet uses 'gelu'")
     return XLNetConfig(vocab_size=hf["vocab_size"], d_model=hf["d_model"], n_heads=hf["n_head"], d_inner=hf["d_inner"],
                        n_layers=hf["n_layer"], dropout=hf.get("dropout", 0.1), layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
                        clamp_len=hf.get("clamp_len", -1), mem_len=hf.get("mem_len") or 0)
+
+
+_LAYER_KEY = re.compile(r"(?:^|\.)layer\.(\d+)\.")
+
+
+def _check_sizes(hf: dict, source: str, hf_state: Dict[str, Tensor]) -> None:
+    """config.json's sizes against the weights, before the model is built (``q`` of HF's
+    attention is ``(d_model, n_head, d_head)``)."""
+    state = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in hf_state.items()}
+    held = {"vocab_size": weight_dim(state, "word_embedding.weight", 0), "d_model": weight_dim(state, "word_embedding.weight", 1),
+            "n_head": weight_dim(state, "layer.{i}.rel_attn.q", 1), "d_head": weight_dim(state, "layer.{i}.rel_attn.q", 2),
+            "d_inner": weight_dim(state, "layer.{i}.ff.layer_1.weight", 0)}
+    check_config_against_weights(hf, source, held, layers=("n_layer", count_layers(state, _LAYER_KEY)))
 
 
 def _xlnet_config_to_hf(config: XLNetConfig) -> dict:
@@ -469,8 +498,10 @@ def load_xlnet(directory: os.PathLike) -> XLNetLMHeadModel:
             and misshaped key.
     """
     directory = Path(directory)
-    config = xlnet_config_from_hf(read_config(directory))
+    hf, source = read_config(directory), str(directory / "config.json")
+    config = xlnet_config_from_hf(hf, source)
     hf_state = read_weights(directory)
+    _check_sizes(hf, source, hf_state)
     emb = hf_state.get("transformer.word_embedding.weight")
     if "lm_loss.weight" in hf_state and emb is not None and not torch.equal(hf_state["lm_loss.weight"], emb):
         raise CheckpointError(f"{directory}: lm_loss.weight differs from the word embeddings; ctxkit's XLNet ties them")

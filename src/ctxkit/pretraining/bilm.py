@@ -43,6 +43,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.checkpoint import CheckpointError, atomic_write, load_state_dict_strict
+from ..core.interrupts import StopSignals, resume_or_start
 from ..core.run_state import Checkpoint, LossBuffer, autocast, resolve_device, restore_rng, resume_checkpoint
 from ..core.run_state import save_checkpoint as write_checkpoint
 from ..models.elmo import ELMO_PRESETS, ElmoConfig, ElmoLanguageModel
@@ -231,23 +232,28 @@ def train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Path
             plus ``weights.hdf5`` in the bilm-tf layout when h5py is installed).
         model_config: a preset name from :data:`~ctxkit.models.elmo.ELMO_PRESETS` or a config.
         config: hyper-parameters.
-        resume: continue from ``out_dir/checkpoint/``.
+        resume: continue from ``out_dir/checkpoint/``; with no complete checkpoint there (a
+            run that crashed before its first), start from the beginning with a one-line
+            note; a finished run (``results.json``) whose checkpoint is gone is refused.
         callbacks: also receive the ``log.jsonl`` records (:mod:`ctxkit.training.callbacks`);
             closed when training returns or fails.
 
     Returns:
         summary dict: ``valid`` (last evaluation), ``history``, ``steps``, ``epoch``,
         ``losses`` (every step's training loss since the start), ``tokens_per_s`` (stream
-        tokens per second of this call's wall time, evaluations included), ...
+        tokens per second of this call's wall time, evaluations included), ... SIGTERM or
+        SIGUSR1 end the run after the current step with a checkpoint and no evaluation or
+        ``final/`` (``summary["stopped"]["reason"] == "signal"``); a second signal stops at once.
     """
     # log.jsonl is the first writer, so a record reaches the file before any other writer.
-    with CallbackList([JsonlWriter(Path(out_dir) / "log.jsonl", style="plain"), *(callbacks or ())]) as run_log:
-        return _train_bilm(train_files, valid_files, out_dir, model_config, config, resume, run_log)
+    with CallbackList([JsonlWriter(Path(out_dir) / "log.jsonl", style="plain"), *(callbacks or ())]) as run_log, \
+            StopSignals() as signals:
+        return _train_bilm(train_files, valid_files, out_dir, model_config, config, resume, run_log, signals)
 
 
 def _train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.PathLike], out_dir: os.PathLike,
                 model_config: Union[str, ElmoConfig], config: Optional[BiLMTrainConfig], resume: bool,
-                run_log: CallbackList) -> dict:
+                run_log: CallbackList, signals: StopSignals) -> dict:
     cfg = config or BiLMTrainConfig()
     arch = _resolve_model_config(model_config)
     out = Path(out_dir)
@@ -255,6 +261,8 @@ def _train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
     device = resolve_device(cfg.device)
     ckpt_path = out / "checkpoint"
     ckpt = None
+    if resume:  # a run that crashed before its first checkpoint starts again; a finished one is refused
+        resume = resume_or_start(ckpt_path, finished=[out / "results.json"], legacy=out / "checkpoint.pt")
     if resume:
         ckpt = _read_checkpoint(out)
         ckpt_path = ckpt.folder
@@ -327,7 +335,7 @@ def _train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
     steps_this_call, tokens_this_call = 0, 0
     total = cfg.epochs * chunks_per_epoch if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * chunks_per_epoch)
     bar = tqdm(total=total, initial=run["step"], desc="biLM", unit="step", disable=not cfg.progress, dynamic_ncols=True)
-    stopped = False
+    stopped: Optional[str] = None  # why the loop ended early: "budget" (max_steps, max_time_s) or "signal"
     lm.train()
     while run["epoch"] < cfg.epochs and not stopped:
         if run["chunk"] == 0:
@@ -335,7 +343,10 @@ def _train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
         while run["chunk"] < chunks_per_epoch:
             if (cfg.max_steps is not None and run["step"] >= cfg.max_steps) or \
                     (cfg.max_time_s is not None and time.monotonic() - start >= cfg.max_time_s):
-                stopped = True
+                stopped = "budget"
+                break
+            if signals.received:  # SIGTERM/SIGUSR1 came during the last step (or before the first)
+                stopped = "signal"
                 break
             begin = run["chunk"] * cfg.unroll
             fi, ft = _chunk(fwd, begin, cfg.unroll, BOS_ID)
@@ -369,6 +380,8 @@ def _train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
             if run["step"] % cfg.save_every == 0:
                 save_checkpoint()
                 last_saved = run["step"]
+        if not stopped and signals.received:  # the epoch's end (its evaluation) is left to the resumed run
+            stopped = "signal"
         if not stopped:  # the epoch ran to its end
             run["epoch"] += 1
             run["chunk"] = 0
@@ -382,6 +395,12 @@ def _train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
     if run["step"] != last_saved or steps_this_call == 0:
         save_checkpoint()
     pending.flush_into(run["losses"])
+    if stopped == "signal":  # the seconds before a kill go to the checkpoint: no evaluation, no final/
+        logger.info("%s at step %d: checkpoint written", signals.received, run["step"])
+        summary = {"steps": run["step"], "epoch": run["epoch"], "losses": run["losses"],
+                   "stopped": {"reason": "signal", "step": run["step"]}}
+        run_log.on_train_end({k: v for k, v in summary.items() if k != "losses"})
+        return summary
     valid = run["history"][-1] if run["history"] and run["history"][-1]["step"] == run["step"] else evaluate()
     final = save_elmo_lm(lm, out / "final", vocab)
     try:

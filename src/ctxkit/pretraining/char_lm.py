@@ -259,6 +259,8 @@ def train_char_lm(train_file: Union[os.PathLike, Sequence[os.PathLike]], valid_f
                       save_best=save_best, callbacks=callbacks)
     objective.set_schedule(trainer.total_steps)
     result = trainer.train()
+    if result.stopped == "signal":  # stopped by SIGTERM/SIGUSR1 (checkpoint written): no evaluation in the seconds left
+        return {"model": type(model).__name__, "steps": result.steps, "stopped": {"reason": "signal", "step": result.steps}}
     history, best = result.history, result.best_metric
     if not history:  # per-epoch evaluation was off: score and keep the final model
         history = [evaluate(objective)]

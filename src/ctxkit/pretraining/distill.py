@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from ..core.checkpoint import CheckpointMismatchError
 from ..core.errors import UserError
+from ..core.run_state import save_final
 from ..models.bert import BertForPreTraining, load_bert, save_bert
 from ..tokenizers import WordPieceTokenizer
 from ..training import TrainConfig, Trainer, set_seed
@@ -120,6 +121,12 @@ def _teacher(name: str) -> Tuple[BertForPreTraining, bool]:
         raise
 
 
+def _stopped_by_signal(step: int, phase: str) -> dict:
+    """The summary of a run a signal stopped (its checkpoint written), for ``signal_status``."""
+    return {"steps": step, "stopped": {"reason": "signal", "step": step, "at": f"step {step} of {phase}",
+                                       "resume": "ctxkit distill-pretrain ... --resume continues exactly"}}
+
+
 def distill_pretrain(shards: os.PathLike, teacher: str, out_dir: os.PathLike, config: TrainConfig, student_layers: int = 3,
                      temperature: float = 2.0, alpha_ce: float = 5.0, alpha_mlm: float = 2.0, alpha_cos: float = 1.0,
                      head_steps: int = 500, masking: MaskingConfig = MaskingConfig(max_predictions=20), resume: bool = False,
@@ -146,7 +153,9 @@ def distill_pretrain(shards: os.PathLike, teacher: str, out_dir: os.PathLike, co
             model = load_bert(head_dir / "final", with_heads=True)
         else:
             head_cfg = dataclasses.replace(config, max_steps=head_steps)
-            Trainer(HeadFitting(model), data, head_cfg, head_dir, collate_fn=collator, callbacks=callbacks).train()
+            fitted = Trainer(HeadFitting(model), data, head_cfg, head_dir, collate_fn=collator, callbacks=callbacks).train(resume=resume)
+            if fitted.stopped == "signal":  # SIGTERM/SIGUSR1: teacher_head/checkpoint holds the fit; --resume goes on from it
+                return _stopped_by_signal(fitted.steps, "fitting the teacher's head")
             model.bert.requires_grad_(True)
             save_bert(model, head_dir / "final", tokenizer)
     layers = every_other_layer(model.config.num_layers, student_layers)
@@ -157,8 +166,10 @@ def distill_pretrain(shards: os.PathLike, teacher: str, out_dir: os.PathLike, co
     objective = MLMDistillation(model, student, temperature, alpha_ce, alpha_mlm, alpha_cos)
     collator = MLMCollator(tokenizer, masking, seed=config.seed + 1, multiple_of=max(config.pad_multiple, 1))
     result = Trainer(objective, data, config, out, collate_fn=collator, callbacks=callbacks).train(resume=resume)
-    final = out / "final"
-    save_bert(student.bert, final, tokenizer)
+    if result.stopped == "signal":  # SIGTERM/SIGUSR1: checkpoint/ holds the run; no final/ of a partial student
+        return _stopped_by_signal(result.steps, "training the student")
+    # Replaced as a unit; a full disk: one line naming the checkpoint that is intact.
+    final = save_final(out, lambda folder: save_bert(student.bert, folder, tokenizer), student.bert.state_dict())
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     last = next((r for r in reversed(log) if r.get("event") == "train"), {})
     summary = {"teacher": teacher, "teacher_layers_kept": layers, "head_fitted": not has_head, "steps": result.steps,

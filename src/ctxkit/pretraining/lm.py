@@ -216,6 +216,8 @@ def train_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.PathLi
     trainer = Trainer(model, LMBlocks(train_ids, block_size), config, out, evaluate=evaluate, main_metric="perplexity",
                       greater_is_better=False, save_best=save_best, callbacks=callbacks)
     result = trainer.train()
+    if result.stopped == "signal":  # stopped by SIGTERM/SIGUSR1 (checkpoint written): no evaluation in the seconds left
+        return {"preset": preset, "steps": result.steps, "stopped": {"reason": "signal", "step": result.steps}}
     history, best = result.history, result.best_metric
     if not history:  # per-epoch evaluation was off: score and keep the final model
         history = [evaluate(model)]

@@ -26,6 +26,7 @@ from ..training.callbacks import Callback
 from .masking import IGNORE_INDEX, MaskingConfig, MLMCollator
 from .shards import PretrainDataset, vocab_sha256
 from ..core.errors import UserError
+from ..core.run_state import save_final
 from ..tokenizers import WordPieceTokenizer
 
 __all__ = ["PretrainingModel", "length_buckets", "training_flops_per_token", "pretrain"]
@@ -144,14 +145,14 @@ def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: Tra
         if trainer.rank == 0:
             model = PretrainingModel(arch)
             model.load_state_dict(state)
-    if model is not None:
-        save_bert(model.bert, final, tokenizer)
+    if model is not None:  # replaced as a unit; a full disk: one line naming the checkpoint that is intact
+        save_final(out_dir, lambda folder: save_bert(model.bert, folder, tokenizer), model.bert.state_dict())
     log = [json.loads(line) for line in (Path(out_dir) / "log.jsonl").read_text().splitlines()]
     last = next((r for r in reversed(log) if r.get("event") == "train"), {})
     summary = {"preset": preset, "steps": result.steps, "wall_time_s": round(result.wall_time, 1), "final": str(final),
                **{k: last[k] for k in ("loss", "mlm_loss", "nsp_loss", "mlm_acc", "nsp_acc", "seq_per_s", "tokens_per_s", "mfu") if k in last}}
     if model is not None:
         (Path(out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if trainer.sharded:
-        torch.distributed.barrier()  # final/ is complete when any rank returns
+    if trainer.world > 1:
+        torch.distributed.barrier()  # final/ (rank 0 writes it) is complete when any rank returns
     return summary

@@ -43,6 +43,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..core.checkpoint import CheckpointError, atomic_write, load_state_dict_strict
+from ..core.interrupts import StopSignals, resume_or_start
 from ..core.run_state import Checkpoint, LossBuffer, autocast, resolve_device, restore_rng, resume_checkpoint
 from ..core.run_state import save_checkpoint as write_checkpoint
 from ..models.transformer_xl import TransformerXLConfig, TransformerXLLMHeadModel, TransformerXLModel, VanillaTransformerLM
@@ -218,20 +219,30 @@ def train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
     ``log.jsonl`` records (:mod:`ctxkit.training.callbacks`) and are closed when training
     returns or fails. Returns the summary: ``steps``, ``losses`` (every step's, since the
     start), ``train_tokens_per_s`` (this call), ``valid``, ...
+
+    ``resume`` with no complete checkpoint (a run that crashed before its first) starts from
+    the beginning with a one-line note; a finished run (``results.json``) whose checkpoint is
+    gone is refused. SIGTERM or SIGUSR1 end the run after the current step with a checkpoint
+    and no evaluation or ``final/`` (``summary["stopped"]["reason"] == "signal"``); a second
+    signal stops at once.
     """
     # log.jsonl is the first writer, so a record reaches the file before any other writer.
-    with CallbackList([JsonlWriter(Path(out_dir) / "log.jsonl", style="plain"), *(callbacks or ())]) as run_log:
-        return _train_xl_lm(train_files, valid_files, out_dir, config, train_cfg, resume, run_log)
+    with CallbackList([JsonlWriter(Path(out_dir) / "log.jsonl", style="plain"), *(callbacks or ())]) as run_log, \
+            StopSignals() as signals:
+        return _train_xl_lm(train_files, valid_files, out_dir, config, train_cfg, resume, run_log, signals)
 
 
 def _train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.PathLike], out_dir: os.PathLike,
-                 config: TransformerXLConfig, train_cfg: Optional[XLTrainConfig], resume: bool, run_log: CallbackList) -> dict:
+                 config: TransformerXLConfig, train_cfg: Optional[XLTrainConfig], resume: bool, run_log: CallbackList,
+                 signals: StopSignals) -> dict:
     cfg = train_cfg or XLTrainConfig()
     if not cfg.max_steps and not cfg.max_time_s:
         raise UserError("give max_steps or max_time_s (the schedule's length)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     device, ckpt_path, ckpt = resolve_device(cfg.device), out / "checkpoint", None
+    if resume:  # a run that crashed before its first checkpoint starts again; a finished one is refused
+        resume = resume_or_start(ckpt_path, finished=[out / "results.json"], legacy=out / "checkpoint.pt")
     if resume:
         ckpt = _read_checkpoint(out)
         ckpt_path = ckpt.folder
@@ -293,7 +304,7 @@ def _train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pa
     tokens_now, eval_time = 0, 0.0
     bar = tqdm(total=cfg.max_steps, initial=run["step"], desc=f"{cfg.model} LM", unit="step", disable=not cfg.progress)
     model.train()
-    while not out_of_budget():
+    while not out_of_budget() and not signals.received:  # a signal: stop after this step
         if run["segment"] >= segments:  # epoch done: memory starts empty again
             run["epoch"], run["segment"], mems = run["epoch"] + 1, 0, None
         s = run["segment"] * cfg.tgt_len
@@ -330,6 +341,12 @@ def _train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pa
     train_elapsed = time.monotonic() - t0 - eval_time
     run["train_time_s"] = base_time + train_elapsed
     save_checkpoint()
+    if signals.received:  # the seconds before a kill go to the checkpoint: no evaluation, no final/
+        logger.info("%s at step %d: checkpoint written", signals.received, run["step"])
+        summary = {"model": cfg.model, "steps": run["step"], "epoch": run["epoch"], "losses": run["losses"],
+                   "stopped": {"reason": "signal", "step": run["step"]}}
+        run_log.on_train_end({k: v for k, v in summary.items() if k != "losses"})
+        return summary
     valid = run["history"][-1] if run["history"] and run["history"][-1]["step"] == run["step"] else evaluate()
     save_xl_lm(model, out / "final", vocab)
     summary = {"model": cfg.model, "architecture": dataclasses.asdict(arch), "parameters": params, "vocab_size": len(vocab),

@@ -44,7 +44,9 @@ from ..models.presets import XLNetConfig
 from ..models.xlnet import XLNetLMHeadModel, sample_permutation_masks, save_xlnet
 from ..training import TrainConfig, Trainer, set_seed
 from ..training.callbacks import Callback
+from ..core.diskspace import is_out_of_space
 from ..core.errors import UserError
+from ..core.run_state import save_final
 from .shards import PretrainDataset
 from ..tokenizers import WordPieceTokenizer
 
@@ -210,13 +212,22 @@ def pretrain_xlnet(data: Union[os.PathLike, str, Sequence], arch: XLNetConfig, o
                              multiple_of=max(config.pad_multiple, 1))
     trainer = Trainer(model, features, config, out_dir, collate_fn=collator, callbacks=callbacks)
     result = trainer.train(resume=resume)
-    final = Path(out_dir) / "final"
-    save_xlnet(model.xlnet, final)
-    if tokenizer_dir and Path(tokenizer_dir).is_dir():
-        try:
-            WordPieceTokenizer.from_dir(tokenizer_dir).save(final)
-        except Exception as exc:  # the model is still usable without it
-            logger.warning("tokenizer %s not saved with the model: %s", tokenizer_dir, exc)
+    if result.stopped == "signal":  # stopped by SIGTERM/SIGUSR1: checkpoint/ holds the run; no final/ of a partial one
+        return {"steps": result.steps, "stopped": {"reason": "signal", "step": result.steps,
+                                                   "resume": "ctxkit pretrain-xlnet ... --resume continues exactly"}}
+
+    def write(folder: Path) -> None:
+        save_xlnet(model.xlnet, folder)
+        if tokenizer_dir and Path(tokenizer_dir).is_dir():
+            try:
+                WordPieceTokenizer.from_dir(tokenizer_dir).save(folder)
+            except Exception as exc:  # the model is still usable without it, but not on a full disk
+                if is_out_of_space(exc):
+                    raise
+                logger.warning("tokenizer %s not saved with the model: %s", tokenizer_dir, exc)
+
+    # Replaced as a unit; a full disk: one line naming the checkpoint that is intact.
+    final = save_final(out_dir, write, model.xlnet.state_dict())
     log = [json.loads(line) for line in (Path(out_dir) / "log.jsonl").read_text().splitlines()]
     last = next((r for r in reversed(log) if r.get("event") == "train"), {})
     summary = {"steps": result.steps, "wall_time_s": round(result.wall_time, 1), "final": str(final), "K": K,

@@ -224,6 +224,8 @@ def train_translation(train: Tuple[os.PathLike, os.PathLike], valid: Tuple[os.Pa
     trainer = Trainer(wrapped, _features(train_pairs, tok, max_length), config, out, evaluate=evaluate, main_metric="bleu",
                       save_best=save_best, callbacks=callbacks)
     result = trainer.train()
+    if result.stopped == "signal":  # stopped by SIGTERM/SIGUSR1 (checkpoint written): best/ holds the best epoch so far
+        return {"preset": preset, "steps": result.steps, "stopped": {"reason": "signal", "step": result.steps}}
     summary = {"preset": preset, "quaternion": bool(getattr(arch, "quaternion", False)),
                "parameters": sum(p.numel() for p in model.parameters()),
                "train_pairs": len(train_pairs), "valid_pairs": len(valid_pairs), "vocab_size": tok.vocab_size,

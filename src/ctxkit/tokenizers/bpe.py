@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from .batch import Encoding, TransformersStyle, _check_text, _raise_unencodable
 from .wordpiece import _text_batches, decode_lines, load_tokenizer_json, logger, read_json_object
-from ..core.errors import MissingFileError, UserError
+from ..core.errors import MissingFileError, UserError, quote
 from ..data.errors import check_input, open_input
 
 __all__ = ["ByteLevelBPETokenizer", "END_OF_TEXT"]
@@ -32,9 +32,9 @@ def _read_vocab(path: Path) -> dict:
     seen: dict = {}
     for token, i in vocab.items():
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 2**32:
-            raise UserError(f"{path}: the id of {token!r} must be an integer in [0, 2**32), got {str(i)[:40]}")
+            raise UserError(f"{path}: the id of {quote(token, 100)} must be an integer in [0, 2**32), got {str(i)[:40]}")
         if i in seen:
-            raise UserError(f"{path}: {token!r} and {seen[i]!r} have the same id {i}")
+            raise UserError(f"{path}: {quote(token, 100)} and {quote(seen[i], 100)} have the same id {i}")
         seen[i] = token
     return vocab
 
@@ -112,11 +112,11 @@ class ByteLevelBPETokenizer(TransformersStyle):
                     continue
                 parts = line.split(" ")
                 if len(parts) != 2 or not all(parts):
-                    raise UserError(f"{merges_txt}:{lineno}: expected two space-separated tokens, got {line!r}")
+                    raise UserError(f"{merges_txt}:{lineno}: expected two space-separated tokens, got {quote(line)}")
                 # tokenizers panics (or fails without a line number) on a merge outside the vocabulary.
                 missing = [t for t in (parts[0], parts[1], parts[0] + parts[1]) if t not in vocab]
                 if missing:
-                    raise UserError(f"{merges_txt}:{lineno}: the merge {line!r} needs {missing[0]!r}, "
+                    raise UserError(f"{merges_txt}:{lineno}: the merge {quote(line, 100)} needs {quote(missing[0], 100)}, "
                                     f"which {vocab_json} lacks")
                 merges.append((parts[0], parts[1]))
         return cls(_build(models.BPE(vocab=vocab, merges=merges)), max_length)

@@ -25,7 +25,7 @@ from tokenizers import (
 from tokenizers.models import WordPiece
 
 from .batch import NO_LIMIT, Encoding, TransformersStyle, _as_list, _check_text, _raise_unencodable
-from ..core.errors import MissingFileError, UserError
+from ..core.errors import MissingFileError, UserError, quote
 from ..data.errors import check_input, open_input, require_rereadable
 from ..data.errors import raw_lines as _file_lines
 from ..data.lines import decode_lines, read_lines  # noqa: F401  (read_lines: ctxkit.tokenizers re-exports it)
@@ -206,7 +206,7 @@ class WordPieceTokenizer(TransformersStyle):
                               ("strip_accents", (bool, type(None)))):
             if name in config and not isinstance(config[name], allowed):
                 raise UserError(f"{path / 'tokenizer_config.json'}: {name} must be "
-                                f"{'true, false or null' if type(None) in allowed else 'true or false'}, got {config[name]!r}")
+                                f"{'true, false or null' if type(None) in allowed else 'true or false'}, got {quote(config[name])}")
         if (path / "vocab.txt").is_file():
             return cls.from_vocab(
                 path / "vocab.txt", lowercase=config.get("do_lower_case", True),

@@ -15,9 +15,7 @@ import contextlib
 import logging
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,9 +26,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..core.deps import missing
+from ..core.diskspace import tensor_bytes
 from ..core.durable import write_folder
-from ..core.run_state import (autocast, has_checkpoint, keep_last, load_checkpoint, resolve_device, restore_rng, save_checkpoint, set_seed,
-                              tidy_run_folder)
+from ..core.interrupts import StopSignals, resume_or_start
+from ..core.run_state import (autocast, intact_note, keep_last, load_checkpoint, resolve_device, restore_rng,
+                              save_checkpoint, set_seed, tidy_run_folder)
 from ..data.batching import length_grouped_batches
 from .callbacks import Callback, CallbackList, JsonlWriter
 from .config import TrainConfig
@@ -50,6 +50,9 @@ __all__ = ["TrainConfig", "Trainer", "TrainResult", "resolve_device", "autocast"
 logger = logging.getLogger("ctxkit")
 #: seconds of training between two redraws of ``curve.png`` (it is always drawn after the last epoch)
 CURVE_EVERY_S = 30.0
+#: what the verbs write into a run folder once training has ended: with one of them there and
+#: no checkpoint, ``--resume`` is refused rather than training over a finished run
+FINISHED = ("results.json", "summary.json")
 
 
 def _say(message: str, *args) -> None:
@@ -85,36 +88,6 @@ def _compiled_graphs() -> int:
 
 def _to(batch: Dict[str, torch.Tensor], device: torch.device) -> Dict[str, torch.Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-
-
-class StopSignals:
-    """While a training loop runs, SIGTERM and SIGUSR1 ask it to stop after the current step
-    (``received`` names the signal); a second one stops at once (``KeyboardInterrupt``, whose
-    durable writes leave no debris). Installed only from the main thread (Python's rule);
-    the previous handlers come back on exit."""
-
-    NAMES = ("SIGTERM", "SIGUSR1")
-
-    def __init__(self):
-        self.received: Optional[str] = None
-        self._previous: dict = {}
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            for name in self.NAMES:
-                if hasattr(signal, name):
-                    self._previous[getattr(signal, name)] = signal.signal(getattr(signal, name), self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        if self.received is not None:
-            raise KeyboardInterrupt(f"a second {signal.Signals(signum).name}")
-        self.received = signal.Signals(signum).name
-        _say("%s received: stopping after this step (send it again to stop at once)", self.received)
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 class Trainer:
@@ -279,9 +252,12 @@ class Trainer:
                         trainer_state=state, extra=extra, retire=keep_last(self.out_dir, self.config.keep_last))
 
     def _save_best(self, model: nn.Module) -> None:
-        """``best/`` replaced as a unit, so its encoder and head always come from one epoch."""
+        """``best/`` replaced as a unit, so its encoder and head always come from one epoch (a
+        full disk, found before or while writing: one line saying what is intact)."""
+        best = self.out_dir / "best"
         with self._full_precision():
-            write_folder(self.out_dir / "best", lambda folder: self.save_best(model, folder))
+            write_folder(best, lambda folder: self.save_best(model, folder), needed=tensor_bytes(model.state_dict()),
+                         intact=lambda: intact_note(self.out_dir / "checkpoint", best))
 
     def _tidy_run_folder(self) -> None:
         """At (re)start: a complete checkpoint and best/ back in place after a crash, then
@@ -332,14 +308,9 @@ class Trainer:
             # re-resolved for inference there, and what it resolved to here.
             write_json({"asked": cfg.fast, "resolved": str(self.plan), "notes": list(self.plan.notes), "context": self.plan.context},
                        self.out_dir / "fast.json")
-        if resume and not has_checkpoint(self.out_dir / "checkpoint"):
-            # A run that crashed before its first checkpoint: re-running the same command works.
-            if (self.out_dir / "results.json").is_file():
-                raise UserError(f"{self.out_dir}: a finished run with no checkpoint left to resume from; "
-                                "train into another --out (or drop --resume to start it again)")
-            if self.rank == 0:
-                _say("%s: no complete checkpoint to resume from: starting from the beginning", self.out_dir)
-            resume = False
+        if resume:  # a run that crashed before its first checkpoint starts again; a finished one is refused
+            resume = resume_or_start(self.out_dir / "checkpoint", finished=[self.out_dir / name for name in FINISHED],
+                                     say=_say if self.rank == 0 else lambda message: None)
         if resume:
             state = self._load_checkpoint()
             run_info["resumed_at_step"] = state["step"]  # the log goes on: no start record in log.jsonl
@@ -413,7 +384,7 @@ class Trainer:
                     break
                 if (self.world == 1 or step % cfg.log_every == 0) and agree(self._signals.received is not None, self.device):
                     self._checkpoint(state, epoch, b + cfg.grad_accum, step, losses)
-                    _say("%s at step %d: checkpoint written; the same command with --resume continues", self._signals.received, step)
+                    _say("%s at step %d: checkpoint written", self._signals.received, step)
                     stopped = "signal"
                     break
                 if step >= self.total_steps:
