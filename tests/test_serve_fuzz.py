@@ -170,8 +170,8 @@ def test_schema_declares_bodies_limits_and_errors(served):
     for path in (f"/{kind}", "/embed"):
         op = raw["paths"][path]["post"]
         assert op["requestBody"]["required"] is True
-        assert set(op["responses"]) == {"200", "400", "413", "415", "422", "429", "503"}
-        for code in ("400", "413", "415", "422", "429", "503"):
+        assert set(op["responses"]) == {"200", "400", "408", "413", "415", "422", "429", "431", "503"}
+        for code in ("400", "408", "413", "415", "422", "429", "431", "503"):
             assert op["responses"][code]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorBody"}
         assert op["responses"]["429"]["headers"]["Retry-After"]["schema"] == {"type": "integer", "minimum": 1}
     error = raw["components"]["schemas"]["ErrorBody"]

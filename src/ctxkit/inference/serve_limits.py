@@ -1,6 +1,7 @@
 """What keeps ``ctxkit serve`` fast and honest under load: its torch thread count, its
-bounded request queue, its body-size limit, and the refusal of texts the tokenizer
-reduces to nothing.
+bounded request queue, its body-size limit, the refusal of texts the tokenizer
+reduces to nothing, answers that say nothing about the host's paths, and a log that
+sums up bursts of the same event instead of writing a line each.
 
 Threads: on a CPU, the forward passes share the cores with the event loop (HTTP parsing,
 JSON, validation), the tokenizer, and often the clients and other jobs. PyTorch's intra-op
@@ -18,18 +19,24 @@ server sets it on its model thread (:func:`set_model_thread`), not only where it
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import math
 import os
+import sys
+import tempfile
 import time
-from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple
 
 import torch
 
 from ..core.errors import UserError
 
-__all__ = ["QueueFull", "RequestGuard", "TokenCheck", "at_least_one", "available_cores", "choose_threads", "set_model_thread",
-           "torch_threads"]
+__all__ = ["BurstLog", "PathRedactor", "QueueFull", "RequestGuard", "TokenCheck", "at_least_one", "available_cores", "choose_threads",
+           "positive_seconds", "public_name", "set_model_thread", "torch_threads"]
+
+SERVE_NEEDS = ("fastapi", "uvicorn", "httptools", "pydantic", "starlette")  # the `serve` extra, imported directly
 
 
 def available_cores() -> int:
@@ -223,6 +230,126 @@ class RequestGuard:
         finally:
             self.log_event("request", method=scope["method"], path=scope["path"], status=status[0],
                       items=scope.get("ctxkit_items", 0), latency_ms=round((time.perf_counter() - started) * 1000, 2))
+
+
+def _local_path(value) -> Optional[Path]:
+    """``value`` as an absolute path if it names a place on this host (an absolute or
+    ``~``/``.`` path, or an existing file or folder), else None (a Hub id, a zoo name)."""
+    text = str(value)
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:  # "~someone" with no such user
+        path = Path(text)
+    if path.is_absolute() or text.startswith(("~", ".")) or path.exists():
+        return path.resolve()
+    return None
+
+
+def public_name(value) -> Optional[str]:
+    """What a client may see of a run or model reference: a folder's name, not its path.
+
+    ``/home/me/runs/sst2`` gives ``sst2``; a Hub id (``org/name``) or a zoo name, which
+    say nothing about the host, are kept as they are.
+    """
+    if value is None:
+        return None
+    local = _local_path(value)
+    return str(value) if local is None else (local.name or str(value))
+
+
+class PathRedactor:
+    """Replaces this host's paths in messages sent to clients.
+
+    An error raised deep in a task or a runtime may quote a file it read; the client gets
+    the message with the run's folder as the run's name, the model's as the model's name,
+    the home folder as ``~`` and the interpreter's and temporary folders as
+    ``<python>``/``<tmp>``. The server's log keeps the full message.
+
+    Args:
+        run, model: the run and model references (paths, Hub ids or names; None: unknown).
+    """
+
+    def __init__(self, run=None, model=None):
+        replacements: Dict[str, str] = {}
+        for value in (run, model):
+            local = None if value is None else _local_path(value)
+            if local is not None:
+                replacements[str(local)] = local.name or "<path>"
+                if os.path.isabs(str(value)):  # as given, when it differs from the resolved path (a symlink)
+                    replacements.setdefault(str(value).rstrip(os.sep), local.name or "<path>")
+        for folder, label in ((sys.prefix, "<python>"), (sys.base_prefix, "<python>"), (tempfile.gettempdir(), "<tmp>"),
+                              (str(Path.home()), "~")):
+            if folder and len(folder) > 1:  # never "/" (a home of "/" in some containers)
+                replacements.setdefault(folder, label)
+        # Longest first: a run inside the home folder is named, not turned into "~/...".
+        self._pairs = sorted(replacements.items(), key=lambda item: -len(item[0]))
+
+    def __call__(self, text: str) -> str:
+        """``text`` with every known host path replaced."""
+        for path, label in self._pairs:
+            if path in text:
+                text = text.replace(path, label)
+        return text
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type of the timeouts: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+class BurstLog:
+    """Log an event once when it starts happening and once, summed up, when it stops.
+
+    Under attack the same event (a refused connection, an idle connection timing out, an
+    accept failing for want of file descriptors) can come thousands of times a second;
+    one line each would bury the log (and cost the event loop the writes).
+
+    Args:
+        log_event: ``log_event(event, **fields)``, the server's structured log line.
+        quiet_s: a burst ends after this many seconds without its event.
+    """
+
+    def __init__(self, log_event: Callable[..., None], quiet_s: float = 2.0):
+        self.log_event, self.quiet_s = log_event, quiet_s
+        self._bursts: Dict[tuple, list] = {}  # (event, *fields) -> [count, first time, last time, timer]
+
+    def note(self, event: str, **fields: Any) -> None:
+        """Count one ``event``; the first of a burst is logged with ``fields``, which also
+        tell bursts apart (``timeout`` of kind ``idle`` and of kind ``body``)."""
+        key = (event, *sorted(fields.items()))
+        now = time.monotonic()
+        burst = self._bursts.get(key)
+        if burst is not None:
+            burst[0] += 1
+            burst[2] = now
+            return
+        self.log_event(event, **fields)
+        self._bursts[key] = [1, now, now, asyncio.get_running_loop().call_later(self.quiet_s, self._check, key)]
+
+    def _check(self, key: tuple) -> None:
+        burst = self._bursts[key]
+        left = burst[2] + self.quiet_s - time.monotonic()
+        if left > 0:  # still going: look again when it could have stopped
+            burst[3] = asyncio.get_running_loop().call_later(left, self._check, key)
+            return
+        self._end(key)
+
+    def _end(self, key: tuple) -> None:
+        count, first, last, timer = self._bursts.pop(key)
+        timer.cancel()
+        if count > 1:
+            self.log_event(key[0], **dict(key[1:]), burst_end=True, count=count, seconds=round(last - first, 2))
+
+    def close(self) -> None:
+        """Write the summaries of the bursts still open (the server is stopping)."""
+        for key in list(self._bursts):
+            self._end(key)
 
 
 def at_least_one(text: str) -> int:

@@ -115,6 +115,12 @@ HEALTH_SCHEMA = {"type": "object", "required": ["status", "task", "kind", "endpo
                   "properties": {"status": {"const": "ok"}, "task": {"type": "string"},
                                  "kind": {"enum": ["classify", "ner", "qa"]},
                                  "labels": {"type": ["array", "null"], "items": {"type": "string"}},
+                                 "run": {"type": ["string", "null"],
+                                         "description": "the run folder's name, or its Hub id (a path only with --expose-paths)"},
+                                 "model": {"type": ["string", "null"], "description": "the model's name or Hub id"},
+                                 "connections": {"type": ["object", "null"],
+                                                 "description": "the HTTP front's limits (--max-connections, timeouts, "
+                                                                "--max-header-bytes) and counters"},
                                  "endpoints": {"type": "array", "items": {"type": "string"}},
                                  "batching": {"type": "object"}, "limits": {"type": "object"},
                                  "threads": {"type": "object", "required": ["torch", "source", "cores"],
@@ -125,12 +131,14 @@ HEALTH_SCHEMA = {"type": "object", "required": ["status", "task", "kind", "endpo
 
 # What each error status means; the body is always ``{"error": "<message>"}`` (ErrorBody).
 ERRORS = {400: "malformed JSON: not JSON, not UTF-8, nested too deeply, or a number of over 4300 digits",
+           408: "the request's headers (--header-timeout) or body (--body-timeout) did not arrive in time",
            413: "too many items (--max-items), a text too long (--max-text-chars), or a body too large (--max-body-bytes)",
            415: "the body is not sent as 'Content-Type: application/json'",
            422: "valid JSON but not a valid request: wrong type, missing, conflicting or unknown field, blank text, "
                 "a text the tokenizer reduces to no tokens, empty list",
            429: "the endpoint's queue is full (--max-queue): retry after the Retry-After header's seconds",
-           503: "the server is shutting down"}
+           431: "the request line and headers are too large (--max-header-bytes)",
+           503: "the server is shutting down, or every connection is busy (--max-connections)"}
 # Headers an error answer carries (OpenAPI response objects' "headers").
 ERROR_HEADERS = {429: {"headers": {"Retry-After": {"description": "seconds the queue needs to drain (estimated from recent batches)",
                                                    "schema": {"type": "integer", "minimum": 1}}}}}
