@@ -36,6 +36,18 @@ batches of ``--max-batch``, already tokenized and in pinned memory; the record's
 served texts/s over the encoder's (the target is >= 0.95); the record goes to serve_gpu.json::
 
     python benchmarks/serve_load.py --device cuda --run RUN --concurrency 64 --texts-per-request 16 --max-batch 256
+
+The idle/slow-client mode (``--starve``, issue 43) asks whether idle and slow clients can
+starve the others. The server runs with an open-file limit of ``--file-limit`` (256) and
+its default limits; ``--idle-clients`` connections (1,000) send nothing and
+``--slow-clients`` (50) send their headers or their body a byte every 0.25 s, each opened
+again whenever the server closes it. Meanwhile a fresh client sends ``/health`` and
+``/classify`` for ``--starve-seconds``, each request on a new connection (connecting
+included in its latency). Recorded, without and with the hostile clients: the fresh
+client's p50, p99 and largest latency per endpoint, its statuses, the server's connection
+counters and how many lines the server logged::
+
+    python benchmarks/serve_load.py --starve
 """
 
 from __future__ import annotations
@@ -45,6 +57,7 @@ import asyncio
 import contextlib
 import csv
 import datetime
+import functools
 import json
 import os
 import platform
@@ -121,14 +134,19 @@ def encoder_texts_per_s(run: Path, texts: list, batch: int, reps: int = 5) -> tu
             gpu(**b)["logits"]
         torch.cuda.synchronize()
 
-    once()
-    once()
+    return len(texts) / _median_seconds(once, reps, warmup=2), name
+
+
+def _median_seconds(once, reps: int, warmup: int = 1) -> float:
+    """Median wall time of ``once()`` over ``reps`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        once()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         once()
         times.append(time.perf_counter() - start)
-    return len(texts) / statistics.median(times), name
+    return statistics.median(times)
 
 
 def model_thread_texts_per_s(run: Path, texts: list, batch: int, reps: int = 3) -> float:
@@ -151,13 +169,7 @@ def model_thread_texts_per_s(run: Path, texts: list, batch: int, reps: int = 3) 
             task.predict_lines(gpu, tokenizer, chunk, batch, "cuda")
         torch.cuda.synchronize()
 
-    once()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        once()
-        times.append(time.perf_counter() - start)
-    return len(texts) / statistics.median(times)
+    return len(texts) / _median_seconds(once, reps)
 
 
 def make_run(folder: Path) -> Path:
@@ -224,8 +236,11 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(run: Path, args: list, omp, log_path: Path, device: str = "cpu"):
-    """``python -m ctxkit serve RUN`` on a free loopback port; yields (base URL, Popen)."""
+def server(run: Path, args: list, omp, log_path: Path, device: str = "cpu", file_limit=None):
+    """``python -m ctxkit serve RUN`` on a free loopback port; yields (base URL, Popen).
+
+    ``file_limit``: the server's open-file limit (RLIMIT_NOFILE, soft and hard), as ``ulimit -n``.
+    """
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     if omp is not None:
@@ -235,8 +250,14 @@ def server(run: Path, args: list, omp, log_path: Path, device: str = "cpu"):
 
     env["PYTHONPATH"] = os.pathsep.join([str(Path(ctxkit.__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
     with open(log_path, "wb") as log:  # a file, not a pipe: a full pipe would stall the server's log lines
+        limit = None
+        if file_limit is not None:  # set in the child before it runs Python: a bound call, no import there
+            import resource
+
+            limit = functools.partial(resource.setrlimit, resource.RLIMIT_NOFILE, (file_limit, file_limit))
         proc = subprocess.Popen([sys.executable, "-m", "ctxkit", "serve", str(run), "--port", str(port), "--device", device,
-                                 *args], stdout=subprocess.DEVNULL, stderr=log, env=env)
+                                 *args], stdout=subprocess.DEVNULL, stderr=log, env=env,
+                                preexec_fn=limit)  # noqa: PLW1509 - one setrlimit call, no lock taken
         try:
             yield f"http://127.0.0.1:{port}", proc
         finally:
@@ -349,6 +370,190 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+async def _fresh_request(host: str, port: int, raw: bytes, timeout: float = 30.0) -> tuple:
+    """``(status, seconds)`` of one request on a new connection, connecting included (status 0: failed)."""
+    async def once():
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write(raw)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next((int(line[15:]) for line in head.split(b"\r\n") if line[:15].lower() == b"content-length:"), 0)
+            await reader.readexactly(length)
+            return int(head[9:12])
+        finally:
+            writer.close()
+
+    start = time.perf_counter()
+    try:
+        status = await asyncio.wait_for(once(), timeout)
+    except (OSError, EOFError, asyncio.TimeoutError, ValueError):  # IncompleteReadError is an EOFError
+        status = 0
+    return status, time.perf_counter() - start
+
+
+async def _hostile_client(host: str, port: int, head: bytes, drip: bytes, stop: asyncio.Event) -> None:
+    """A connection that sends ``head``, then ``drip`` every 0.25 s (b"": nothing), never a
+    whole request; opened again whenever the server closes it, until ``stop`` is set."""
+    async def until_closed(reader):
+        with contextlib.suppress(OSError):
+            while await reader.read(65536):
+                pass
+
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            await asyncio.sleep(0.1)
+            continue
+        closed = asyncio.ensure_future(until_closed(reader))
+        writer.write(head)
+        while not closed.done() and not stop.is_set():
+            await asyncio.wait([closed], timeout=0.25)  # not wait_for: it can swallow a cancellation
+            if drip and not closed.done():
+                writer.write(drip)
+        closed.cancel()
+        writer.close()
+        await asyncio.sleep(0.05)  # a refused client would otherwise spin on the client's core
+
+
+def _hostile_process(host: str, port: int, idle: int, slow: int, ready, stop) -> None:
+    """The hostile clients, in a process of their own (as on another machine): ``idle``
+    connections that send nothing and ``slow`` ones that drip their headers (half) or body
+    (half), each opened again whenever the server closes it, until ``stop`` is set."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = idle + slow + 64
+    if soft < need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need if hard == resource.RLIM_INFINITY else min(need, hard), hard))
+
+    async def main():
+        head = b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        clients = [(b"", b"")] * idle + [(head, b"X")] * (slow // 2)
+        clients += [(head + b"Content-Length: 100000\r\n\r\n{\"text\": \"", b"a")] * (slow - slow // 2)
+        done = asyncio.Event()
+        tasks = [asyncio.ensure_future(_hostile_client(host, port, first, drip, done)) for first, drip in clients]
+        await asyncio.sleep(2.0)  # every client has connected once
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.1)
+        done.set()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+
+
+async def starve(url: str, seconds: float, text: str) -> dict:
+    """A fresh client's latency over ``seconds``: ``/health`` and ``/classify``, each request
+    on a new connection, one at a time."""
+    from urllib.parse import urlsplit
+
+    import httpx
+
+    from http_load import request_bytes
+
+    host, port = urlsplit(url).hostname, urlsplit(url).port
+    requests = {"/health": request_bytes(host, port, "/health", None),
+                "/classify": request_bytes(host, port, "/classify", {"text": text})}
+    latencies = {path: [] for path in requests}
+    statuses: dict = {}
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for path, raw in requests.items():
+            status, took = await _fresh_request(host, port, raw)
+            statuses[status] = statuses.get(status, 0) + 1
+            if status == 200:
+                latencies[path].append(took)
+        await asyncio.sleep(0.05)
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        health = (await client.get("/health")).json()
+    return {"latencies": latencies, "statuses": statuses, "connections": health.get("connections")}
+
+
+@contextlib.contextmanager
+def hostile_clients(url: str, idle: int, slow: int):
+    """:func:`_hostile_process` running while the block runs (nothing if both counts are 0)."""
+    if not idle and not slow:
+        yield
+        return
+    import multiprocessing
+    from urllib.parse import urlsplit
+
+    ctx = multiprocessing.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_hostile_process, args=(urlsplit(url).hostname, urlsplit(url).port, idle, slow, ready, stop))
+    proc.start()
+    try:
+        if not ready.wait(120):
+            raise RuntimeError("the hostile clients did not start")
+        yield
+    finally:
+        stop.set()
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+
+
+def starve_main(args) -> int:
+    """Idle/slow-client mode: the fresh client's latency without and with the hostile clients."""
+    import httpx
+    import torch
+
+    tmp = Path(tempfile.mkdtemp(prefix="serve_starve_"))
+    try:
+        run = Path(args.run) if args.run else make_run(tmp / "run")
+        model_case = Path(str(json.loads((run / "task.json").read_text()).get("model", "?"))).name
+        text = sentences(Path(args.data))[0]
+        base = {"peer_name": None, "peer": None, "speedup": None,
+                "device": f"CPU: {cpu_name()} ({len(os.sched_getaffinity(0))} cores), torch {torch.__version__}",
+                "date": datetime.date.today().isoformat(),
+                "command": f"python benchmarks/serve_load.py --starve{' --run RUN_DIR' if args.run else ''} "
+                           f"--idle-clients {args.idle_clients} --slow-clients {args.slow_clients} --file-limit {args.file_limit} "
+                           f"--header-timeout {args.header_timeout:g} --starve-seconds {args.starve_seconds:g}"}
+        records = []
+        for idle, slow in ((0, 0), (args.idle_clients, args.slow_clients)):
+            log_path = tmp / f"starve_{idle}_{slow}.log"
+            with server(run, ["--header-timeout", str(args.header_timeout)], None, log_path, file_limit=args.file_limit) as (url, proc):
+                deadline = time.time() + 300
+                while True:
+                    if proc.poll() is not None or time.time() > deadline:
+                        raise RuntimeError(f"the server did not come up: {log_path.read_text(errors='replace')[-2000:]}")
+                    with contextlib.suppress(httpx.TransportError):
+                        if httpx.get(url + "/health", timeout=5).status_code == 200:
+                            break
+                    time.sleep(0.2)
+                lines_before = len(log_path.read_text(errors="replace").splitlines())
+                with hostile_clients(url, idle, slow):
+                    r = asyncio.run(starve(url, args.starve_seconds, text))
+                lines = log_path.read_text(errors="replace").splitlines()[lines_before:]
+            # The fresh client's own requests log a line each (and their batches): counted apart.
+            own = sum(line.startswith(('{"event": "request"', '{"event": "batch"')) for line in lines)
+            log_lines = len(lines) - own
+            crowd = (f"{idle} idle and {slow} slow clients holding connections (reopened when closed)" if idle or slow
+                     else "no other client")
+            case = (f"{model_case} classifier over HTTP (loopback), a fresh client's requests each on a new connection, {crowd}, "
+                    f"server open-file limit {args.file_limit}, --header-timeout {args.header_timeout:g}")
+            detail = {"idle_clients": idle, "slow_clients": slow, "file_limit": args.file_limit,
+                      "header_timeout_s": args.header_timeout, "seconds": args.starve_seconds, "statuses": r["statuses"],
+                      "server_log_lines": log_lines, "request_and_batch_log_lines": own, "connections": r["connections"]}
+            summary = []
+            for path, lat in r["latencies"].items():
+                ms = np.array(lat or [float("nan")]) * 1000
+                figures = {"p50_ms": round(float(np.percentile(ms, 50)), 1), "max_ms": round(float(ms.max()), 1), "answered": len(lat)}
+                summary.append(f"{path} p50 {figures['p50_ms']:.0f} ms, p99 {np.percentile(ms, 99):.0f} ms, max {figures['max_ms']:.0f} ms")
+                records.append({"benchmark": "serve_load", "case": f"{case}: {path}", "metric": "fresh-client latency p99", "unit": "ms",
+                                "ctxkit": round(float(np.percentile(ms, 99)), 1), **figures, **detail, **base})
+            records.append({"benchmark": "serve_load", "case": case, "metric": "server log lines (besides request and batch lines)",
+                            "unit": "lines",
+                            "ctxkit": log_lines, **detail, **base})
+            print(f"{crowd}: {'; '.join(summary)}; statuses {r['statuses']}; {log_lines} log lines (and {own} request/batch lines); "
+                  f"connections {r['connections']['stats']}", flush=True)
+        print(f"wrote {write_records('serve_load.json', records, args.results)}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", default=None, help="a classification run folder (default: MiniLM-L6 with a seeded head, built here)")
@@ -370,9 +575,18 @@ def main(argv=None) -> int:
                         help="--device cuda: the load generator (raw: benchmarks/http_load.py from several processes; "
                              "httpx: one AsyncClient, which tops out near 100 requests/s)")
     parser.add_argument("--client-processes", type=int, default=4, help="--device cuda: processes of the raw client (default: 4)")
+    starve = parser.add_argument_group("idle/slow-client mode (--starve, see above)")
+    starve.add_argument("--starve", action="store_true", help="a fresh client's latency while idle and slow clients hold connections")
+    starve.add_argument("--idle-clients", type=int, default=1000, help="connections that never send a byte (default: 1000)")
+    starve.add_argument("--slow-clients", type=int, default=50, help="clients sending headers or a body a byte every 0.25 s (default: 50)")
+    starve.add_argument("--file-limit", type=int, default=256, help="the server's open-file limit (default: 256)")
+    starve.add_argument("--header-timeout", type=float, default=10.0, help="the server's --header-timeout (default: 10, its default)")
+    starve.add_argument("--starve-seconds", type=float, default=30.0, help="how long the fresh client sends (default: 30)")
     args = parser.parse_args(argv)
     if args.device == "cuda":
         return gpu_main(args)
+    if args.starve:
+        return starve_main(args)
 
     import torch
 

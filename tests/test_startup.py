@@ -2,6 +2,7 @@
 torch, and building the whole parser tree imports none of the heavy optional modules; the
 cached top-level help is exactly what the parser prints."""
 
+import json
 import os
 import subprocess
 import sys
@@ -43,20 +44,34 @@ def test_help_and_version_import_no_torch(flag):
         assert done.stdout == (SRC / "ctxkit" / "cli" / "help.txt").read_text(encoding="utf-8")
 
 
+STALE = "the cached help is stale: COLUMNS=100 python -c \"from ctxkit.cli import write_help; write_help()\""
+
+
 def test_cached_help_is_the_parsers_own(monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
-    from ctxkit.cli import build_parser
+    from ctxkit.cli import build_parser, help_texts
 
+    parser = build_parser()
     cached = (SRC / "ctxkit" / "cli" / "help.txt").read_text(encoding="utf-8")
-    assert cached == build_parser().format_help(), \
-        "src/ctxkit/cli/help.txt is stale: COLUMNS=100 python -c \"from ctxkit.cli import build_parser; " \
-        "open('src/ctxkit/cli/help.txt', 'w').write(build_parser().format_help())\""
+    assert cached == parser.format_help(), STALE
+    verbs = json.loads((SRC / "ctxkit" / "cli" / "help.json").read_text(encoding="utf-8"))
+    assert verbs == help_texts(parser), STALE
+    assert {"finetune", "pretrain", "serve", "bench pretrain", "pipeline"} <= set(verbs)
+
+
+@pytest.mark.parametrize("argv", [["finetune", "--help"], ["bench", "pretrain", "-h"]])
+def test_a_verbs_help_imports_no_torch(argv):
+    done, imported = _python(["-m", "ctxkit", *argv])
+    assert done.returncode == 0 and "torch" not in imported and not any(m.startswith("ctxkit.cli") for m in imported)
+    verbs = json.loads((SRC / "ctxkit" / "cli" / "help.json").read_text(encoding="utf-8"))
+    assert done.stdout == verbs[" ".join(argv[:-1])]
+    assert done.stdout.startswith(f"usage: ctxkit {' '.join(argv[:-1])} ")
 
 
 def test_the_parser_tree_imports_no_heavy_module():
     done, imported = _python("from ctxkit.cli import build_parser; build_parser()")
     assert done.returncode == 0, done.stderr[-2000:]
     assert not [m for m in HEAVY if m in imported], [m for m in HEAVY if m in imported]
-    # a verb's own help goes through argparse as before
-    done, _ = _python(["-m", "ctxkit", "pipeline", "--help"])
+    # a positional argument before --help is not a cached key: argparse answers as before
+    done, _ = _python(["-m", "ctxkit", "pipeline", "fill-mask", "--help"])
     assert done.returncode == 0 and "question-answering" in done.stdout

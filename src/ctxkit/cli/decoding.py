@@ -17,9 +17,11 @@ import torch
 
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
-from .train_flags import add_fast_argument, add_train_flags, fast_from_args, train_config_from_args
+from .train_flags import (add_fast_argument, add_on_sigterm_argument, add_train_flags, fast_from_args, signal_status,
+                          train_config_from_args)
 from ..data.lines import decode_lines, read_lines
 from ..decoding.generate import GenerationConfig, generate
+from ..decoding.streamers import StopStringText
 from ..fast import resolve
 from ..zoo import checkpoint_folder
 from ..models.gpt2 import GPT2_PRESETS, GPT2LMHeadModel, load_gpt2
@@ -31,54 +33,29 @@ logger = logging.getLogger("ctxkit")
 
 
 class TextStreamer:
-    """Print a continuation as its tokens arrive, and spot stop strings.
-
-    Text is re-decoded from all tokens so far and only the new suffix is printed, held
-    back while it ends in an incomplete UTF-8 character (U+FFFD) or could be the start of
-    a stop string.
-    """
+    """Print a continuation as its tokens arrive, and spot stop strings
+    (:class:`~ctxkit.decoding.streamers.StopStringText` decides what is final)."""
 
     def __init__(self, tokenizer, stop_strings: Sequence[str] = (), out=None):
-        self.tokenizer = tokenizer
-        self.stop_strings = [s for s in stop_strings if s]
+        self.pieces = StopStringText(tokenizer, stop_strings)
         self.out = out if out is not None else sys.stdout
-        self.ids: List[int] = []
-        self.printed = 0
-        self.text = ""
-        self.stopped = False
+
+    @property
+    def text(self) -> str:
+        return self.pieces.text
 
     def __call__(self, new: torch.Tensor) -> Optional[torch.Tensor]:
-        if self.stopped:
-            return torch.ones(1, dtype=torch.bool)
-        self.ids.append(int(new[0]))
-        text = self.tokenizer.decode(self.ids)
-        cut = min((text.find(s) for s in self.stop_strings if s in text), default=-1)
-        if cut >= 0:
-            self.text, self.stopped = text[:cut], True
-        else:
-            self.text = text
-            if text.endswith("\ufffd"):
-                return None
-        safe = len(self.text)
-        if not self.stopped:  # keep back a tail that may grow into a stop string
-            for s in self.stop_strings:
-                for k in range(min(len(s) - 1, len(self.text)), 0, -1):
-                    if self.text.endswith(s[:k]):
-                        safe = min(safe, len(self.text) - k)
-                        break
-        if safe > self.printed:
-            self.out.write(self.text[self.printed:safe])
+        piece = self.pieces.push(int(new[0]))
+        if piece:
+            self.out.write(piece)
             self.out.flush()
-            self.printed = safe
-        return torch.ones(1, dtype=torch.bool) if self.stopped else None
+        return torch.ones(1, dtype=torch.bool) if self.pieces.stopped else None
 
     def finish(self) -> str:
         """Print what was held back; returns the whole continuation."""
-        if len(self.text) > self.printed:
-            self.out.write(self.text[self.printed:])
-        self.out.write("\n")
+        self.out.write(self.pieces.flush() + "\n")
         self.out.flush()
-        return self.text
+        return self.pieces.text
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -190,7 +167,7 @@ def _cmd_translate_train(args: argparse.Namespace) -> int:
                                 label_smoothing=args.label_smoothing, eval_beams=args.eval_beams, callbacks=callbacks,
                                 quaternion=args.quaternion, **overrides)
     print(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=2))
-    return 0
+    return signal_status(summary, args.out, args.on_sigterm, resumable=False)
 
 
 def _cmd_translate(args: argparse.Namespace) -> int:
@@ -235,6 +212,7 @@ def add_translation_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quaternion", action="store_true",
                    help="quaternion attention and FFN projections (Tay et al. 2019: 1/4 of their weights); embeddings stay real")
     add_train_flags(p, "translate-train")  # epochs, lr, schedule, ... (cli/train_flags.py)
+    add_on_sigterm_argument(p)
     add_log_to_argument(p)
     p.set_defaults(func=_cmd_translate_train)
 

@@ -19,7 +19,7 @@ from ..inference import serve
 from ..inference.pipelines import PIPELINE_TASKS, pipeline
 from ..inference.token_groups import STRATEGIES as TOKEN_STRATEGIES
 from ..inference.backends import add_backend_arguments
-from ..inference.serve_limits import at_least_one
+from ..inference.serve_limits import at_least_one, positive_seconds
 from ..core.deps import require_all
 from ..inference.export import DEPLOY_NEEDS, export_onnx, folder_size_mb, quantize_onnx, quantize_run, verify_onnx
 from ..tasks import load_run, push_run
@@ -83,11 +83,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def add_serve_command(sub: argparse._SubParsersAction) -> None:
     """Register ``serve`` on the ``ctxkit`` parser."""
-    p = sub.add_parser("serve", help="serve a fine-tuned run as a JSON HTTP API with micro-batching",
+    p = sub.add_parser("serve", help="serve a fine-tuned run (or a GPT-2 for text generation) as a JSON HTTP API",
                        description="JSON HTTP API for a fine-tuned run: POST /classify, /ner or /qa (by the run's task), "
-                                   "POST /embed, GET /health. Concurrent requests are merged into batches. "
+                                   "POST /embed, GET /health. Concurrent requests are merged into batches. A GPT-2 (an "
+                                   "lm-train run, a folder, gpt2) serves POST /generate and OpenAI's POST /v1/completions "
+                                   "(streamed as server-sent events) with continuous batching over --max-batch slots. "
                                    "SIGINT/SIGTERM stop accepting, answer in-flight requests, then exit. See docs/serving.md.")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="run folder written by ctxkit finetune")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run folder written by ctxkit finetune, or a GPT-2 (run, folder, name)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ... (default: auto)")
@@ -105,6 +107,23 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     add_backend_arguments(p, None, "runtime of the task endpoint (named in /health and the startup log; default: gpu for a "
                                    "BERT-family run on a CUDA device, pytorch otherwise)")
     p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on shutdown (default: 30)")
+    g = p.add_argument_group("connections", "what keeps idle and slow clients from starving the others (shown in /health)")
+    g.add_argument("--header-timeout", type=positive_seconds, default=10.0,
+                   help="seconds for a request's line and headers, from the connection's opening or the request's first "
+                        "byte; then 408, or a silent close if nothing came (default: 10)")
+    g.add_argument("--body-timeout", type=positive_seconds, default=30.0,
+                   help="seconds for a request's whole body after its headers; then 408 (default: 30)")
+    g.add_argument("--keep-alive-timeout", type=positive_seconds, default=5.0,
+                   help="seconds an idle connection stays open between requests (default: 5)")
+    g.add_argument("--max-header-bytes", type=at_least_one, default=32768,
+                   help="largest request line plus headers; more gets 431 (default: 32768)")
+    g.add_argument("--max-connections", type=at_least_one, default=None,
+                   help="most open connections; past it a new one replaces the longest-idle connection, or gets 503 "
+                        "at once if all are busy (default: the open-file limit minus the larger of 48 and an eighth of it, "
+                        "at most 4096)")
+    p.add_argument("--expose-paths", action="store_true",
+                   help="show the run's and model's paths in /health and keep this host's paths in error messages "
+                        "(local debugging; by default clients see names only)")
     p.set_defaults(func=_cmd_serve)
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .cpu_gemv import cpu_decoding_context
-from .sampling import apply_repetition_penalty, filter_logits
+from .sampling import apply_repetition_penalty, filter_logits, next_tokens
 from .static_decode import static_decoding_unsupported, static_generate
 from ..core.errors import UserError
 from ..fast import fuse_qkv, resolve
@@ -169,13 +169,8 @@ def _sample_loop(model, input_ids: Tensor, attention_mask: Optional[Tensor], con
     tokens = input_ids
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     for step in range(config.max_new_tokens):
-        if config.repetition_penalty != 1.0:
-            logits = apply_repetition_penalty(logits, _real_tokens(tokens, mask), config.repetition_penalty)
-        if config.do_sample:
-            scores = filter_logits(logits / config.temperature, config.top_k, config.top_p)
-            new = torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(1)
-        else:
-            new = logits.argmax(-1)
+        seen = _real_tokens(tokens, mask) if config.repetition_penalty != 1.0 else tokens
+        new = next_tokens(logits, seen, config, generator)
         new = torch.where(finished, torch.full_like(new, config.pad_token_id), new)
         tokens = torch.cat([tokens, new[:, None]], dim=1)
         if on_tokens is not None:

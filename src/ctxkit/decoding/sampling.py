@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["apply_repetition_penalty", "filter_logits"]
+__all__ = ["apply_repetition_penalty", "filter_logits", "next_tokens"]
 
 
 def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
@@ -35,3 +35,19 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
         drop_sorted[:, 0] = False
         logits = logits.masked_fill(drop_sorted.scatter(1, order, drop_sorted), float("-inf"))
     return logits
+
+
+def next_tokens(logits: Tensor, seen: Tensor, config, generator=None) -> Tensor:
+    """The next token of each row: ``logits (batch, vocab)`` float, ``seen (batch, n)`` the
+    tokens so far (for the repetition penalty), ``config`` a
+    :class:`~ctxkit.decoding.GenerationConfig`; greedy or sampled with ``generator``.
+
+    The plain decoding loop and the continuous batcher both choose with this, so a request
+    served alone or beside others draws exactly what ``generate`` draws for it.
+    """
+    if config.repetition_penalty != 1.0:
+        logits = apply_repetition_penalty(logits, seen, config.repetition_penalty)
+    if config.do_sample:
+        scores = filter_logits(logits / config.temperature, config.top_k, config.top_p)
+        return torch.multinomial(scores.softmax(-1), 1, generator=generator).squeeze(1)
+    return logits.argmax(-1)

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..core.errors import UserError
 
-__all__ = ["TextIteratorStreamer", "streamer_hook"]
+__all__ = ["StopStringText", "TextIteratorStreamer", "streamer_hook"]
 
 
 def streamer_hook(streamer) -> Callable[[Tensor], None]:
@@ -89,4 +89,56 @@ class TextIteratorStreamer:
         piece = self.pieces.get(timeout=self.timeout)
         if piece is None:
             raise StopIteration
+        return piece
+
+
+class StopStringText:
+    """The text of one continuation as its tokens arrive, cut at the first stop string.
+
+    The text is re-decoded from all tokens so far; :meth:`push` returns only the new part
+    that is final: held back while it ends in an incomplete UTF-8 character (U+FFFD) or in
+    the start of a stop string, which the next tokens may complete. ``ctxkit generate``
+    prints these pieces; the generation server streams them.
+
+    Args:
+        tokenizer: anything with ``decode(ids)``.
+        stop_strings: texts that end the continuation (not included in it).
+    """
+
+    def __init__(self, tokenizer, stop_strings=()):
+        self.tokenizer = tokenizer
+        self.stop_strings = [s for s in stop_strings if s]
+        self.ids: List[int] = []
+        self.text = ""  # the continuation so far (cut at a stop string once one appears)
+        self.sent = 0  # characters of it handed out
+        self.stopped = False
+
+    def push(self, token: int) -> str:
+        """Add one token; returns the text that became final (maybe empty)."""
+        if self.stopped:
+            return ""
+        self.ids.append(int(token))
+        text = self.tokenizer.decode(self.ids)
+        cut = min((text.find(s) for s in self.stop_strings if s in text), default=-1)
+        if cut >= 0:
+            self.text, self.stopped = text[:cut], True
+        else:
+            self.text = text
+            if text.endswith("\ufffd"):
+                return ""
+        safe = len(self.text)
+        if not self.stopped:  # keep back a tail that may grow into a stop string
+            for s in self.stop_strings:
+                for k in range(min(len(s) - 1, len(self.text)), 0, -1):
+                    if self.text.endswith(s[:k]):
+                        safe = min(safe, len(self.text) - k)
+                        break
+        piece = self.text[self.sent:safe] if safe > self.sent else ""
+        self.sent = max(self.sent, safe)
+        return piece
+
+    def flush(self) -> str:
+        """The text held back so far (the generation ended)."""
+        piece = self.text[self.sent:]
+        self.sent = len(self.text)
         return piece

@@ -15,8 +15,6 @@ import copy
 import json
 import logging
 import math
-import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,8 +26,10 @@ from ..core.deps import require_all
 from ..core.errors import UserError
 from ..core.version import __version__
 from . import serve_schema as schema
-from .serve_limits import (QueueFull, RequestGuard, TokenCheck, available_cores, choose_threads,
-                           set_model_thread, torch_threads)
+from .serve_conn import ConnectionLimits, server_class
+from .serve_generate import causal_lm_folder, create_generation_app, load_causal_lm
+from .serve_limits import (SERVE_NEEDS, PathRedactor, QueueFull, RequestGuard, TokenCheck, available_cores, choose_threads,
+                           public_name, set_model_thread, torch_threads)
 from ..tasks.ner import ConllNerTask
 from ..tasks.qa import SquadTask
 from ..tasks.text import GlueClassificationTask, TableClassificationTask
@@ -37,7 +37,6 @@ from ..features.embed import POOLING_CHOICES, embed
 from ..tasks import load_run
 from .backends import _is_bert, with_backend
 
-SERVE_NEEDS = ("fastapi", "uvicorn", "pydantic", "starlette")  # the `serve` extra, imported directly
 
 __all__ = ["MicroBatcher", "QueueFull", "create_app", "serve"]
 
@@ -237,7 +236,8 @@ def _undecodable(cause: Optional[BaseException]) -> str:
 def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: float = 5.0, max_text_chars: int = 10_000,
                max_items: int = 64, max_body_bytes: Optional[int] = None, pooling: str = "mean",
                backend: Optional[str] = "pytorch", precision: Optional[str] = None, threads: Optional[int] = None,
-               max_queue: Optional[int] = None, fast: Optional[str] = None):
+               max_queue: Optional[int] = None, fast: Optional[str] = None, connections: Optional[ConnectionLimits] = None,
+               expose_paths: bool = False):
     """Build the FastAPI app for a fine-tuned run.
 
     Args:
@@ -263,6 +263,10 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
             None: the plan the run was trained with, what of it runs here, else ``auto``
             (:func:`ctxkit.tasks.load_run`). The gpu backend compiles and captures its first
             shapes before the server answers (logged as ``warmup``).
+        connections: the HTTP front's settings and counters (:func:`serve` passes them),
+            shown in ``/health``; None: not served through it (``"connections": null``).
+        expose_paths: ``/health`` shows the run folder's and model's paths, and error
+            messages keep this host's paths (local debugging); otherwise only names.
 
     Returns:
         The ASGI app; its lifespan starts and drains the batchers.
@@ -316,6 +320,11 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         return embed(texts, (base.encoder, tokenizer), pooling=pooling, batch_size=max_batch).tolist()
 
     endpoints = ["GET /health", f"POST /{kind}"] + (["POST /embed"] if can_embed else []) + ["GET /openapi.json"]
+    # What /health says of the run and model: names, not this host's paths (--expose-paths: both).
+    about = {"run": public_name(run_dir), "model": public_name(info.get("model"))}
+    if expose_paths:
+        about.update(model=info.get("model"), run_dir=None if run_dir is None else str(Path(run_dir).resolve()))
+    redact = (lambda text: text) if expose_paths else PathRedactor(run_dir, info.get("model"))
     executor: List[ThreadPoolExecutor] = []
     batchers: Dict[str, MicroBatcher] = {}
     started = time.time()
@@ -340,7 +349,8 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
             batchers[name] = MicroBatcher(name, fn, executor[0], max_batch, max_wait_ms, max_queue)
             batchers[name].start()
         log_event("startup", task=task.name, run_dir=run_dir, device=dev, backend=backend_name, endpoints=endpoints,
-                  max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, threads=threads_info)
+                  max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, threads=threads_info,
+                  **({} if connections is None else {"connections": {k: v for k, v in connections.health().items() if k != "stats"}}))
         yield
         for b in batchers.values():  # in-flight and queued requests still get answers
             await b.close()
@@ -354,7 +364,7 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError):
         status, message = _validation_error(exc.errors(), request.headers.get("content-type", ""))
-        return JSONResponse({"error": message}, status_code=status)
+        return JSONResponse({"error": redact(message)}, status_code=status)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException):
@@ -363,6 +373,7 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
             message = _undecodable(exc.__cause__)
         elif exc.status_code in (404, 405):
             message = f"no endpoint {request.method} {request.url.path}; this {task.name} run serves: {', '.join(endpoints)}"
+        message = redact(message) if isinstance(message, str) else message
         return JSONResponse({"error": message}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
@@ -484,7 +495,7 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
             lines = [f"{t}\t{p.replace(chr(9), ' ')}" for t, p in zip(lines, pairs)]
         return many, fields, lines
 
-    def responses(ok: dict, what: str, errors=(400, 413, 415, 422, 429, 503)) -> dict:
+    def responses(ok: dict, what: str, errors=(400, 408, 413, 415, 422, 429, 431, 503)) -> dict:
         out = {200: {"description": what, "content": {"application/json": {"schema": ok}}}}
         out.update({code: {"model": ErrorBody, "description": schema.ERRORS[code], **schema.ERROR_HEADERS.get(code, {})}
                     for code in errors})
@@ -494,9 +505,10 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
              responses=responses(schema.HEALTH_SCHEMA, "the run, the limits and per-endpoint counters", ()))
     async def health():
         return {"status": "ok", "task": task.name, "kind": kind, "labels": getattr(task, "labels", None),
-                "model": info.get("model"), "run_dir": run_dir, "device": dev, "backend": backend_name, "endpoints": endpoints,
+                **about, "device": dev, "backend": backend_name, "endpoints": endpoints,
                 "batching": {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "max_queue": max_queue}, "threads": threads_info,
                 "limits": {"max_items": max_items, "max_text_chars": max_text_chars, "max_body_bytes": max_body_bytes},
+                "connections": None if connections is None else connections.health(),
                 "uptime_s": round(time.time() - started, 1), "stats": {n: dict(b.stats) for n, b in batchers.items()}}
 
     # An exported run has no /embed: its schema leaves it out (requests get the 404 below).
@@ -529,50 +541,39 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     return RequestGuard(app, max_body_bytes, log_event)
 
 
-def _server_class():
-    import uvicorn  # lazy: the serve extra, imported when a server starts
-
-    class Server(uvicorn.Server):
-        """uvicorn's server, minus re-raising the signal after a graceful stop (the
-        process would then end with status 128 + signal instead of 0)."""
-
-        @contextlib.contextmanager
-        def capture_signals(self):
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-        async def startup(self, sockets=None) -> None:
-            await super().startup(sockets)
-            if self.started:  # only now is the port bound (port 0 picks a free one)
-                host, port = self.servers[0].sockets[0].getsockname()[:2]
-                log_event("listening", host=host, port=port)
-
-        def handle_exit(self, sig, frame) -> None:
-            log_event("stopping", signal=signal.Signals(sig).name)
-            super().handle_exit(sig, frame)
-
-    return Server
-
-
-def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, graceful_timeout: float = 30.0, **app_options) -> None:
+def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, graceful_timeout: float = 30.0, header_timeout: float = 10.0,
+          body_timeout: float = 30.0, keep_alive_timeout: float = 5.0, max_header_bytes: int = 32768,
+          max_connections: Optional[int] = None, **app_options) -> None:
     """Serve a run until SIGINT/SIGTERM: then stop accepting, answer what is in flight, exit.
 
     Args:
         run_dir: the fine-tuned run folder.
         host, port: where to listen.
         graceful_timeout: seconds to wait for in-flight requests after a signal.
+        header_timeout, body_timeout, keep_alive_timeout, max_header_bytes, max_connections:
+            the HTTP front's limits (:class:`ctxkit.inference.serve_conn.ConnectionLimits`).
         **app_options: passed to :func:`create_app`.
+
+    Raises:
+        UserError: a bad option, before the run is loaded.
     """
     import uvicorn  # lazy: the serve extra, imported when a server starts
 
-    app = create_app(run_dir, **app_options)
-    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=graceful_timeout)
-    _server_class()(config).run()
+    limits = ConnectionLimits(header_timeout, body_timeout, keep_alive_timeout, max_header_bytes, max_connections)
+    lm = causal_lm_folder(run_dir)
+    if lm is not None:  # a causal LM: text generation with continuous batching (serve_generate)
+        slots = app_options.get("max_batch", 32)
+        model, tokenizer = load_causal_lm(lm, app_options.get("device", "auto"))
+        name = Path(str(run_dir)).name if Path(str(run_dir)).exists() else str(run_dir)
+        app = create_generation_app(model, tokenizer, name=name, slots=slots, max_waiting=app_options.get("max_queue") or 4 * slots,
+                                    fast=app_options.get("fast") or "auto")
+        app = RequestGuard(app, app_options.get("max_body_bytes") or 4 * app_options.get("max_text_chars", 10_000) + 65536, log_event)
+        log_event("startup", task="text-generation", run=name, slots=slots, endpoints=["POST /generate", "POST /v1/completions",
+                                                                                        "GET /health"])
+    else:
+        app = create_app(run_dir, connections=limits, **app_options)
+    # httptools: the protocol serve_conn extends; no WebSocket upgrade (the app has no
+    # WebSocket route, and an upgraded connection would leave the front's bookkeeping).
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on", http="httptools",
+                            ws="none", timeout_keep_alive=keep_alive_timeout, timeout_graceful_shutdown=graceful_timeout)
+    server_class(log_event)(config, limits).run()

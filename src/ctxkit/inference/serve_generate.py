@@ -1,0 +1,253 @@
+"""``ctxkit serve MODEL`` for a causal LM: text generation over HTTP with continuous batching.
+
+Routes:
+
+* ``POST /generate`` -- ``{"prompt", "max_new_tokens", "temperature", "top_k", "top_p",
+  "seed", "stop", "stream"}``; ``temperature: 0`` is greedy. The answer is ``{"text",
+  "finish_reason", "prompt_tokens", "completion_tokens"}``, or with ``"stream": true``
+  server-sent events: ``{"text": piece}`` per piece, then ``{"finish_reason", ...}`` and
+  ``[DONE]``.
+* ``POST /v1/completions`` -- OpenAI's completions API (``prompt``, ``max_tokens``,
+  ``temperature``, ``top_p``, ``stop``, ``seed``, ``stream``), the same answer shapes.
+* ``GET /health`` -- the model's name, slots, busy and waiting requests.
+
+All requests share one :class:`~ctxkit.decoding.continuous.ContinuousBatcher` on its own
+thread: a request joins the running batch at the next step and leaves it when it ends; a
+client that goes away frees its slot at the next step; more waiting requests than
+``max_waiting`` get 429 with ``Retry-After``. The tokens a request gets do not depend on
+what else is running (its own generator): with the same ``seed`` (or greedy) they are the
+tokens ``ctxkit generate`` prints.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the routes' body types, classes
+# made inside create_generation_app, from the annotations at run time.
+import asyncio
+import contextlib
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import List, Optional, Union
+
+import torch
+
+from ..core.deps import require_all
+from ..core.errors import UserError
+from ..decoding.continuous import ContinuousBatcher, QueueFull, Request
+from ..decoding.generate import GenerationConfig
+from ..decoding.streamers import StopStringText
+from ..fast import fuse_qkv, resolve
+from ..core.checkpoint import model_folder_of_run
+from ..core.device import resolve_device
+from ..models.gpt2 import load_gpt2
+from ..tokenizers import ByteLevelBPETokenizer
+from ..zoo import checkpoint_folder
+from .serve_limits import SERVE_NEEDS
+
+__all__ = ["causal_lm_folder", "create_generation_app", "load_causal_lm"]
+
+
+def causal_lm_folder(run) -> Optional[Path]:
+    """The model folder of ``run`` when it is a causal LM ctxkit serves with generation (a
+    GPT-2: an ``lm-train`` run, an HF-format folder, a checkpoint name or Hub id); else None."""
+    if not isinstance(run, (str, os.PathLike)):
+        return None
+    path = Path(run)
+    if path.exists():
+        folder = model_folder_of_run(path)
+    elif "gpt2" in str(run).lower():  # gpt2, distilgpt2, openai-community/gpt2, org/my-gpt2 ...
+        try:  # a name or Hub id: its files, fetched once
+            folder = checkpoint_folder(str(run))
+        except (UserError, OSError):
+            return None
+    else:
+        return None
+    config = folder / "config.json"
+    try:
+        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type") if config.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return folder if model_type == "gpt2" else None
+
+
+def load_causal_lm(folder: Path, device: str = "auto"):
+    """``(model, tokenizer)`` of a GPT-2 folder, on ``device``, in eval mode."""
+    model = load_gpt2(folder).to(resolve_device(device)).eval()
+    return model, ByteLevelBPETokenizer.from_dir(folder)
+
+
+def _request_models():
+    """The request bodies (pydantic, from the serve extra: imported when a server is built)."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class GenerateRequest(BaseModel):
+        """What ``POST /generate`` takes."""
+
+        model_config = ConfigDict(extra="forbid")
+        prompt: str = Field(min_length=1, examples=["The river bank was"])
+        max_new_tokens: int = Field(64, ge=1)
+        temperature: float = Field(1.0, ge=0.0, description="0: greedy")
+        top_k: int = Field(0, ge=0)
+        top_p: float = Field(1.0, gt=0.0, le=1.0)
+        seed: Optional[int] = Field(None, ge=0, description="reproducible sampling")
+        stop: Union[str, List[str], None] = None
+        stream: bool = False
+
+    class CompletionRequest(BaseModel):
+        """OpenAI's ``POST /v1/completions`` (one prompt, one choice)."""
+
+        model_config = ConfigDict(extra="ignore")  # clients send user, logit_bias, ...: accepted and unused
+        model: Optional[str] = None
+        prompt: str = Field(min_length=1)
+        max_tokens: int = Field(16, ge=1)
+        temperature: float = Field(1.0, ge=0.0)
+        top_p: float = Field(1.0, gt=0.0, le=1.0)
+        stop: Union[str, List[str], None] = None
+        seed: Optional[int] = Field(None, ge=0)
+        stream: bool = False
+        n: int = Field(1, ge=1, le=1, description="one choice per request")
+
+    return GenerateRequest, CompletionRequest
+
+
+def create_generation_app(model, tokenizer, name: str = "model", slots: int = 16, max_waiting: int = 256,
+                          max_len: Optional[int] = None, max_new_tokens: int = 1024, fast="auto"):
+    """The generation server's app for a causal LM.
+
+    Args:
+        model: a GPT-2 (:class:`~ctxkit.models.gpt2.GPT2LMHeadModel`) in eval mode, on its device.
+        tokenizer: its tokenizer (``encode``, ``decode``, ``eos_id``).
+        name: the model's name in answers and ``/health`` (never a path of this host).
+        slots: requests decoded together.
+        max_waiting: requests waiting for a slot at most (then 429).
+        max_len: prompt + new tokens of one request at most (default: the model's context).
+        max_new_tokens: the most new tokens one request may ask for.
+        fast: the plan (resolved for decoding on the model's device): its fused q/k/v is
+            applied as ``ctxkit generate`` applies it, so both compute the same logits.
+    """
+    require_all(SERVE_NEEDS, "ctxkit serve")
+    from fastapi import FastAPI, HTTPException  # lazy: the serve extra
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    GenerateRequest, CompletionRequest = _request_models()  # noqa: N806 (classes)
+    plan = resolve(fast, use="decode", device=next(model.parameters()).device)
+    if plan.fused_qkv:
+        fuse_qkv(model)
+    batcher = ContinuousBatcher(model, slots=slots, max_len=max_len, max_waiting=max_waiting)
+    device = batcher.device
+    eos = getattr(tokenizer, "eos_id", None)
+    state = {"thread": None}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        thread = threading.Thread(target=batcher.run, name="ctxkit-generate", daemon=True)
+        thread.start()
+        state["thread"] = thread
+        yield
+        batcher.close()
+        thread.join(timeout=30)
+
+    app = FastAPI(title="ctxkit generation server", lifespan=lifespan)
+
+    def start(prompt: str, new_tokens: int, temperature: float, top_k: int, top_p: float, seed: Optional[int], stop):
+        """Queue one request; returns (request, text assembler, asyncio queue of events)."""
+        if new_tokens > max_new_tokens:
+            raise HTTPException(422, f"max new tokens {new_tokens} is over this server's limit of {max_new_tokens}")
+        ids = tokenizer.encode(prompt)
+        if not ids:
+            raise HTTPException(422, "the prompt has no tokens")
+        config = GenerationConfig(max_new_tokens=new_tokens, do_sample=temperature > 0, temperature=temperature or 1.0,
+                                  top_k=top_k, top_p=top_p, eos_token_id=eos, pad_token_id=eos if eos is not None else 0)
+        generator = torch.Generator(device=device)
+        generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, (1,))))
+        text = StopStringText(tokenizer, [stop] if isinstance(stop, str) else (stop or []))
+        events: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def emit(token: Optional[int], reason: Optional[str]) -> None:  # on the batcher's thread
+            piece = text.push(token) if token is not None else text.flush()
+            loop.call_soon_threadsafe(events.put_nowait, (piece, reason))
+
+        request = Request(ids, config, emit, stop=lambda token: text.stopped, generator=generator)
+        try:
+            batcher.submit(request)
+        except QueueFull as err:
+            raise HTTPException(429, str(err), headers={"Retry-After": str(err.retry_after)}) from None
+        except UserError as err:
+            raise HTTPException(422, str(err)) from None
+        return request, events
+
+    async def pieces(request: Request, events: asyncio.Queue):
+        """(piece, None)... then ("", finish_reason); the request is cancelled if the
+        consumer stops early (a client that went away)."""
+        ended = False
+        try:
+            while True:
+                piece, reason = await events.get()
+                if reason is not None:
+                    ended = True
+                    yield piece, ("length" if reason == "length" else "stop")
+                    return
+                if piece:
+                    yield piece, None
+        finally:
+            if not ended:
+                batcher.cancel(request)
+
+    def sse(payload) -> str:
+        return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+    @app.post("/generate")
+    async def generate_route(body: GenerateRequest):
+        request, events = start(body.prompt, body.max_new_tokens, body.temperature, body.top_k, body.top_p, body.seed, body.stop)
+        usage = lambda: {"prompt_tokens": len(request.prompt), "completion_tokens": len(request.tokens)}  # noqa: E731
+
+        if body.stream:
+            async def stream():
+                async for piece, reason in pieces(request, events):
+                    if piece:
+                        yield sse({"text": piece})
+                    if reason is not None:
+                        yield sse({"finish_reason": reason, **usage()})
+                yield sse("[DONE]")
+
+            return StreamingResponse(stream(), media_type="text/event-stream")
+        parts, reason = [], None
+        async for piece, reason in pieces(request, events):
+            parts.append(piece)
+        return JSONResponse({"text": "".join(parts), "finish_reason": reason, **usage()})
+
+    @app.post("/v1/completions")
+    async def completions_route(body: CompletionRequest):
+        request, events = start(body.prompt, body.max_tokens, body.temperature, 0, body.top_p, body.seed, body.stop)
+        head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
+                "model": body.model or name}
+
+        def usage() -> dict:
+            return {"prompt_tokens": len(request.prompt), "completion_tokens": len(request.tokens),
+                    "total_tokens": len(request.prompt) + len(request.tokens)}
+
+        if body.stream:
+            async def stream():
+                async for piece, reason in pieces(request, events):
+                    if piece or reason is not None:
+                        yield sse({**head, "choices": [{"text": piece, "index": 0, "logprobs": None, "finish_reason": reason}]})
+                yield sse("[DONE]")
+
+            return StreamingResponse(stream(), media_type="text/event-stream")
+        parts, reason = [], None
+        async for piece, reason in pieces(request, events):
+            parts.append(piece)
+        return JSONResponse({**head, "choices": [{"text": "".join(parts), "index": 0, "logprobs": None, "finish_reason": reason}],
+                             "usage": usage()})
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": name, "task": "text-generation", "fast": str(plan), "slots": batcher.slots, "busy": batcher.busy,
+                "waiting": len(batcher.waiting), "max_len": batcher.max_len, "max_new_tokens": max_new_tokens,
+                "stats": dict(batcher.stats)}
+
+    app.state.batcher = batcher
+    return app
