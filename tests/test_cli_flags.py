@@ -3,7 +3,8 @@ verbs wrote by hand before (option strings, dest, default, type, choices, action
 snapshot below, recorded from the hand-written parsers), except that speed is one flag,
 ``--fast PLAN``, whose old spellings (``--compile``, ``--bf16-residual``, ...) still parse
 into plan options, and ``--on-sigterm`` (the exit status after a graceful stop, issue 39) is
-new on every training verb; and ``train_config_from_args`` builds the same
+new on every training verb, and ``--device`` is checked against the machine when it is read
+(issue 44); and ``train_config_from_args`` builds the same
 :class:`TrainConfig` the handlers built by hand."""
 
 import argparse
@@ -38,7 +39,7 @@ SNAPSHOT = {
         (('--max-grad-norm',), 'max_grad_norm', None, 'float', None, '_StoreAction'),
         (('--seed',), 'seed', None, 'int', None, '_StoreAction'),
         (('--precision',), 'precision', None, None, ('auto', 'bf16', 'fp32'), '_StoreAction'),
-        (('--device',), 'device', None, None, None, '_StoreAction'),
+        (('--device',), 'device', None, 'device_option', None, '_StoreAction'),
         (('--fast',), 'fast', None, None, None, '_StoreAction'),
         (('--compile',), 'legacy_compile', None, None, None, '_StoreTrueAction'),
         (('--max-steps',), 'max_steps', None, 'int', None, '_StoreAction'),
@@ -68,7 +69,7 @@ SNAPSHOT = {
         (('--doc-stride',), 'doc_stride', None, 'int', None, '_StoreAction'),
         (('--seed',), 'seed', None, 'int', None, '_StoreAction'),
         (('--precision',), 'precision', None, None, ('auto', 'bf16', 'fp32'), '_StoreAction'),
-        (('--device',), 'device', None, None, None, '_StoreAction'),
+        (('--device',), 'device', None, 'device_option', None, '_StoreAction'),
         (('--fast',), 'fast', None, None, None, '_StoreAction'),
         (('--compile',), 'legacy_compile', None, None, None, '_StoreTrueAction'),
         (('--max-steps',), 'max_steps', None, 'int', None, '_StoreAction'),
@@ -108,7 +109,7 @@ SNAPSHOT = {
         (('--eval-beams',), 'eval_beams', 1, 'int', None, '_StoreAction'),
         (('--log-every',), 'log_every', 50, 'int', None, '_StoreAction'),
         (('--seed',), 'seed', 42, 'int', None, '_StoreAction'),
-        (('--device',), 'device', 'auto', None, None, '_StoreAction'),
+        (('--device',), 'device', 'auto', 'device_option', None, '_StoreAction'),
         (('--fast',), 'fast', 'auto', None, None, '_StoreAction'),
         (('--no-progress',), 'no_progress', False, None, None, '_StoreTrueAction'),
         (('--log-to',), 'log_to', [], '_writer_names', None, '_ExtendAction'),
@@ -145,7 +146,7 @@ SNAPSHOT = {
         (('--log-every',), 'log_every', 50, 'int', None, '_StoreAction'),
         (('--peak-tflops',), 'peak_tflops', None, 'float', None, '_StoreAction'),
         (('--seed',), 'seed', 42, 'int', None, '_StoreAction'),
-        (('--device',), 'device', 'auto', None, None, '_StoreAction'),
+        (('--device',), 'device', 'auto', 'device_option', None, '_StoreAction'),
         (('--precision',), 'precision', 'auto', None, ('auto', 'bf16', 'fp32'), '_StoreAction'),
         (('--resume',), 'resume', False, None, None, '_StoreTrueAction'),
         (('--no-progress',), 'no_progress', False, None, None, '_StoreTrueAction'),
@@ -183,7 +184,7 @@ SNAPSHOT = {
         (('--compile',), 'legacy_compile', None, None, None, '_StoreTrueAction'),
         (('--log-every',), 'log_every', 50, 'int', None, '_StoreAction'),
         (('--seed',), 'seed', 42, 'int', None, '_StoreAction'),
-        (('--device',), 'device', 'auto', None, None, '_StoreAction'),
+        (('--device',), 'device', 'auto', 'device_option', None, '_StoreAction'),
         (('--no-progress',), 'no_progress', False, None, None, '_StoreTrueAction'),
         (('--log-to',), 'log_to', [], '_writer_names', None, '_ExtendAction'),
     ],
@@ -208,7 +209,7 @@ SNAPSHOT = {
         (('--save-every',), 'save_every', 0, 'int', None, '_StoreAction'),
         (('--log-every',), 'log_every', 50, 'int', None, '_StoreAction'),
         (('--seed',), 'seed', 42, 'int', None, '_StoreAction'),
-        (('--device',), 'device', 'auto', None, None, '_StoreAction'),
+        (('--device',), 'device', 'auto', 'device_option', None, '_StoreAction'),
         (('--precision',), 'precision', 'auto', None, ('auto', 'bf16', 'fp32'), '_StoreAction'),
         (('--fast',), 'fast', 'auto', None, None, '_StoreAction'),
         (('--no-progress',), 'no_progress', False, None, None, '_StoreTrueAction'),

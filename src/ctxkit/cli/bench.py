@@ -42,7 +42,7 @@ from ..tasks import get_task
 from ..tokenizers import WordPieceTokenizer
 from ..training import TrainConfig, Trainer, resolve_device
 from ..training.callbacks import Callback
-from .train_flags import FAST_HELP
+from .train_flags import device_option, FAST_HELP
 
 __all__ = ["SyntheticPairs", "bench_decode", "bench_infer", "bench_pretrain", "add_bench_command"]
 
@@ -226,7 +226,7 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--masked", type=int, default=20, help="masked positions per sequence (default: 20)")
     q.add_argument("--steps", type=int, default=20, help="timed steps (default: 20)")
     q.add_argument("--warmup", type=int, default=None, help="steps before them (default: --steps)")
-    q.add_argument("--device", default="auto")
+    q.add_argument("--device", type=device_option, default="auto")
     q.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"))
     q.add_argument("--peak-tflops", type=float, default=None, help="the GPU's bf16 peak, for the MFU")
     q.add_argument("--data-workers", type=int, default=None)
@@ -251,6 +251,6 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--prompt", type=int, default=32)
     q.add_argument("--new", type=int, default=256)
     q.add_argument("--reps", type=int, default=3)
-    q.add_argument("--device", default="auto")
+    q.add_argument("--device", type=device_option, default="auto")
     q.add_argument("--fast", default="auto", metavar="PLAN", help=FAST_HELP)
     q.set_defaults(func=_cmd_bench)

@@ -17,7 +17,7 @@ import torch
 
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
-from .train_flags import (add_fast_argument, add_on_sigterm_argument, add_train_flags, fast_from_args, signal_status,
+from .train_flags import (device_option, add_fast_argument, add_on_sigterm_argument, add_train_flags, fast_from_args, signal_status,
                           train_config_from_args)
 from ..data.lines import decode_lines, read_lines
 from ..decoding.generate import GenerationConfig, generate
@@ -153,7 +153,7 @@ def add_generate_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--random-init", action="store_true",
                    help="MODEL is a GPT-2 preset (gpt2_2_128_2, gpt2_117m, ...): build it with random weights and a byte-level tokenizer")
     add_fast_argument(p, what="; compile: the first prompt waits for compilation, ~1 min on a CPU")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", type=device_option, default="auto")
     p.set_defaults(func=cmd_generate)
 
 
@@ -224,7 +224,7 @@ def add_translation_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--beams", type=int, default=4, help="beam size (1 = greedy; default 4)")
     p.add_argument("--heatmap", default=None, metavar="PNG", help="draw the first sentence's encoder-decoder attention")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", type=device_option, default="auto")
     p.set_defaults(func=_cmd_translate)
 
 

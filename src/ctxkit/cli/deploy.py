@@ -14,12 +14,13 @@ from pathlib import Path
 
 
 from ..core.errors import UserError
+from .train_flags import device_option
 from ..data.lines import decode_lines, read_lines
 from ..inference import serve
 from ..inference.pipelines import PIPELINE_TASKS, pipeline
 from ..inference.token_groups import STRATEGIES as TOKEN_STRATEGIES
 from ..inference.backends import add_backend_arguments
-from ..inference.serve_limits import at_least_one, positive_seconds
+from ..inference.serve_limits import at_least_one, non_negative, port_number, positive_seconds
 from ..core.deps import require_all
 from ..inference.export import DEPLOY_NEEDS, export_onnx, folder_size_mb, quantize_onnx, quantize_run, verify_onnx
 from ..tasks import load_run, push_run
@@ -91,18 +92,18 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                                    "SIGINT/SIGTERM stop accepting, answer in-flight requests, then exit. See docs/serving.md.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="run folder written by ctxkit finetune, or a GPT-2 (run, folder, name)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0 for all)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ... (default: auto)")
-    p.add_argument("--max-batch", type=int, default=32, help="most texts per forward pass (default: 32)")
-    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with (default: 5)")
+    p.add_argument("--port", type=port_number, default=8000, help="TCP port (default: 8000)")
+    p.add_argument("--device", type=device_option, default="auto", help="auto, cpu, cuda, cuda:1 ... (default: auto)")
+    p.add_argument("--max-batch", type=at_least_one, default=32, help="most texts per forward pass (default: 32)")
+    p.add_argument("--max-wait-ms", type=non_negative, default=5.0, help="how long a request waits for others to batch with (default: 5)")
     p.add_argument("--max-queue", type=at_least_one, default=None,
                    help="most texts waiting per endpoint; more get 429 with Retry-After (default: 4 x --max-batch)")
     p.add_argument("--threads", type=at_least_one, default=None,
                    help="torch/ONNX Runtime threads of the model (default: $OMP_NUM_THREADS if set, else the available "
                         "cores minus one, left to the HTTP server; logged at startup and shown in /health)")
-    p.add_argument("--max-items", type=int, default=64, help="most texts per request (default: 64)")
-    p.add_argument("--max-text-chars", type=int, default=10_000, help="longest text/question/context (default: 10000)")
-    p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body (default: fits max-items texts)")
+    p.add_argument("--max-items", type=at_least_one, default=64, help="most texts per request (default: 64)")
+    p.add_argument("--max-text-chars", type=at_least_one, default=10_000, help="longest text/question/context (default: 10000)")
+    p.add_argument("--max-body-bytes", type=at_least_one, default=None, help="largest request body (default: fits max-items texts)")
     p.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="/embed vectors (default: mean)")
     add_backend_arguments(p, None, "runtime of the task endpoint (named in /health and the startup log; default: gpu for a "
                                    "BERT-family run on a CUDA device, pytorch otherwise)")
@@ -172,7 +173,7 @@ def add_pipeline_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", metavar="MODEL", help="a run folder, a transformers task checkpoint (folder or Hub id), a zoo name; "
                                                   "translation: a translate-train run or model folder")
     p.add_argument("input", nargs="?", default="-", help="input file (default: stdin)")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", type=device_option, default="auto")
     p.add_argument("--fast", default="auto", help="the fast plan (default: auto)")
     p.add_argument("--batch-size", type=at_least_one, default=32)
     p.add_argument("--top-k", type=int, default=None, help="text-classification, fill-mask: how many answers")

@@ -15,7 +15,7 @@ from typing import Any, List, Optional
 
 import numpy as np
 
-from .train_flags import add_fast_argument, fast_from_args
+from .train_flags import device_option, add_fast_argument, fast_from_args
 from ..core.errors import UserError
 from ..data.errors import check_input
 from ..data.lines import decode_lines, read_lines
@@ -312,7 +312,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stride", type=int, default=128, help="overlap in sub-words between windows (default: 128)")
     p.add_argument("--long-inputs", choices=LONG_INPUT_CHOICES, default="window", help="what to do with lines that do not fit (default: window)")
     p.add_argument("--batch-size", type=int, default=32, help="windows per forward pass (default: 32)")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--device", type=device_option, default="cpu", help="torch device (default: cpu)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--out", required=True, metavar="OUT.npy|OUT.npz|OUT.jsonl", help="output file; format by suffix (see below)")
     add_fast_argument(p)

@@ -27,7 +27,7 @@ from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
 from .char_lm import add_char_flags, run_char_lm
 from .models import add_wordpiece_flags, check_vocab_size
-from .train_flags import add_on_sigterm_argument, add_train_flags, signal_status, train_config_from_args
+from .train_flags import device_option, add_on_sigterm_argument, add_train_flags, signal_status, train_config_from_args
 from ..data.errors import check_input, require_rereadable
 from ..models.elmo_io import load_elmo_lm
 from ..models.gpt2 import load_gpt2
@@ -252,7 +252,7 @@ def add_lm_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-length", type=int, default=None, help="window length (default: the model's context)")
     p.add_argument("--stride", type=int, default=None, help="window step (default: half the window)")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", type=device_option, default="auto")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_perplexity)
 
@@ -305,7 +305,7 @@ def _add_elmo(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--" + field.replace("_", "-"), type=float, default=getattr(d, field))
     p.add_argument("--optimizer", default=d.optimizer, choices=["adam", "adagrad"])
     p.add_argument("--softmax", default=d.softmax, choices=["sampled", "full", "adaptive"])
-    p.add_argument("--device", default=d.device)
+    p.add_argument("--device", type=device_option, default=d.device)
     p.add_argument("--precision", default=d.precision, choices=["auto", "bf16", "fp32"])
     p.add_argument("--compile", action="store_true", help="torch.compile the LSTM time step (GPU)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/ (or the OUT/checkpoint.pt of earlier versions)")
@@ -403,7 +403,7 @@ def _add_transformer_xl(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-mem-lens", type=int, nargs="*", default=None,
                    help="test memory lengths for the XL (default: 0, the training mem_len, 2x and 4x tgt_len)")
     p.add_argument("--eval-clamp-len", type=int, default=None, help="clamp_len at test time (default: the model's)")
-    p.add_argument("--device", default=d.device)
+    p.add_argument("--device", type=device_option, default=d.device)
     p.add_argument("--precision", default=d.precision, choices=["auto", "bf16", "fp32"])
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/ (or the OUT/checkpoint.pt of earlier versions)")
     add_on_sigterm_argument(p)

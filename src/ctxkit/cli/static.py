@@ -29,7 +29,7 @@ from ..data.errors import check_input
 from ..models.bag_of_embeddings import train_bag_classifier
 from ..models.static import WordVectors, train_word2vec
 from ..models.static_io import guess_format
-from .train_flags import ON_SIGTERM, add_on_sigterm_argument, signal_status
+from .train_flags import device_option, ON_SIGTERM, add_on_sigterm_argument, signal_status
 
 __all__ = ["add_static_parsers"]
 
@@ -158,7 +158,7 @@ def add_static_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--buckets", type=int, default=2_000_000, help="n-gram hash buckets (default: 2000000)")
     p.add_argument("--lowercase", action="store_true", help="lowercase the corpus")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--device", type=device_option, default="cpu", help="torch device (default: cpu)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads, 0 = leave as is (default: 1)")
     p.add_argument("--out", required=True, metavar="FILE",
                    help="output; format by suffix: .txt GloVe, .vec word2vec text, .bin word2vec binary, .npz "
@@ -211,5 +211,5 @@ def add_static_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lowercase", action="store_true", help="lowercase sentences before lookup")
     p.add_argument("--limit-train", type=int, default=None, help="use only the first N training sentences")
     p.add_argument("--seed", type=int, default=0, help="default: 0")
-    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    p.add_argument("--device", type=device_option, default="cpu", help="torch device (default: cpu)")
     p.set_defaults(func=_cmd_bag_classifier)

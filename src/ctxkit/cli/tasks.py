@@ -18,7 +18,7 @@ from ..core.diskspace import write_output
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
 from ..training.progress import progress_bar
-from .train_flags import (add_fast_argument, add_on_sigterm_argument, add_train_flags, fast_from_args, signal_status,
+from .train_flags import (device_option, add_fast_argument, add_on_sigterm_argument, add_train_flags, fast_from_args, signal_status,
                           train_config_from_args)
 from ..data.lines import decode_lines, read_lines
 from ..inference.backends import add_backend_arguments, with_backend
@@ -218,7 +218,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-unknown-tags", dest="allow_unknown_tags", action="store_true",
                    help="conll2003: score tags outside the model's label set as missed entities instead of refusing them")
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", type=device_option, default="auto")
     p.add_argument("--no-progress", dest="progress", action="store_false", default=True, help="hide the progress bar")
     add_fast_argument(p, default=None)
     p.set_defaults(func=_cmd_evaluate)
@@ -233,7 +233,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--extra-columns", dest="extra_columns", choices=("error", "drop"), default="error",
                    help="a line with more tab-separated columns than the task reads: error (default) or drop them with a warning")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", type=device_option, default="auto")
 
     add_backend_arguments(p, "auto", "runtime")
     p.set_defaults(func=_cmd_predict)

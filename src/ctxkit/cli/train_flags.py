@@ -62,11 +62,24 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
+from ..core.device import check_device
+from ..core.errors import UserError
 from ..training import TrainConfig
 from ..training.config import legacy_plan_edits
 
-__all__ = ["HELP", "CHOICES", "VERBS", "VerbFlags", "LEGACY_FLAGS", "FAST_HELP", "ON_SIGTERM", "add_fast_argument", "add_train_flags",
+__all__ = ["device_option", "HELP", "CHOICES", "VERBS", "VerbFlags", "LEGACY_FLAGS", "FAST_HELP", "ON_SIGTERM", "add_fast_argument", "add_train_flags",
            "add_on_sigterm_argument", "fast_from_args", "train_config_from_args", "flag_specs", "signal_status"]
+
+
+def device_option(text: str) -> str:
+    """argparse type of every ``--device``: ``auto`` or a device this machine has, checked
+    when the command line is read (one line, exit 2) rather than after data is loaded."""
+    if text != "auto":
+        try:
+            check_device(text)
+        except UserError as err:
+            raise argparse.ArgumentTypeError(str(err).removeprefix(f"--device {text}: ")) from None
+    return text
 
 #: the ``--fast`` help shared by every verb that runs a model
 FAST_HELP = ("how fast it runs: a plan, preset+option-option (auto = the fastest exact plan for this machine, printed at "
@@ -199,7 +212,9 @@ def flag_specs(verb: str, include: Optional[Sequence[str]] = None,
             else:
                 kw.update(action="store_true", default=None if table.defer else False, help=HELP[name])
         else:
-            if kind is not str:
+            if name == "device":
+                kw["type"] = device_option
+            elif kind is not str:
                 kw["type"] = kind
             choices = table.choices.get(name, CHOICES.get(name))
             if choices:

@@ -363,6 +363,28 @@ def at_least_one(text: str) -> int:
     return value
 
 
+def non_negative(text: str) -> float:
+    """argparse type of --max-wait-ms: a number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """argparse type of --port: 0 (any free port) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port, 0 to 65535, got {text!r}")
+    return value
+
+
 def _ids(encoding) -> list:
     for name in ("ids", "input_ids"):
         if hasattr(encoding, name):

@@ -1,0 +1,51 @@
+"""Options are checked when the command line is read (issue 44 item 5): a device this machine
+lacks or a value out of range is one line naming the option, exit 2, before any work."""
+
+import pytest
+import torch
+
+from ctxkit.cli import main
+from ctxkit.core.device import check_device, resolve_device
+from ctxkit.core.errors import UserError
+
+
+def _refused(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2
+    return err[-1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["serve", "RUN", "--port", "70000"], "argument --port: must be a TCP port, 0 to 65535, got '70000'"),
+    (["serve", "RUN", "--max-wait-ms", "-1"], "argument --max-wait-ms: must be a number >= 0, got '-1'"),
+    (["serve", "RUN", "--max-wait-ms", "nan"], "argument --max-wait-ms: must be a number >= 0, got 'nan'"),
+    (["serve", "RUN", "--max-batch", "0"], "argument --max-batch: must be an integer >= 1, got '0'"),
+    (["serve", "RUN", "--max-items", "0"], "argument --max-items: must be an integer >= 1, got '0'"),
+    (["serve", "RUN", "--device", "foo"], "argument --device: not a device name; use auto, cpu, cuda, cuda:N or mps"),
+    (["finetune", "sst-2", "--data", "D", "--out", "O", "--device", "gpu0"], "argument --device: not a device name"),
+    (["generate", "gpt2_2_128_2", "--random-init", "--device", "tpu"], "argument --device: not a device name"),
+])
+def test_out_of_range_options_are_one_line(argv, message, capsys):
+    line = _refused(argv, capsys)
+    assert line.startswith(f"ctxkit {argv[0]}: error: {message}"), line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_a_device_this_machine_lacks_is_named(capsys):
+    line = _refused(["serve", "RUN", "--device", "cuda"], capsys)
+    assert line == ("ctxkit serve: error: argument --device: no CUDA device here "
+                    f"({'this torch is built without CUDA' if torch.version.cuda is None else 'it sees no GPU'}); "
+                    "use --device cpu or auto")
+    with pytest.raises(UserError, match="no CUDA device here"):
+        resolve_device("cuda:1")
+    if not (torch.backends.mps.is_available()):
+        with pytest.raises(UserError, match="no Apple MPS device here"):
+            check_device("mps")
+
+
+def test_good_devices_pass():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type in ("cpu", "cuda")
+    assert check_device(torch.device("cpu")) == torch.device("cpu")
