@@ -352,37 +352,29 @@ class BurstLog:
             self._end(key)
 
 
-def at_least_one(text: str) -> int:
-    """argparse type of --threads and --max-queue: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
+def _option(name: str, convert: Callable[[str], Any], ok: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
+    """An argparse type: ``convert(text)`` when ``ok`` says so, else argparse's one-line error."""
+
+    def check(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):  # `not ok` also refuses nan
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+
+    check.__name__ = check.__qualname__ = name
+    check.__doc__ = f"argparse type: {what}."
+    return check
 
 
-def non_negative(text: str) -> float:
-    """argparse type of --max-wait-ms: a number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return value
-
-
-def port_number(text: str) -> int:
-    """argparse type of --port: 0 (any free port) to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a TCP port, 0 to 65535, got {text!r}")
-    return value
+#: --threads, --max-queue, --max-batch, --max-items, ...: an integer >= 1
+at_least_one = _option("at_least_one", int, lambda v: v >= 1, "an integer >= 1")
+#: --max-wait-ms: a number >= 0
+non_negative = _option("non_negative", float, lambda v: v >= 0, "a number >= 0")
+#: --port: 0 (any free port) to 65535
+port_number = _option("port_number", int, lambda v: 0 <= v <= 65535, "a TCP port, 0 to 65535")
 
 
 def _ids(encoding) -> list:
