@@ -131,9 +131,51 @@ def hf_trainer(shards: Path, vocab: Path, preset: str, batch: int, steps: int, w
                     f"{f', pad to {pad_multiple}' if pad_multiple else ''})"}
 
 
+def profile_steps(shards: Path, preset: str, batch: int, fast: str, out: Path, start_step: int = 40, steps: int = 10) -> str:
+    """A torch.profiler trace of ``steps`` real-data steps after ``start_step`` (host and
+    device): the run is ``ctxkit.pretraining.pretrain`` (what ``ctxkit pretrain`` calls) with a
+    callback that starts the profiler at one log record and stops it at the next. Writes
+    the tables (device time and host time by operator) to ``out`` and returns them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ctxkit.core.callbacks import Callback
+    from ctxkit.pretraining import MaskingConfig
+    from ctxkit.pretraining.train import pretrain
+    from ctxkit.training import TrainConfig
+
+    class Profiling(Callback):
+        def __init__(self):
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            self.profiler, self.running, self.wall = profile(activities=activities), False, None
+
+        def on_log(self, step, metrics):
+            if step == start_step:
+                torch.cuda.synchronize() if torch.cuda.is_available() else None
+                self.profiler.__enter__()
+                self.running, self.wall = True, time.perf_counter()
+            elif self.running:
+                torch.cuda.synchronize() if torch.cuda.is_available() else None
+                self.wall = time.perf_counter() - self.wall
+                self.profiler.__exit__(None, None, None)
+                self.running = False
+
+    hook = Profiling()
+    config = TrainConfig(batch_size=batch, max_steps=start_step + steps, log_every=steps, fast=fast, progress=False,
+                         eval_each_epoch=False)
+    with tempfile.TemporaryDirectory(prefix="ctxkit-profile-") as run_dir:
+        pretrain(shards, preset, run_dir, config, masking=MaskingConfig(max_predictions=20), callbacks=[hook])
+    averages = hook.profiler.key_averages()
+    device_key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    text = (f"{steps} steps of {preset}, batch {batch}, real shards, --fast {fast}: {hook.wall * 1e3 / steps:.1f} ms per step (wall)\n\n"
+            f"By device time:\n{averages.table(sort_by=device_key, row_limit=25, max_name_column_width=60)}\n\n"
+            f"By host time:\n{averages.table(sort_by='self_cpu_time_total', row_limit=20, max_name_column_width=60)}\n")
+    out.write_text(text)
+    return text
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", required=True, help="the folder of the Wikipedia extract's wiki_NN.xz files")
+    parser.add_argument("--corpus", default=None, help="the folder of the Wikipedia extract's wiki_NN.xz files")
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--preset", default="bert_12_768_12")
     parser.add_argument("--batch", type=int, default=256)
@@ -144,24 +186,31 @@ def main(argv=None) -> int:
     parser.add_argument("--pad-multiple", type=int, default=128,
                         help="the HF side's pad_to_multiple_of (default 128: one shape, one compile; 16 gave it eight "
                              "shapes and 0.9 s steps under torch_compile on an H200; 0: pad to each batch's longest)")
+    parser.add_argument("--prepared", default=None, metavar="WORK",
+                        help="use the vocabulary and shards of `pretrain_long.py prepare --work WORK` (the whole extract) instead")
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--profile", default=None, metavar="FILE",
+                        help="also profile 10 real-data steps (torch.profiler, host and device) and write the tables to FILE")
     parser.add_argument("--results", default=None)
     args = parser.parse_args(argv)
     script = command_line("pretrain_real.py", argv if argv is not None else sys.argv[1:])
-    files = sorted(Path(args.corpus).glob("wiki_*.xz"))[:args.files]
+    files = sorted(Path(args.corpus).glob("wiki_*.xz"))[:args.files] if args.corpus else []
     log_every = 10
     warmup = -(-args.warmup // log_every) * log_every
     steps = -(-args.steps // log_every) * log_every
     with tempfile.TemporaryDirectory(prefix="ctxkit-real-") as tmp:
         tmp = Path(tmp)
         t0 = time.time()
-        run(["pretrain-vocab", *map(str, files), "--vocab-size", "30522", "--out", str(tmp / "vocab"), "--no-progress"])
-        run(["pretrain-data", *map(str, files), "--tokenizer", str(tmp / "vocab"), "--out", str(tmp / "shards"), "--max-seq-len", "128",
-             "--no-progress"])
+        shards, vocab = (Path(args.prepared) / "shards", Path(args.prepared) / "vocab") if args.prepared else (tmp / "shards", tmp / "vocab")
+        if not args.prepared:
+            run(["pretrain-vocab", *map(str, files), "--vocab-size", "30522", "--out", str(vocab), "--no-progress"])
+            run(["pretrain-data", *map(str, files), "--tokenizer", str(vocab), "--out", str(shards), "--max-seq-len", "128", "--no-progress"])
+        else:  # shards of pretrain_long.py prepare: all files but the last
+            files = [None] * (json.loads((Path(args.prepared) / "prepared.json").read_text())["files"] - 1)
         prepared = time.time() - t0
-        data = PretrainDataset(tmp / "shards")
+        data = PretrainDataset(shards)
         print(f"shards: {len(data)} sequences of <= 128 tokens from {len(files)} files ({prepared:.0f} s)", flush=True)
-        pretrain = ["pretrain", "--data", str(tmp / "shards"), "--preset", args.preset, "--out", str(tmp / "run"),
+        pretrain = ["pretrain", "--data", str(shards), "--preset", args.preset, "--out", str(tmp / "run"),
                     "--batch-size", str(args.batch), "--max-steps", str(warmup + steps), "--log-every", str(log_every),
                     "--fast", args.fast, "--no-progress"]
         with BusySampler() as busy:
@@ -174,26 +223,31 @@ def main(argv=None) -> int:
         tokens_s = sum(r["tokens_per_s"] * (r["elapsed"] - p["elapsed"]) for p, r in zip(train, train[1:]) if r["step"] > warmup) / seconds
         compiles = [r.get("compiles") for r in train]
         warm = next(r for r in train if r["step"] >= warmup)
-        warm_s = warm["elapsed"]
+        # Compiling every bucket before step 1 (the start record's warm_up), then the first log
+        # interval (the CUDA-graph captures): the wait before the run goes at full speed.
+        compile_s = (start.get("warm_up") or {}).get("seconds", 0.0)
+        warm_s = compile_s + train[0]["elapsed"]
         gpu_busy = busy.mean(warm["time"], train[-1]["time"])
         synthetic = bench_pretrain(args.preset, args.batch, 128, 20, steps, warmup=warmup, fast=args.fast)
-        print(f"ctxkit pretrain ({start['fast']}): {tokens_s:,.0f} tokens/s after warm-up ({warm_s:.0f} s), compiles {compiles}, "
+        print(f"ctxkit pretrain ({start['fast']}): {tokens_s:,.0f} tokens/s after warm-up ({warm_s:.0f} s, compiling {compile_s:.0f} s), compiles {compiles}, "
               f"GPU busy {gpu_busy}; synthetic {synthetic['tokens_per_s']:,.0f} tokens/s: {tokens_s / synthetic['tokens_per_s']:.1%}",
               flush=True)
         command = (f"ctxkit pretrain --data SHARDS --preset {args.preset} --out RUN --batch-size {args.batch} "
                    f"--max-steps {warmup + steps} --log-every {log_every} --fast {args.fast}")
         case = f"{args.preset}, seq <= 128, batch {args.batch}, {len(data)} real sequences ({len(files)} Wikipedia files), --fast {args.fast}"
-        extra = dict(ctxkit_plan=start["fast"], warmup_s=warm_s, compiles=compiles, gpu_busy_percent=gpu_busy,
+        extra = dict(ctxkit_plan=start["fast"], warmup_s=round(warm_s, 1), compile_warm_up_s=compile_s, compiles=compiles, gpu_busy_percent=gpu_busy,
                      timed_steps=len(timed) * log_every, benchmark_command=script)
         records = [speed_record("pretrain_real", case, "tokens per second, real vs synthetic", "tokens/s", tokens_s,
                                 f"ctxkit bench pretrain, the same plan (synthetic, fixed 128 tokens): {synthetic['fast']}",
                                 synthetic["tokens_per_s"], command, **extra)]
         if not args.no_peer:
-            hf = hf_trainer(tmp / "shards", tmp / "vocab", args.preset, args.batch, steps, warmup, args.workers, args.pad_multiple)
+            hf = hf_trainer(shards, vocab, args.preset, args.batch, steps, warmup, args.workers, args.pad_multiple)
             print(f"{hf['name']}: {hf['tokens_per_s']:,.0f} tokens/s -> ctxkit {tokens_s / hf['tokens_per_s']:.2f}x", flush=True)
             records.append(speed_record("pretrain_real", case, "tokens per second, end to end", "tokens/s", tokens_s, hf["name"],
                                         hf["tokens_per_s"], command, **extra))
         write_records("pretrain_real.json", records, args.results)
+        if args.profile:
+            print(profile_steps(shards, args.preset, args.batch, args.fast, Path(args.profile))[:3000], flush=True)
     print(json.dumps({"device": device_name(), "date": today(), "records": len(records)}))
     return 0
 

@@ -8,8 +8,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Without a GPU, Triton kernels (ctxkit.fast.decode_kernels, when triton is installed) run
+# Without a GPU, the kernel tests run the Triton kernels (triton comes with the test extra)
 # through Triton's interpreter on CPU tensors; it must be chosen before triton is imported.
+# Only tests that ask for it (the `triton_interpreter` fixture) take the kernels on the CPU:
+# everywhere else CPU tensors keep their PyTorch paths (tests/README.md: kernel tests).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -61,6 +63,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def triton_interpreter():
+    """For the test, the Triton kernels serve CPU tensors through Triton's interpreter
+    (``ctxkit.fast.kernels.interpret_on_cpu``; with ``TRITON_INTERPRET=1``, set above on a
+    machine without a GPU). Tests that run a kernel on CPU tensors ask for it."""
+    from ctxkit.fast.kernels import interpret_on_cpu
+
+    with interpret_on_cpu():
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -4,8 +4,8 @@ snapshot below, recorded from the hand-written parsers), except that speed is on
 ``--fast PLAN``, whose old spellings (``--compile``, ``--bf16-residual``, ...) still parse
 into plan options, and ``--on-sigterm`` (the exit status after a graceful stop, issue 39) is
 new on every training verb, and ``--device`` is checked against the machine when it is read
-(issue 44); and ``train_config_from_args`` builds the same
-:class:`TrainConfig` the handlers built by hand."""
+(issue 44), and ``--allow-changes`` is new beside every ``--resume`` (issue 44 item 6); and
+``train_config_from_args`` builds the same :class:`TrainConfig` the handlers built by hand."""
 
 import argparse
 
@@ -47,6 +47,7 @@ SNAPSHOT = {
         (('--log-every',), 'log_every', None, 'int', None, '_StoreAction'),
         (('--no-progress',), 'progress', None, None, None, '_StoreFalseAction'),
         (('--resume',), 'resume', False, None, None, '_StoreTrueAction'),
+        (('--allow-changes',), 'allow_changes', False, None, None, '_StoreTrueAction'),
         (('--limit-train',), 'limit_train', None, 'int', None, '_StoreAction'),
         (('--limit-eval',), 'limit_eval', None, 'int', None, '_StoreAction'),
         (('--log-to',), 'log_to', [], '_writer_names', None, '_ExtendAction'),
@@ -76,6 +77,7 @@ SNAPSHOT = {
         (('--save-every',), 'save_every', None, 'int', None, '_StoreAction'),
         (('--log-every',), 'log_every', None, 'int', None, '_StoreAction'),
         (('--resume',), 'resume', False, None, None, '_StoreTrueAction'),
+        (('--allow-changes',), 'allow_changes', False, None, None, '_StoreTrueAction'),
         (('--limit-train',), 'limit_train', None, 'int', None, '_StoreAction'),
         (('--limit-eval',), 'limit_eval', None, 'int', None, '_StoreAction'),
         (('--eval-data',), 'eval_data', None, None, None, '_StoreAction'),
@@ -120,12 +122,13 @@ SNAPSHOT = {
         (('--out',), 'out', None, None, None, '_StoreAction'),
         (('--on-sigterm',), 'on_sigterm', 'exit143', None, ('exit143', 'exit0'), '_StoreAction'),
         (('--tokenizer',), 'tokenizer', None, None, None, '_StoreAction'),
+        (('--eval-data',), 'eval_data', None, None, None, '_StoreAction'),
         (('--epochs',), 'epochs', 1.0, 'float', None, '_StoreAction'),
         (('--max-steps',), 'max_steps', None, 'int', None, '_StoreAction'),
         (('--max-minutes',), 'max_minutes', None, 'float', None, '_StoreAction'),
         (('--batch-size',), 'batch_size', 256, 'int', None, '_StoreAction'),
         (('--grad-accum',), 'grad_accum', 1, 'int', None, '_StoreAction'),
-        (('--lr',), 'lr', 0.001, 'float', None, '_StoreAction'),
+        (('--lr',), 'lr', None, 'float', None, '_StoreAction'),
         (('--warmup-ratio',), 'warmup_ratio', 0.06, 'float', None, '_StoreAction'),
         (('--weight-decay',), 'weight_decay', 0.01, 'float', None, '_StoreAction'),
         (('--optimizer',), 'optimizer', 'adamw', None, ('adamw', 'lamb'), '_StoreAction'),
@@ -149,6 +152,7 @@ SNAPSHOT = {
         (('--device',), 'device', 'auto', 'device_option', None, '_StoreAction'),
         (('--precision',), 'precision', 'auto', None, ('auto', 'bf16', 'fp32'), '_StoreAction'),
         (('--resume',), 'resume', False, None, None, '_StoreTrueAction'),
+        (('--allow-changes',), 'allow_changes', False, None, None, '_StoreTrueAction'),
         (('--no-progress',), 'no_progress', False, None, None, '_StoreTrueAction'),
         (('--log-to',), 'log_to', [], '_writer_names', None, '_ExtendAction'),
     ],
@@ -214,6 +218,7 @@ SNAPSHOT = {
         (('--fast',), 'fast', 'auto', None, None, '_StoreAction'),
         (('--no-progress',), 'no_progress', False, None, None, '_StoreTrueAction'),
         (('--resume',), 'resume', False, None, None, '_StoreTrueAction'),
+        (('--allow-changes',), 'allow_changes', False, None, None, '_StoreTrueAction'),
         (('--log-to',), 'log_to', [], '_writer_names', None, '_ExtendAction'),
     ],
 }
@@ -271,8 +276,8 @@ def _old_translate_train(args):
                        fast=_fast(args))
 
 
-def _old_pretrain(args):
-    return TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_ratio=args.warmup_ratio,
+def _old_pretrain(args):  # --lr unset: the handler takes the preset's (bert_4_256_4: 1e-3)
+    return TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=1e-3 if args.lr is None else args.lr, warmup_ratio=args.warmup_ratio,
                        weight_decay=args.weight_decay, max_steps=args.max_steps, save_every=args.save_every, seed=args.seed,
                        device=args.device, precision=args.precision, log_every=args.log_every, peak_tflops=args.peak_tflops,
                        grad_accum=args.grad_accum, progress=not args.no_progress, eval_each_epoch=False, group_factor=args.group_factor,
@@ -300,7 +305,7 @@ CASES = {
                   "--fast", "reference+qkv"]),
     "translate-train": (["--train-src", "a", "--train-tgt", "b", "--valid-src", "c", "--valid-tgt", "d", "--out", "o"],
                         _old_translate_train, {}, ["--schedule", "linear", "--no-progress", "--max-minutes", "1.5"]),
-    "pretrain": (["--data", "d", "--out", "o"], _old_pretrain, {"eval_each_epoch": False},
+    "pretrain": (["--data", "d", "--out", "o"], _old_pretrain, {"eval_each_epoch": False, "lr": 1e-3},
                  ["--optimizer", "lamb", "--compile", "--bf16-residual", "--group-factor", "0", "--no-progress", "--peak-tflops", "811",
                   "--grad-reduce-dtype", "bfloat16"]),
     "lm-train": (["--train", "a", "--valid", "b", "--out", "o"], _old_lm_train, {}, ["--compile", "--batch-size", "8", "--no-progress"]),

@@ -249,8 +249,9 @@ def test_finetune_on_a_full_disk_ends_in_one_line_with_exit_2(tiny_bert_dir, sst
     checkpoint, best = _files(run / "checkpoint"), _files(run / "best")
     capsys.readouterr()
     disk = FullDisk(monkeypatch, at=at)
-    # Two epochs, checkpoints every 2 steps: the first save after the resume is a checkpoint.
-    assert main(_finetune_argv(tiny_bert_dir, sst_table, run, "--epochs", "2", "--resume", "--save-every", "2")) == 2
+    # Two epochs, checkpoints every 2 steps: the first save after the resume is a checkpoint (a second
+    # epoch changes the schedule the run recorded: --allow-changes, issue 44 item 6).
+    assert main(_finetune_argv(tiny_bert_dir, sst_table, run, "--epochs", "2", "--resume", "--allow-changes", "--save-every", "2")) == 2
     assert disk.writes == ["model.safetensors", "optimizer.pt", "trainer_state.json"][: at + 1]
     assert _one_error(capsys) == ("ctxkit: error: no space left on device writing "
                                   f"{run / 'checkpoint'} (needs ~0.7 MB, 50 MB free); the last checkpoint (step 6) is intact")
@@ -263,7 +264,7 @@ def test_finetune_refuses_a_checkpoint_that_cannot_fit(tiny_bert_dir, sst_table,
     checkpoint = _files(run / "checkpoint")
     _report_free(monkeypatch, 150_000)
     capsys.readouterr()
-    assert main(_finetune_argv(tiny_bert_dir, sst_table, run, "--epochs", "2", "--resume", "--save-every", "2")) == 2
+    assert main(_finetune_argv(tiny_bert_dir, sst_table, run, "--epochs", "2", "--resume", "--allow-changes", "--save-every", "2")) == 2
     assert _one_error(capsys) == ("ctxkit: error: no space left on device writing "
                                   f"{run / 'checkpoint'} (needs ~0.7 MB, 0.1 MB free); the last checkpoint (step 6) is intact")
     assert _files(run / "checkpoint") == checkpoint and _debris(run) == []

@@ -2,9 +2,9 @@
 
 Each kernel is checked against a float64 computation of the same formula, with bounds
 derived from the dtype and the magnitudes (tests/tolerance.py): on the CPU through
-Triton's interpreter (when triton is installed: the ``gpu`` extra), on a GPU compiled.
-Without Triton, and for every call the kernels do not serve, the swapped layer must be the
-plain layer exactly (the CPU fallback CI always covers).
+Triton's interpreter (triton comes with the test extra; for users the ``gpu`` extra), on a
+GPU compiled. Without Triton, and for every call the kernels do not serve, the swapped
+layer must be the plain layer exactly.
 """
 
 import copy
@@ -243,6 +243,7 @@ def test_swap_keeps_parameters_and_refuses_what_it_cannot_fuse():
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or not decode_kernels_available(),
                     reason="Triton's interpreter (CPU) with triton installed")
+@pytest.mark.usefixtures("triton_interpreter")
 def test_greedy_decoding_with_fused_layers_is_the_plain_loop():
     """End to end on the CPU through the interpreter: a GPT-2 decoding over the static
     cache with every layer fused gives the eager loop's greedy tokens."""

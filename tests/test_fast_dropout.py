@@ -27,11 +27,12 @@ def _effective(p: float) -> float:
 
 @pytest.fixture(params=["pytorch", "triton"])
 def mask_path(request, monkeypatch):
-    """Both ways of drawing the packed mask: PyTorch's Bernoulli kernel (what CI runs) and
-    the Triton kernel (on the CPU through Triton's interpreter, where it is installed)."""
+    """Both ways of drawing the packed mask: PyTorch's Bernoulli kernel (a CPU's) and the
+    Triton kernel (on the CPU through Triton's interpreter, where triton is installed)."""
     from ctxkit.fast import dropout as module
 
     if request.param == "triton":
+        request.getfixturevalue("triton_interpreter")
         if not module._kernel_runs("cpu"):
             pytest.skip("the Triton mask kernel does not run here (no triton, or no interpreter)")
     else:

@@ -140,6 +140,28 @@ def test_registry_reasons(triton_installed):
         supported("warp_drive", H100)
 
 
+def test_cpu_tensors_take_triton_kernels_only_inside_interpret_on_cpu(triton_installed, monkeypatch):
+    """TRITON_INTERPRET=1 alone (the suite sets it without a GPU) changes no answer: the
+    kernel tests enter ``interpret_on_cpu``, and even there ``auto`` takes no kernel on a CPU."""
+    from ctxkit.fast import dropout
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kernels.clear_cache()
+    interpreted = ("gelu_gemm", "fp8_gemm", "qkv_grad", "dropout_bits", "decode_layers", "master_adamw")
+    assert all(supported(name, "cpu", torch.float16) == "needs a CUDA GPU" for name in interpreted)
+    assert not dropout._kernel_runs("cpu")
+    with kernels.interpret_on_cpu():
+        assert all(supported(name, "cpu", torch.float16) is None for name in interpreted)
+        assert supported("fp8_training", "cpu") == "needs a CUDA GPU"  # torchao's: no interpreter
+        assert dropout._kernel_runs("cpu")  # the modules' cached answers follow
+        for use in USES:
+            assert str(resolve("auto", use=use, device="cpu")) == "qkv"
+    assert supported("gelu_gemm", "cpu", torch.float16) == "needs a CUDA GPU" and not dropout._kernel_runs("cpu")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with kernels.interpret_on_cpu():  # the scope without the interpreter: nothing runs on the CPU
+        assert supported("qkv_grad", "cpu", torch.float16) == "needs a CUDA GPU"
+
+
 # ---------------------------------------------------------------------- auto
 
 

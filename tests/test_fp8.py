@@ -93,13 +93,15 @@ def _fused_path_runs_here() -> bool:
 
 @pytest.mark.parametrize("activation", [None, "gelu"])
 @pytest.mark.parametrize("fused", [False, True], ids=["pytorch", "triton"])
-def test_fp8_epilogue_linear_is_one_rounding_of_the_scaled_e4m3_product(activation, fused, monkeypatch):
+def test_fp8_epilogue_linear_is_one_rounding_of_the_scaled_e4m3_product(activation, fused, monkeypatch, request):
     """Fp8EpilogueLinear: scales, bias and GELU applied to the float32 sum of the exact e4m3
     products, rounded once -- through PyTorch, or the Triton kernel (Triton's interpreter on
     the CPU, where it stores fp16 exactly; bf16 on a GPU is tests/test_fast_gemm.py's)."""
     from ctxkit.fast import Fp8EpilogueLinear
     from ctxkit.fast import gelu_gemm
 
+    if fused:
+        request.getfixturevalue("triton_interpreter")  # the kernel on CPU tensors, where it runs there
     if fused and not _fused_path_runs_here():
         pytest.skip("the Triton kernel does not run here (no triton, or no interpreter)")
     if not fused:

@@ -1,10 +1,13 @@
 """MasterAdamW (bf16 weights, fp32 masters, one flat update) and clipped_step: the update
 against a float64 AdamW, skipped parameters, state round trips, the Trainer option (same
-numbers as bf16 autocast, exact resume, fp32 masters saved), and the CUDA kernel against
-the PyTorch path."""
+numbers as bf16 autocast, exact resume, fp32 masters saved), the Triton kernels against a
+float64 AdamW (on the CPU through Triton's interpreter, tests/README.md), and the CUDA
+kernel against the PyTorch path."""
 
+import importlib.util
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -15,6 +18,7 @@ from ctxkit.training import TrainConfig, Trainer
 from ctxkit.training.master import MasterAdamW, build_master_adamw, low_precision_parameters
 from ctxkit.training.optim import build_adamw, clipped_step
 from test_trainer import _model, _toy_features
+from tolerance import assert_close_to_reference
 
 EPS32 = torch.finfo(torch.float32).eps
 
@@ -182,6 +186,52 @@ def test_trainer_master_weights_refuses_what_it_cannot_do(tmp_path):
         Trainer(_model(), feats, TrainConfig(**dict(_cfg(fast="auto+master"), precision="fp32")), tmp_path / "a")
     with pytest.raises(UserError, match="lamb"):
         Trainer(_model(), feats, TrainConfig(**_cfg(fast="auto+master", optimizer="lamb")), tmp_path / "b")
+
+
+def _kernel_targets():
+    """(device, low-precision dtype) where the Triton update runs here. The interpreter rounds
+    float32 to bfloat16 by truncation (Triton 3.7's ignores ``fp_downcast_rounding`` there;
+    float16 goes through NumPy, which rounds to nearest even), so on the CPU the low copies
+    are float16: the same kernel, another ``GRAD_DTYPE`` and store type."""
+    if importlib.util.find_spec("triton") is None:
+        return []
+    return ([("cpu", torch.float16)] if os.environ.get("TRITON_INTERPRET") == "1" else []) + (
+        [("cuda", torch.bfloat16)] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.usefixtures("triton_interpreter")
+@pytest.mark.parametrize("target", _kernel_targets(), ids=lambda t: f"{t[0]}-{t[1]}".replace("torch.", ""))
+def test_triton_update_and_norm_match_float64_adamw(target):
+    device, dtype = target
+    model = Toy().to(device)
+    start = [p.detach().double().cpu().clone() for p in model.parameters()]
+    wd = [0.1 if p.dim() > 1 else 0.0 for p in model.parameters()]
+    groups = [{"params": [p for p in model.parameters() if p.dim() > 1], "weight_decay": 0.1},
+              {"params": [p for p in model.parameters() if p.dim() == 1], "weight_decay": 0.0}]
+    opt = MasterAdamW(groups, low_precision=low_precision_parameters(model), lr=1e-2, betas=(0.9, 0.99), eps=1e-8,
+                      dtype=dtype)
+    assert opt._use_kernels() and model.fc1.weight.dtype == dtype
+    ref, state = [p.clone() for p in start], {}
+    for step in range(1, 4):
+        for p, g in zip(model.parameters(), _bf16_grads(list(model.parameters()), step)):
+            p.grad = g.to(device, p.dtype)
+        grads64 = [p.grad.double().cpu() for p in model.parameters()]  # what the kernels read
+        opt.step(max_grad_norm=1.0)
+        assert all(kind.tables is not None for kind in opt.kinds)  # the kernels' path, not the gathered one
+        # The norm: float32 sums of squares per 2048-element block, then over the blocks.
+        norm64 = math.sqrt(sum(float((g * g).sum()) for g in grads64))
+        assert_close_to_reference(opt.last_grad_norm.cpu().reshape(1), torch.tensor([norm64], dtype=torch.float64),
+                                  dtype=torch.float32, k=sum(g.numel() for g in grads64), name="gradient norm")
+        _reference_adamw(ref, grads64, state, 1e-2, wd, (0.9, 0.99), 1e-8, 1.0, step)
+    assert float(opt.last_grad_norm) > 1.0  # clipping acted
+    with opt.full_precision():
+        masters = [p.detach().cpu().clone() for p in model.parameters()]
+    for m, r, s in zip(masters, ref, start):
+        # fp32 rounding of a few operations per step on values of size |p| + 3 * lr.
+        assert (m.double() - r).abs().max() <= 16 * 3 * EPS32 * (s.abs().max() + 3 * 1e-2)
+    for kind in opt.kinds:  # the low copies are the masters rounded once (to nearest even)
+        if kind.low:
+            assert torch.equal(kind.flat, kind.master.to(kind.flat.dtype))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton update kernel runs on CUDA")

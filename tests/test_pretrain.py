@@ -105,6 +105,32 @@ def test_pretraining_batches_come_in_a_fixed_set_of_shapes(wiki_shards):
                 assert (out["masked_labels"][:len(idx)] != IGNORE_INDEX).any()
     assert short == (2 if len(lengths) % batch else 0)
     assert {s[0] for s in shapes} <= {(batch, n) for n in buckets} and {s[1] for s in shapes} == {(batch, 6)}
+    assert {s[2] for s in shapes} == {True}  # the mask always there: one shape per bucket, padded or not
+
+
+def test_compile_warm_up_leaves_training_as_it_was(shards, tmp_path, monkeypatch):
+    """Compiling the buckets before step 1 (a forward and backward per shape, no update)
+    changes nothing the run computes: the random streams are restored, so the losses equal
+    those of the same run without the warm-up, bit for bit."""
+    import torch
+
+    from ctxkit.pretraining import train as pretraining
+    from ctxkit.training import trainer as trainer_module
+
+    compile_module = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compile_module(self, backend="eager", dynamic=kw.get("dynamic")))
+    cfg = _cfg(batch_size=8, max_steps=4, log_every=1, fast="compile+qkv")
+
+    def losses(out):
+        pretraining.pretrain(shards, "bert_2_128_2", out, cfg, masking=MaskingConfig(max_predictions=6))
+        records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in records if r["event"] == "train"], [r["warm_up"] for r in records if "warm_up" in r]
+
+    warmed, warm_records = losses(tmp_path / "warmed")
+    assert len(warm_records) == 1 and warm_records[0]["shapes"]
+    monkeypatch.setattr(trainer_module, "compile_warm_up", lambda *a, **k: 0.0)
+    plain, _ = losses(tmp_path / "plain")
+    assert len(warmed) == 4 and warmed == plain
 
 
 def test_no_recompilation_after_warm_up_on_real_shards(wiki_shards, tmp_path, monkeypatch):
@@ -127,9 +153,52 @@ def test_no_recompilation_after_warm_up_on_real_shards(wiki_shards, tmp_path, mo
         return [r["compiles"] for r in records if r["event"] == "train"]
 
     bucketed = compiles(tmp_path / "run")
-    half = len(bucketed) // 2
-    assert len(bucketed) >= 8 and 1 <= bucketed[half] <= 4  # two lengths, with or without padding
-    assert bucketed[half:] == [bucketed[half]] * (len(bucketed) - half)  # nothing after the warm-up: two epoch ends
+    assert len(bucketed) >= 8 and bucketed[0] == 2  # two lengths, both with the attention mask
+    # Both buckets compiled before step 1 (a warm_up record names their shapes), so the count
+    # never moves afterwards, two epoch ends included.
+    assert bucketed == [bucketed[0]] * len(bucketed)
+    warm = json.loads((tmp_path / "run" / "log.jsonl").read_text().splitlines()[0])["warm_up"]
+    assert sorted(map(tuple, warm["shapes"])) == [(16, 32), (16, 64)]
+    assert warm["compiles"] == bucketed[0]
     monkeypatch.setattr(pretraining, "length_buckets", lambda max_len: None)  # the lengths as they come
     unbucketed = compiles(tmp_path / "plain")
     assert unbucketed[-1] > 2 * bucketed[-1]
+
+
+@pytest.fixture(scope="module")
+def few_shards(shared_data, minilm_dir, tmp_path_factory):
+    """Shards of the first 12 documents of the extract: two whole epochs in seconds."""
+    from ctxkit.pretraining import build_shards
+
+    out = tmp_path_factory.mktemp("few_shards")
+    build_shards([shared_data / "wikipedia-en-extract" / "AA" / "wiki_00.xz"], minilm_dir, out, max_seq_len=64,
+                 limit_docs=12, workers=1, show_progress=False)
+    return out
+
+
+def test_held_out_evaluation_after_every_epoch(few_shards, tmp_path):
+    """``--eval-data``: an ``eval`` record per epoch with MLM loss/accuracy and NSP accuracy on
+    the held-out shards; the masks are the same at every evaluation, so evaluating one model
+    twice gives the same numbers, and an untrained model scores near chance."""
+    from ctxkit.pretraining import PretrainDataset
+    from ctxkit.pretraining.masking import MLMCollator
+    from ctxkit.pretraining.train import PretrainingModel, held_out_evaluation
+    from ctxkit.tokenizers import WordPieceTokenizer
+
+    shards = few_shards
+    rc = main(["pretrain", "--data", str(shards), "--eval-data", str(shards), "--preset", "bert_2_128_2", "--out", str(tmp_path / "run"),
+               "--epochs", "2", "--batch-size", "8", "--device", "cpu", "--no-progress", "--log-every", "100"])
+    assert rc == 0
+    records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["event"] == "eval"]
+    data = PretrainDataset(shards)
+    assert [r["epoch"] for r in evals] == [0, 1] and all(r["sequences"] == len(data) for r in evals)
+    assert all(0 <= r["mlm_acc"] <= 1 and 0 <= r["nsp_acc"] <= 1 and r["mlm_loss"] > 0 for r in evals)
+
+    tokenizer = WordPieceTokenizer.from_dir(data.meta["tokenizer"]["path"])
+    torch.manual_seed(0)
+    model = PretrainingModel(get_preset("bert_2_128_2").config.replace(vocab_size=tokenizer.vocab_size, max_position=512))
+    evaluate = held_out_evaluation(data, MLMCollator(tokenizer, MaskingConfig(max_predictions=6), seed=1), 8, torch.device("cpu"), "fp32")
+    first, second = evaluate(model), evaluate(model)
+    assert first == second and model.training  # same masks; the model handed back in training mode
+    assert abs(first["mlm_loss"] - torch.log(torch.tensor(float(tokenizer.vocab_size))).item()) < 1.5 and first["mlm_acc"] < 0.05

@@ -229,3 +229,24 @@ def test_ctxkit_serve_on_a_gpt2_folder_streams_and_frees_the_slot_of_a_client_th
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_failed_decoding_step_answers_every_request_instead_of_hanging(tiny):
+    """An error inside a decoding step (e.g. a CUDA assert) must not leave requests waiting for a
+    thread that is gone: the running request ends with 503 (or a streamed ``finish_reason:
+    error``), later ones get 503 at once, and /health reports the error with 503."""
+    model, tokenizer = tiny
+    app = create_generation_app(model, tokenizer, name="tiny-gpt2", slots=2, max_waiting=4, max_new_tokens=16, fast="reference")
+    batcher = app.state.batcher
+
+    def broken_step():
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    batcher.step = broken_step  # what run() calls on the decoding thread
+    with TestClient(app) as c:
+        first = c.post("/generate", json={"prompt": "abc", "max_new_tokens": 4}, timeout=10)
+        assert first.status_code == 503 and "device-side assert" in first.json()["detail"]
+        later = c.post("/generate", json={"prompt": "abc", "max_new_tokens": 4, "stream": True}, timeout=10)
+        assert later.status_code == 503
+        health = c.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "error" and "RuntimeError" in health.json()["error"]

@@ -221,3 +221,29 @@ def test_epoch_and_budget_lines_start_their_own_line_with_progress_on(tmp_path, 
         log.removeHandler(handler)
         log.setLevel(level)
         torch.set_num_threads(threads)
+
+
+def test_a_diverged_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    """A loss that stops being finite (NaN weights train on at full speed) ends the run at the
+    next log step with one line, before any checkpoint can keep the broken weights; the
+    checkpoint written before it is left as it was."""
+    from ctxkit.core.errors import UserError
+
+    class Poisoned(torch.nn.Module):  # the toy classifier, its loss NaN from the 6th call on
+        def __init__(self):
+            super().__init__()
+            self.inner, self.calls = _model(), 0
+
+        def forward(self, **batch):
+            out = self.inner(**batch)
+            self.calls += 1
+            return {**out, "loss": out["loss"] * (float("nan") if self.calls >= 6 else 1.0)}
+
+    cfg = TrainConfig(epochs=2, batch_size=8, lr=1e-3, device="cpu", progress=False, log_every=2, save_every=4, seed=5)
+    with pytest.raises(UserError) as error:
+        Trainer(Poisoned(), _toy_features(), cfg, tmp_path / "run").train()
+    message = str(error.value)
+    assert "the training loss is nan at step 6: training diverged" in message and "the last checkpoint (step 4) is intact" in message
+    assert "--lr (the peak was 0.001)" in message and "\n" not in message
+    state = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())
+    assert state["step"] == 4 and all(loss == loss for loss in state["losses"])  # no NaN kept

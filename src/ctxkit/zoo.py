@@ -38,6 +38,7 @@ from .core.hub import cached_snapshot, hub_snapshot, is_hub_id
 from .core.wheel_fetch import fetch_wheel_files
 from .models.bert import BertForPreTraining, config_from_hf, load_bert
 from .models.bert_mlm import load_bert_with_heads
+from .models.common import check_vocab_fits
 from .models.catalog import GLUON_NAMES, HUB_MODELS, URL_MODELS, UrlModel, gluon_name, hub_model
 from .models.families import FAMILIES, find_family, preset_family
 from .models.presets import PRESETS, get_preset
@@ -432,6 +433,7 @@ def _load_folder(folder: Path, preset: Optional[str], device: str, with_heads: b
         model = load_bert_with_heads(folder, config=config) if with_heads else load_bert(folder, config=config)
         tokenizer = WordPieceTokenizer.from_dir(folder) if (Path(folder) / "vocab.txt").is_file() or \
             (Path(folder) / "tokenizer.json").is_file() else None
+        check_vocab_fits(model, tokenizer, folder)
         return model.to(device).eval(), tokenizer
     model, tokenizer = family.load(Path(folder))
     return (model.to(device).eval() if hasattr(model, "to") else model), tokenizer

@@ -4,7 +4,8 @@ A static embedding (the input word-embedding row) gives "bank" the same vector i
 every sentence; a contextual one (the last Transformer layer) moves it towards the
 sense the sentence uses. The demo prints both cosine-similarity matrices side by side,
 a verdict per ambiguous word, and saves an attention heatmap and the sinusoidal
-position table as PNGs.
+position table as PNGs. The sentences and the similarities come from
+:mod:`ctxkit.features.senses`, which ``ctxkit ui`` draws in the browser.
 
 Run it with ``ctxkit demo`` or ``python -m ctxkit demo``.
 """
@@ -21,52 +22,13 @@ import torch
 from ctxkit.core.errors import UserError
 from ctxkit.features.embed import embed
 from .. import zoo
+from ..features.senses import DEMO_WORDS, SENTENCES
+from ..features.senses import cosine_matrix as _cosine_matrix
+from ..features.senses import mean_sims as _mean_sims
+from ..features.senses import static_vector as _static_vector
 from ..layers.position import sinusoidal_table
 from ..models.elmo import elmo_embed
 from ..models.elmo_io import load_elmo_lm
-
-# word -> sense -> sentences; each sentence holds the word once.
-DEMO_WORDS: Dict[str, Dict[str, List[str]]] = {
-    "bank": {
-        "river": [
-            "He sat on the river bank and watched the water.",
-            "The fisherman walked along the bank of the stream.",
-            "The boat drifted toward the grassy bank of the river.",
-            "We had a picnic on the bank of the river.",
-        ],
-        "money": [
-            "She deposited the check at the bank.",
-            "The bank approved my loan application.",
-            "The bank raised its interest rates again.",
-            "I withdrew cash from the bank this morning.",
-        ],
-    },
-    "bat": {
-        "animal": [
-            "A bat flew out of the cave at dusk.",
-            "The bat hung upside down from the branch.",
-        ],
-        "baseball": [
-            "He swung the bat and hit a home run.",
-            "The player dropped his bat and ran to first base.",
-        ],
-    },
-    "crane": {
-        "bird": [
-            "A crane waded through the marsh looking for fish.",
-            "The crane spread its wings and flew over the lake.",
-        ],
-        "machine": [
-            "The crane lifted the steel beam onto the roof.",
-            "Workers used a crane to load containers onto the ship.",
-        ],
-    },
-}
-
-# (word, sense, sentence) in a fixed order; ``sentence_index`` indexes this list.
-SENTENCES: List[Tuple[str, str, str]] = [
-    (word, sense, s) for word, senses in DEMO_WORDS.items() for sense, ss in senses.items() for s in ss
-]
 
 INSTALL_HINT = "ctxkit download all_minilm_l6_v2"
 
@@ -87,26 +49,6 @@ def _load(checkpoint: str) -> Tuple[torch.nn.Module, Any]:
         raise CheckpointNotInstalledError(
             f"could not load the checkpoint {checkpoint!r} ({exc}); fetch it with: ctxkit download {checkpoint}"
         ) from None
-
-
-def _cosine_matrix(vectors: np.ndarray) -> np.ndarray:
-    """``(n, dim)`` -> ``(n, n)`` cosine similarities."""
-    v = vectors.astype(np.float64)
-    v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
-    return np.clip(v @ v.T, -1.0, 1.0)
-
-
-def _mean_sims(sim: np.ndarray, senses: List[str]) -> Dict[str, float]:
-    """Mean similarity within each sense (off-diagonal pairs) and across each sense pair."""
-    labels = np.array(senses)
-    order = list(dict.fromkeys(senses))
-    off_diag = ~np.eye(len(labels), dtype=bool)
-    out = {}
-    for i, a in enumerate(order):
-        for b in order[i:]:
-            mask = (labels[:, None] == a) & (labels[None, :] == b) & off_diag
-            out[f"{a}-vs-{b}"] = float(sim[mask].mean())
-    return out
 
 
 def _format_pair(word: str, labels: List[str], ctx: np.ndarray, static: np.ndarray) -> str:
@@ -163,12 +105,6 @@ def _elmo_vectors(folder: str, sentences: List[List[str]]) -> List[np.ndarray]:
     lm, _ = load_elmo_lm(folder)
     out = elmo_embed(lm.bilm, sentences)
     return [out.sentence(i)[1].numpy() for i in range(len(sentences))]
-
-
-def _static_vector(word: str, tokenizer: Any, table: torch.Tensor) -> np.ndarray:
-    """Mean input-embedding row of the word's sub-words: ``(hidden,)``."""
-    ids = tokenizer.encode(word, add_special_tokens=False).input_ids
-    return table[torch.tensor(ids, dtype=torch.long)].mean(dim=0).float().cpu().numpy()
 
 
 def run_demo(

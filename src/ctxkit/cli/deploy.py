@@ -104,6 +104,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-items", type=at_least_one, default=64, help="most texts per request (default: 64)")
     p.add_argument("--max-text-chars", type=at_least_one, default=10_000, help="longest text/question/context (default: 10000)")
     p.add_argument("--max-body-bytes", type=at_least_one, default=None, help="largest request body (default: fits max-items texts)")
+    p.add_argument("--max-windows", type=at_least_one, default=None,
+                   help="most windows of the encoder's length one /embed request may need (long texts are embedded "
+                        "window by window, a forward pass each); more get 413 before any compute (default: 2 x --max-items)")
     p.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="/embed vectors (default: mean)")
     add_backend_arguments(p, None, "runtime of the task endpoint (named in /health and the startup log; default: gpu for a "
                                    "BERT-family run on a CUDA device, pytorch otherwise)")

@@ -27,7 +27,8 @@ from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
 from .char_lm import add_char_flags, run_char_lm
 from .models import add_wordpiece_flags, check_vocab_size
-from .train_flags import device_option, add_on_sigterm_argument, add_train_flags, signal_status, train_config_from_args
+from .train_flags import (device_option, add_allow_changes_argument, add_on_sigterm_argument, add_train_flags, signal_status,
+                          train_config_from_args)
 from ..data.errors import check_input, require_rereadable
 from ..models.elmo_io import load_elmo_lm
 from ..models.gpt2 import load_gpt2
@@ -35,7 +36,7 @@ from ..pretraining.corpus import write_word_corpus
 from ..pretraining.lm import corpus_ids, perplexity, train_lm
 from ..pretraining.masking import MaskingConfig
 from ..pretraining.shards import build_shards, train_vocab
-from ..pretraining.train import pretrain
+from ..pretraining.train import default_pretrain_lr, pretrain
 from ..tokenizers import ByteLevelBPETokenizer, read_lines
 from ..zoo import checkpoint_folder
 
@@ -134,10 +135,12 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     """Handler of ``pretrain``; prints a JSON summary and returns 0."""
     logging.getLogger("ctxkit").setLevel(logging.INFO)
     callbacks = make_callbacks(args.log_to, args.out)  # a missing extra fails before the shards are read
-    config = train_config_from_args(args, eval_each_epoch=False)
+    if args.lr is None:  # the preset's: 1e-3 diverges on BERT-base
+        args.lr = default_pretrain_lr(args.preset)
+    config = train_config_from_args(args, eval_each_epoch=args.eval_data is not None)
     masking = MaskingConfig(whole_word=args.whole_word, max_predictions=args.max_predictions)
     summary = pretrain(args.data, args.preset, args.out, config, args.tokenizer and _tokenizer_dir(args.tokenizer), masking, args.resume,
-                       callbacks=callbacks)
+                       callbacks=callbacks, eval_data=args.eval_data)
     print(json.dumps(summary, indent=2))
     return signal_status(summary, args.out, args.on_sigterm)
 
@@ -150,10 +153,15 @@ def add_pretrain_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default="bert_4_256_4", help="architecture (default: bert_4_256_4)")
     p.add_argument("--out", required=True, metavar="RUN_DIR")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder or checkpoint name (default: the one in the shards' meta.json)")
+    p.add_argument("--eval-data", default=None, metavar="SHARDS",
+                   help="held-out shards (pretrain-data, same tokenizer): MLM loss/accuracy and NSP accuracy after every epoch")
     add_train_flags(p, "pretrain")  # epochs, lr, optimizer, schedule, ... (cli/train_flags.py)
+    lr = next(action for action in p._actions if action.dest == "lr")
+    lr.help = "peak learning rate (default: 1e-4 for presets 768 wide or wider, as BERT; 1e-3 below)"
     p.add_argument("--whole-word", action="store_true", help="whole-word masking")
     p.add_argument("--max-predictions", type=int, default=20, help="masked positions per sequence at most (BERT: 20 at seq 128)")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
+    add_allow_changes_argument(p)
     add_on_sigterm_argument(p)
     add_log_to_argument(p)
     p.set_defaults(func=cmd_pretrain)
@@ -176,6 +184,7 @@ def add_pretrain_command(sub: argparse._SubParsersAction) -> None:
     add_train_flags(p, "pretrain")
     p.add_argument("--max-predictions", type=int, default=20, help="masked positions per sequence at most")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
+    add_allow_changes_argument(p)
     add_on_sigterm_argument(p)
     add_log_to_argument(p)
     p.set_defaults(func=cmd_distill_pretrain)
@@ -309,6 +318,7 @@ def _add_elmo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--precision", default=d.precision, choices=["auto", "bf16", "fp32"])
     p.add_argument("--compile", action="store_true", help="torch.compile the LSTM time step (GPU)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/ (or the OUT/checkpoint.pt of earlier versions)")
+    add_allow_changes_argument(p)
     add_on_sigterm_argument(p)
     p.add_argument("--test", nargs="*", default=[], help="test files: exact-softmax perplexity of the final model "
                                                           "(forward, backward, average) added to results.json")
@@ -343,6 +353,7 @@ def _add_xlnet(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--K", type=float, default=6.0, help="predict about 1/K of the tokens (default: 6)")
     add_train_flags(p, "pretrain-xlnet")  # epochs, lr, ... (cli/train_flags.py)
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
+    add_allow_changes_argument(p)
     add_on_sigterm_argument(p)
     add_log_to_argument(p)
     p.set_defaults(func=_cmd_xlnet)
@@ -406,6 +417,7 @@ def _add_transformer_xl(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", type=device_option, default=d.device)
     p.add_argument("--precision", default=d.precision, choices=["auto", "bf16", "fp32"])
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint/ (or the OUT/checkpoint.pt of earlier versions)")
+    add_allow_changes_argument(p)
     add_on_sigterm_argument(p)
     p.add_argument("--no-progress", action="store_true")
     add_log_to_argument(p)

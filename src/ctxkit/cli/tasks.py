@@ -18,8 +18,8 @@ from ..core.diskspace import write_output
 from ..core.errors import UserError
 from ..training.callbacks import add_log_to_argument, make_callbacks
 from ..training.progress import progress_bar
-from .train_flags import (device_option, add_fast_argument, add_on_sigterm_argument, add_train_flags, fast_from_args, signal_status,
-                          train_config_from_args)
+from .train_flags import (device_option, add_allow_changes_argument, add_fast_argument, add_on_sigterm_argument, add_train_flags,
+                          fast_from_args, signal_status, train_config_from_args)
 from ..data.lines import decode_lines, read_lines
 from ..inference.backends import add_backend_arguments, with_backend
 from ..tasks import evaluate_run, finetune, get_task, load_run, load_task
@@ -165,6 +165,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-length", dest="max_length", type=int, help="tokens per example / QA window")
     p.add_argument("--doc-stride", dest="doc_stride", type=int, help="QA: step between windows in context tokens (default: 128)")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
+    add_allow_changes_argument(p)
     add_on_sigterm_argument(p)
     p.add_argument("--limit-train", type=int, help="use only the first N training examples")
     p.add_argument("--limit-eval", type=int, help="use only the first N evaluation examples (recorded; evaluate applies it too)")
@@ -201,6 +202,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="classification: unlabelled texts (one per line, text<TAB>pair for pairs) the teacher labels for the student")
     add_train_flags(p, "distill")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint exactly")
+    add_allow_changes_argument(p)
     add_on_sigterm_argument(p)
     p.add_argument("--limit-train", type=int, help="use only the first N training examples")
     p.add_argument("--limit-eval", type=int, help="use only the first N evaluation examples")

@@ -24,7 +24,7 @@ changes meaning; "-" = no such flag, the verb uses TrainConfig's value or fixes 
     epochs            3.0          (3.0)      10.0             1.0        1.0       1.0
     batch_size        32           (32)       128              256        64        32
     eval_batch_size   128          (128)      -                -          -         -
-    lr                5e-5         (5e-5)     1e-3             1e-3       1e-3      1e-4
+    lr                5e-5         (5e-5)     1e-3             None**     1e-3      1e-4
     weight_decay      0.01         (0.01)     0.0              0.01       0.01      0.01
     warmup_ratio      0.1          (0.1)      0.05             0.06       0.05      0.06
     grad_accum        1            (1)        -                1          -         1
@@ -45,7 +45,8 @@ hidden from the help: each becomes its plan option (:data:`LEGACY_FLAGS`) with a
 note on stderr naming the new spelling.
 
     (x) = deferred to TrainConfig; * = fixed by the verb (``train_config_from_args(args,
-    eval_each_epoch=False)``), not a flag.
+    eval_each_epoch=False)``), not a flag; ** ``pretrain`` takes the preset's (:func:`ctxkit.pretraining.train.default_pretrain_lr`: 1e-4 from
+    768 wide, 1e-3 below).
 
 Every training verb, these and the ones with loops of their own (``pretrain-elmo``,
 ``train-transformer-xl``, ``word2vec-train``), takes ``--on-sigterm``
@@ -68,7 +69,7 @@ from ..training import TrainConfig
 from ..training.config import legacy_plan_edits
 
 __all__ = ["device_option", "HELP", "CHOICES", "VERBS", "VerbFlags", "LEGACY_FLAGS", "FAST_HELP", "ON_SIGTERM", "add_fast_argument", "add_train_flags",
-           "add_on_sigterm_argument", "fast_from_args", "train_config_from_args", "flag_specs", "signal_status"]
+           "add_on_sigterm_argument", "add_allow_changes_argument", "fast_from_args", "train_config_from_args", "flag_specs", "signal_status"]
 
 
 def device_option(text: str) -> str:
@@ -160,7 +161,7 @@ VERBS: Dict[str, VerbFlags] = {
         include=("epochs", "max_steps", "max_minutes", "batch_size", "grad_accum", "lr", "warmup_ratio", "weight_decay",
                  "optimizer", "schedule", "schedule_power", "fast", "parallel", "keep_last", "group_factor", "save_every",
                  "log_every", "peak_tflops", "seed", "device", "precision", "progress"),
-        defaults={"epochs": 1.0, "batch_size": 256, "lr": 1e-3, "warmup_ratio": 0.06, "group_factor": 50},
+        defaults={"epochs": 1.0, "batch_size": 256, "lr": None, "warmup_ratio": 0.06, "group_factor": 50},
         choices={"schedule": ("linear", "polynomial")},
         legacy=("compile", "activation_checkpointing", "bf16_residual", "grad_reduce_dtype", "overlap_grad_reduce")),
     "lm-train": VerbFlags(
@@ -295,6 +296,15 @@ def add_on_sigterm_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--on-sigterm", choices=tuple(ON_SIGTERM), default="exit143",
                         help="exit status after SIGTERM/SIGUSR1 stopped the run with its checkpoint written: 143, what schedulers "
                              "expect of a terminated job, or 0 for a scheduler that needs success (default: exit143)")
+
+
+def add_allow_changes_argument(parser: argparse.ArgumentParser) -> None:
+    """``--allow-changes``, beside every ``--resume`` that keeps a run folder's settings
+    (:mod:`ctxkit.cli.run_guard`): resume even though settings differ from the recorded ones."""
+    parser.add_argument("--allow-changes", dest="allow_changes", action="store_true",
+                        help="with --resume: accept settings that differ from those the run was started with (another "
+                             "--batch-size, --lr, --data, ...; refused otherwise, as the run would not continue exactly); "
+                             "the change is recorded in RUN_DIR/settings.json")
 
 
 def signal_status(summary: dict, out, on_sigterm: str = "exit143", checkpoint=None, resumable: bool = True) -> int:

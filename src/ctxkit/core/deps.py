@@ -10,7 +10,8 @@ extra          packages                                        needed for
                                                                BLEU, the linear-probe baseline
 ``plots``      matplotlib                                      ``ctxkit demo``, ``curve.png``, heatmaps
 ``deploy``     onnx, onnxruntime                               ``ctxkit export`` / ``quantize``, ``--backend onnx``
-``serve``      fastapi, uvicorn, pydantic, starlette           ``ctxkit serve``
+``serve``      fastapi, uvicorn, pydantic, starlette,          ``ctxkit serve``
+               fastapi-offline (/docs and /redoc, no CDN)
 ``elmo``       h5py, pooch                                     the released ELMo hdf5 weights, fetched by URL
 ``tensorboard`` / ``mlflow`` / ``wandb``                        ``--log-to`` writers
 ``all``        all of the above but mlflow and wandb
@@ -44,6 +45,7 @@ EXTRA = {
     "uvicorn": ("uvicorn", "serve"),
     "pydantic": ("pydantic", "serve"),
     "starlette": ("starlette", "serve"),
+    "fastapi_offline": ("fastapi-offline", "serve"),
     "h5py": ("h5py", "elmo"),
     "pooch": ("pooch", "elmo"),
     "tensorboard": ("tensorboard", "tensorboard"),

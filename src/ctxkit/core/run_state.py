@@ -39,7 +39,7 @@ from .durable import atomic_write, recover_folder, remove_debris, verify_manifes
 from .errors import MissingFileError, UserError
 
 __all__ = ["capture_rng", "restore_rng", "Checkpoint", "save_checkpoint", "load_checkpoint", "resume_checkpoint", "keep_last", "tidy_run_folder",
-           "intact_note", "save_final",
+           "intact_note", "diverged", "save_final",
            "LossBuffer", "resolve_precision",
            "resolve_device", "autocast", "set_seed", "MODEL_FILE", "OPTIMIZER_FILE", "STATE_FILE"]
 
@@ -140,6 +140,14 @@ def save_final(out_dir: os.PathLike, write: Callable[[Path], object], weights: M
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
         return final  # under torchrun rank 0 alone writes: two ranks swapping the same folder in would collide
     return write_folder(final, write, needed=tensor_bytes(weights), intact=lambda: intact_note(Path(out_dir) / "checkpoint", final))
+
+
+def diverged(loss: float, step: int, lr: float, checkpoint: os.PathLike) -> UserError:
+    """The one-line error for a training loss that is no longer finite (raise it before a
+    checkpoint would keep the broken weights): which step, what survives, what to change."""
+    return UserError(f"the training loss is {loss} at step {step}: training diverged; {intact_note(checkpoint)}. "
+                     f"Start again with a lower --lr (the peak was {lr:g}) or a longer --warmup-ratio "
+                     f"(or --resume --allow-changes --lr ...)")
 
 
 def intact_note(checkpoint: os.PathLike, writing: Optional[os.PathLike] = None) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Deque, List, Optional
@@ -40,7 +41,13 @@ from .generate import GenerationConfig
 from .sampling import next_tokens
 from ..core.errors import UserError
 
-__all__ = ["ContinuousBatcher", "Request", "QueueFull"]
+__all__ = ["BatcherFailed", "ContinuousBatcher", "Request", "QueueFull"]
+
+logger = logging.getLogger("ctxkit")
+
+
+class BatcherFailed(RuntimeError):
+    """The decoding thread stopped on an error: no request can be served any more."""
 
 
 class QueueFull(RuntimeError):
@@ -113,6 +120,7 @@ class ContinuousBatcher:
         self.waiting: Deque[Request] = collections.deque()
         self._wake = threading.Condition()
         self._closed = False
+        self.failed: Optional[str] = None  # why the decoding thread stopped, when it did
         self.stats = {"admitted": 0, "finished": 0, "cancelled": 0, "steps": 0, "rows_stepped": 0}
 
     # -- any thread ---------------------------------------------------------------------------
@@ -132,6 +140,8 @@ class ContinuousBatcher:
             raise UserError(f"prompt ({len(request.prompt)} tokens) + max_new_tokens ({request.config.max_new_tokens}) "
                             f"= {need} exceeds the context of {self.max_len} tokens")
         with self._wake:
+            if self.failed is not None:
+                raise BatcherFailed(f"the decoding thread stopped on an error: {self.failed}")
             if self._closed:
                 raise UserError("the batcher is closed")
             if len(self.waiting) >= self.max_waiting:
@@ -161,17 +171,28 @@ class ContinuousBatcher:
     # -- the decoding thread ------------------------------------------------------------------
 
     def run(self) -> None:
-        """Admit and step until :meth:`close`; sleeps while there is nothing to do."""
+        """Admit and step until :meth:`close`; sleeps while there is nothing to do. An error
+        in a step ends every running and waiting request with ``"error"`` and sets
+        :attr:`failed` (later submits raise :class:`BatcherFailed`), instead of leaving them
+        waiting for a thread that is gone."""
         while True:
             with self._wake:
                 while not self._closed and not self.waiting and not any(self.active):
                     self._wake.wait()
                 if self._closed:
                     break
-            self.step()
-        for request in [*self.active, *self.waiting]:
+            try:
+                self.step()
+            except Exception as err:  # noqa: BLE001 - reported to every request and to /health
+                self.failed = f"{type(err).__name__}: {err}"
+                logger.error("the decoding thread stopped: %s", self.failed)
+                break
+        reason = "cancelled" if self.failed is None else "error"
+        with self._wake:
+            pending = [*self.active, *self.waiting]
+        for request in pending:
             if request is not None:
-                request.emit(None, "cancelled")
+                request.emit(None, reason)
         self.active, self.waiting = [None] * self.slots, collections.deque()
 
     @torch.inference_mode()
@@ -203,6 +224,10 @@ class ContinuousBatcher:
         self.column = (col + 1) % self.max_len
         self._write.fill_(self.column)  # the model advanced it by one; the ring wraps here
         self.position += 1
+        # A free row advances too: capped, or after a context's worth of steps free its position
+        # would index past the position table (an IndexError here, a device assert on a GPU).
+        # Occupied rows stay below the cap (prompt + new tokens <= max_len <= the context).
+        self.position.clamp_(max=self.model.config.max_position - 1)
         self.stats["steps"] += 1
         self.stats["rows_stepped"] += len(rows)
         for request in rows:

@@ -28,14 +28,12 @@ trainer). In eval mode, or with ``p == 0``, it is the identity, like ``nn.Dropou
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from ._swap import swap, unswap
-from .kernels import supported
+from .kernels import cached_answer, supported
 
 __all__ = ["MaskDropout", "dropout_keep_mask", "fast_dropout", "unfast_dropout"]
 
@@ -53,7 +51,7 @@ def _custom_op(name: str):
         return torch.library.custom_op(name, mutates_args=())
 
 
-@functools.lru_cache(maxsize=None)
+@cached_answer
 def _kernel_runs(device_type: str) -> bool:
     return supported("dropout_bits", torch.device(device_type)) is None
 

@@ -23,7 +23,6 @@ Swap it in with :func:`fuse_gelu_gemm`.
 
 from __future__ import annotations
 
-import functools
 from typing import Optional, Tuple
 
 import torch
@@ -32,7 +31,7 @@ from torch import Tensor, nn
 
 from ..layers.ffn import PositionwiseFFN
 from ._swap import swap, unswap
-from .kernels import constant_result, has_package, supported
+from .kernels import cached_answer, constant_result, has_package, supported
 
 __all__ = ["GemmGeluFFN", "fuse_gelu_gemm", "gelu_gemm_available", "linear_gelu", "unfuse_gelu_gemm"]
 
@@ -153,7 +152,7 @@ class GemmGeluFFN(PositionwiseFFN):
         return y.view(*shape[:-1], y.shape[-1])
 
 
-@functools.lru_cache(maxsize=None)
+@cached_answer
 def _runs_on_cached(device_type: str, index: Optional[int]) -> bool:
     if not gelu_gemm_available():  # no triton (the gpu extra): callers take their PyTorch path
         return False

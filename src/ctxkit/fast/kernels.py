@@ -9,19 +9,28 @@ uses the same answers to say why ``--fast auto`` left something off.
 A device is described by :class:`DeviceInfo` (type, capability, name), read from torch by
 :func:`device_info`; tests pass a made-up one to see how a plan resolves on a GPU this
 machine does not have.
+
+CPU tensors never take a Triton kernel, except inside :func:`interpret_on_cpu` with
+``TRITON_INTERPRET=1`` set before the kernel modules were imported (Triton reads it when a
+kernel is defined): then the kernels marked ``interpreter`` run on them through Triton's
+interpreter (NumPy underneath; slow). That is how the tests check the kernels on a machine
+without a GPU (tests/README.md); the environment variable alone changes nothing, and
+``--fast auto`` never picks a Triton kernel on a CPU (:func:`ctxkit.fast.plan.resolve`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
-__all__ = ["DeviceInfo", "KERNELS", "Kernel", "constant_result", "device_info", "has_package", "supported"]
+__all__ = ["DeviceInfo", "KERNELS", "Kernel", "cached_answer", "clear_cache", "constant_result", "device_info", "has_package",
+           "interpret_on_cpu", "supported"]
 
 _HALF = (torch.float16, torch.bfloat16)
 GPU_EXTRA = "pip install 'ctxkit[gpu]'"
@@ -87,9 +96,30 @@ def has_package(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
+_interpret_cpu = False  # inside interpret_on_cpu()
+
+
 def _interpreter() -> bool:
-    """Triton's interpreter runs kernels on CPU tensors (``TRITON_INTERPRET=1``; tests)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    """Whether Triton's interpreter runs kernels on CPU tensors: inside :func:`interpret_on_cpu`,
+    with ``TRITON_INTERPRET=1`` (the tests)."""
+    return _interpret_cpu and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@contextlib.contextmanager
+def interpret_on_cpu() -> Iterator[None]:
+    """Within the block, the kernels that Triton's interpreter runs are supported on CPU
+    tensors, when ``TRITON_INTERPRET=1`` was set before the kernel modules were imported (the
+    kernel tests on a machine without a GPU; slow). Every cached answer is forgotten on entry
+    and exit."""
+    global _interpret_cpu
+    before = _interpret_cpu
+    _interpret_cpu = True
+    clear_cache()
+    try:
+        yield
+    finally:
+        _interpret_cpu = before
+        clear_cache()
 
 
 def _tensor_descriptors() -> Optional[str]:
@@ -132,7 +162,7 @@ KERNELS: Dict[str, Kernel] = {
     "qkv_grad": Kernel("the packed q/k/v gradient kernel", dtypes=_HALF),
     "dropout_bits": Kernel("the packed dropout-mask kernel"),
     "decode_layers": Kernel("the Triton decoding layers (batch 1)"),
-    "master_adamw": Kernel("the flat master-weight AdamW update", interpreter=False),
+    "master_adamw": Kernel("the flat master-weight AdamW update"),
     "fp8_training": Kernel("torchao's float8 training Linears", packages=("torchao",), min_capability=(8, 9), interpreter=False),
 }
 
@@ -177,6 +207,20 @@ def _supported(kernel: str, info: DeviceInfo, dtype: Optional[torch.dtype], inte
     return None
 
 
+_DEPENDENT_CACHES: List[Callable[[], None]] = []
+
+
+def cached_answer(fn: Callable) -> Callable:
+    """``functools.lru_cache`` for a function whose answer comes from :func:`supported` (a
+    module's "does the kernel run on this device"): :func:`clear_cache` forgets it too."""
+    cached = functools.lru_cache(maxsize=None)(fn)
+    _DEPENDENT_CACHES.append(cached.cache_clear)
+    return cached
+
+
 def clear_cache() -> None:
-    """Forget the cached answers (after a test patches packages or the environment)."""
+    """Forget the cached answers, :func:`cached_answer` ones included (after a test patches
+    packages or the environment)."""
     _supported.cache_clear()
+    for clear in _DEPENDENT_CACHES:
+        clear()

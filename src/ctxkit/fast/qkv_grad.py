@@ -17,7 +17,6 @@ once, as autograd's. Swap it in with :func:`pack_qkv_grad`.
 
 from __future__ import annotations
 
-import functools
 from typing import Optional, Tuple
 
 import torch
@@ -25,7 +24,7 @@ from torch import Tensor, nn
 
 from ..layers.attention import MultiHeadAttention
 from .attention import FusedQKVAttention
-from .kernels import constant_result, supported
+from .kernels import cached_answer, constant_result, supported
 
 __all__ = ["PackedGradQKVAttention", "pack_qkv_grad", "unpack_qkv_grad"]
 
@@ -73,7 +72,7 @@ class _QKVProjection(torch.autograd.Function):
         return dx, dweight, dbias.to(dy.dtype), None
 
 
-@functools.lru_cache(maxsize=None)
+@cached_answer
 def _runs_on_cached(device_type: str, index: Optional[int]) -> bool:
     # No gpu extra, or a device the kernel does not run on: the fused layer's path.
     return supported("qkv_grad", torch.device(device_type, index) if index is not None else torch.device(device_type)) is None

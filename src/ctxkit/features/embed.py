@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
-import math
-import sys
-from dataclasses import dataclass, field
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import Any, Generator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -27,6 +25,7 @@ from tqdm.auto import tqdm
 
 from ..core.errors import UserError
 from ..fast import apply, resolve
+from .windows import Plan, WindowPooled, assign_windows, plan_text, token_features, window_batches, window_starts
 from ctxkit.zoo import get_model
 from ctxkit.models.elmo import elmo_embed
 from ctxkit.models.elmo_io import load_bilm
@@ -89,19 +88,6 @@ class PooledEmbeddings(np.ndarray):
         self.truncated_words = None
 
 
-@dataclass
-class _Plan:
-    """Tokenization and window layout of one text."""
-
-    ids: List[int]
-    word_ids: List[Optional[int]]
-    offsets: List[Tuple[int, int]]
-    windows: List[Tuple[int, int]]  # token ranges [start, end) fed to the model
-    n_keep: int  # tokens kept (less than len(ids) only when truncating)
-    truncated_words: int = 0
-    features: List[Optional[np.ndarray]] = field(default_factory=list)
-
-
 def resolve_layers(layers: LayerSpec, num_layers: int) -> Tuple[List[int], str]:
     """Turns a layer choice into indices into ``hidden_states`` and a combine mode.
 
@@ -154,49 +140,6 @@ def resolve_layers(layers: LayerSpec, num_layers: int) -> Tuple[List[int], str]:
     return out, "concat"
 
 
-def window_starts(n_tokens: int, window: int, stride: int) -> List[int]:
-    """Start offsets of overlapping windows covering ``n_tokens`` sub-words.
-
-    Args:
-        n_tokens: Sub-words in the text (without [CLS]/[SEP]).
-        window: Sub-words per window.
-        stride: Overlap between consecutive windows, capped at ``window // 2`` so
-            each window moves forward by at least half its length.
-
-    Returns:
-        Increasing starts; the last window ends exactly at ``n_tokens``.
-    """
-    if n_tokens <= window:
-        return [0]
-    overlap = max(0, min(stride, window // 2))
-    step = window - overlap
-    starts = list(range(0, n_tokens - window, step))
-    starts.append(n_tokens - window)
-    return starts
-
-
-def assign_windows(n_tokens: int, windows: Sequence[Tuple[int, int]]) -> np.ndarray:
-    """Picks, for each token, the window where it sits farthest from an edge.
-
-    A window edge that is also the text's own start or end is not an edge (the token
-    has all the context there is on that side). Ties go to the earlier window.
-
-    Returns:
-        int array ``(n_tokens,)`` of window indices.
-    """
-    best = np.full(n_tokens, -1.0)
-    owner = np.zeros(n_tokens, dtype=np.int64)
-    for w, (s, e) in enumerate(windows):
-        pos = np.arange(s, e)
-        left = (pos - s).astype(float) if s > 0 else np.full(len(pos), math.inf)
-        right = (e - 1 - pos).astype(float) if e < n_tokens else np.full(len(pos), math.inf)
-        score = np.minimum(left, right)
-        better = score > best[s:e]
-        best[s:e][better] = score[better]
-        owner[s:e][better] = w
-    return owner
-
-
 def _resolve_model(model: Any, device: str, fast: str = "auto") -> Tuple[torch.nn.Module, Any]:
     if isinstance(model, str):
         net, tokenizer = get_model(model, device=device)
@@ -219,117 +162,8 @@ def _check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
         raise UserError(f"invalid {name}={value!r}; valid choices: {', '.join(map(str, choices))}")
 
 
-def _plan_text(index: int, text: str, tokenizer: Any, window: int, stride: int, long_inputs: str) -> _Plan:
-    # Every sub-word covers at least one character, so len(text) bounds the count:
-    # this asks the tokenizer for the whole text, never a silently truncated one.
-    try:
-        enc = tokenizer.encode(text, max_length=len(text) + 2, truncation="error", add_special_tokens=False)
-    except ValueError as exc:
-        raise UserError(f"text {index}: {exc}") from None
-    ids, word_ids, offsets = list(enc.input_ids), list(enc.word_ids), [tuple(o) for o in enc.offsets]
-    n = len(ids)
-    if n <= window:
-        return _Plan(ids, word_ids, offsets, [(0, n)], n)
-    if long_inputs == "error":
-        raise UserError(
-            f"text {index} has {n} sub-word tokens, more than the limit of {window} "
-            f"(max_length {window + 2} minus [CLS] and [SEP]); use long_inputs='window' or 'truncate'"
-        )
-    if long_inputs == "truncate":
-        # A word split by the cut is dropped whole: half a word's sub-words would give
-        # a vector unlike any the model makes for the full word.
-        cut_word = word_ids[window]
-        n_keep = window
-        while n_keep > 0 and word_ids[n_keep - 1] == cut_word:
-            n_keep -= 1
-        dropped = len({w for w in word_ids[n_keep:] if w is not None})
-        logger.warning(
-            "text %d: %d sub-word tokens exceed the limit of %d; truncated, dropping %d words",
-            index, n, window, dropped,
-        )
-        return _Plan(ids, word_ids, offsets, [(0, window)], n_keep, dropped)
-    starts = window_starts(n, window, stride)
-    logger.warning(
-        "text %d: %d sub-word tokens exceed the limit of %d; split into %d overlapping windows",
-        index, n, window, len(starts),
-    )
-    return _Plan(ids, word_ids, offsets, [(s, s + window) for s in starts], n)
-
-
-def _combine(hidden_states: Sequence[torch.Tensor], indices: List[int], mode: str) -> torch.Tensor:
-    """``(batch, seq, hidden)`` states -> ``(batch, seq, dim)`` features."""
-    picked = [hidden_states[i] for i in indices]
-    if len(picked) == 1:
-        return picked[0]
-    if mode == "sum":
-        return torch.stack(picked, dim=0).sum(dim=0)
-    return torch.cat(picked, dim=-1)
-
-
-def _run_windows(
-    net: torch.nn.Module,
-    tokenizer: Any,
-    plans: List[_Plan],
-    indices: List[int],
-    mode: str,
-    batch_size: int,
-    progress: bool,
-) -> None:
-    """Runs every window through the model, filling ``plan.features``.
-
-    Each feature array is ``(window_len + 2, dim)``, row 0 = [CLS], last row = [SEP].
-    """
-    jobs = [(p, w) for p, plan in enumerate(plans) for w in range(len(plan.windows))]
-    for plan in plans:
-        plan.features = [None] * len(plan.windows)
-    # Longest first, so each batch pads to a similar length and memory peaks early.
-    jobs.sort(key=lambda j: plans[j[0]].windows[j[1]][1] - plans[j[0]].windows[j[1]][0], reverse=True)
-    try:
-        dev = next(net.parameters()).device
-    except StopIteration:
-        dev = torch.device("cpu")
-    cls_id, sep_id, pad_id = tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id
-    batches = [jobs[i : i + batch_size] for i in range(0, len(jobs), batch_size)]
-    bar = tqdm(batches, desc="embed", unit="batch", disable=not progress, file=sys.stderr)
-    with torch.inference_mode():
-        for batch in bar:
-            seqs = []
-            for p, w in batch:
-                s, e = plans[p].windows[w]
-                seqs.append([cls_id] + plans[p].ids[s:e] + [sep_id])
-            width = max(len(q) for q in seqs)
-            input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(seqs), width), dtype=torch.long)
-            for r, q in enumerate(seqs):
-                input_ids[r, : len(q)] = torch.tensor(q, dtype=torch.long)
-                mask[r, : len(q)] = 1
-            out = net(
-                input_ids.to(dev),
-                token_type_ids=torch.zeros_like(input_ids).to(dev),
-                attention_mask=mask.to(dev),
-                output_hidden_states=True,
-            )
-            feats = _combine(out.hidden_states, indices, mode).float().cpu().numpy()
-            for r, (p, w) in enumerate(batch):
-                plans[p].features[w] = np.ascontiguousarray(feats[r, : len(seqs[r])])
-
-
-def _token_features(plan: _Plan) -> np.ndarray:
-    """Stitches window features into one ``(n_keep, dim)`` array of content tokens."""
-    if len(plan.windows) == 1:
-        return plan.features[0][1 : 1 + plan.n_keep]
-    n = len(plan.ids)
-    owner = assign_windows(n, plan.windows)
-    dim = plan.features[0].shape[1]
-    out = np.empty((n, dim), dtype=np.float32)
-    for w, (s, _e) in enumerate(plan.windows):
-        rows = np.nonzero(owner == w)[0]
-        out[rows] = plan.features[w][1 + rows - s]
-    return out
-
-
-def _word_vectors(text: str, plan: _Plan, subword_pooling: str) -> ContextualWordVectors:
-    tok = _token_features(plan)
+def _word_vectors(text: str, plan: Plan, subword_pooling: str) -> ContextualWordVectors:
+    tok = token_features(plan)
     dim = plan.features[0].shape[1]
     groups: List[List[int]] = []
     last = None
@@ -350,15 +184,6 @@ def _word_vectors(text: str, plan: _Plan, subword_pooling: str) -> ContextualWor
         spans.append((int(start), int(end)))
         vectors[g] = tok[rows[0]] if subword_pooling == "first" else tok[rows].mean(axis=0)
     return ContextualWordVectors(words, spans, vectors, len(plan.windows), plan.truncated_words)
-
-
-def _pooled_vector(plan: _Plan, pooling: str) -> np.ndarray:
-    if pooling == "cls":
-        return np.mean([f[0] for f in plan.features], axis=0).astype(np.float32)
-    if plan.n_keep == 0:
-        # No real tokens: the documented fallback is the mean of [CLS] and [SEP].
-        return plan.features[0].mean(axis=0).astype(np.float32)
-    return _token_features(plan).mean(axis=0).astype(np.float32)
 
 
 def embed(
@@ -430,6 +255,47 @@ def embed(
         TypeError: If an item of ``texts`` is not a str (the message names its index).
         ValueError: For an invalid option, or a long text with ``long_inputs="error"``.
     """
+    steps = embed_steps(texts, model, layers, pooling, subword_pooling, max_length, stride, long_inputs, batch_size, device,
+                        progress, fast)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def embed_steps(
+    texts: Sequence[str],
+    model: Any = "all_minilm_l6_v2",
+    layers: LayerSpec = "last",
+    pooling: Optional[str] = None,
+    subword_pooling: str = "mean",
+    max_length: Optional[int] = None,
+    stride: int = 128,
+    long_inputs: str = "window",
+    batch_size: int = 32,
+    device: str = "cpu",
+    progress: bool = False,
+    fast: str = "auto",
+    plans: Optional[List[Plan]] = None,
+) -> Generator[int, None, Union[List[ContextualWordVectors], PooledEmbeddings]]:
+    """:func:`embed` one forward pass at a time: a generator that runs a pass of up to
+    ``batch_size`` windows per ``next()`` and yields how many windows it ran; its return value
+    (``StopIteration.value``) is what :func:`embed` returns, for the same arguments.
+
+    The caller decides what happens between passes: ``ctxkit serve`` runs each pass as its
+    own job on the model thread, so other requests' batches run between a long request's
+    passes. Pooled vectors are kept per window as it comes out of the model
+    (:class:`~ctxkit.features.windows.WindowPooled`), never every window's features at once.
+    Tokenizing and laying out the windows happens at the first ``next()``. The arguments
+    are :func:`embed`'s, and ``plans``.
+
+    Args:
+        plans: the texts already tokenized and laid out, one per text
+            (:func:`~ctxkit.features.windows.plan_text` with this tokenizer, ``max_length - 2``,
+            ``stride`` and ``long_inputs``): ``ctxkit serve`` does it off its model thread, to
+            count a request's windows before any of them runs. None: done here.
+    """
     if isinstance(texts, str):
         raise TypeError("texts must be a sequence of strings, not a single str; wrap it in a list")
     texts = list(texts)
@@ -457,25 +323,39 @@ def embed(
     if not isinstance(max_length, int) or not 3 <= max_length <= limit:
         raise UserError(f"max_length must be an int in [3, {limit}] (the model's max_position), got {max_length!r}")
 
-    plans = [_plan_text(i, t, tokenizer, max_length - 2, stride, long_inputs) for i, t in enumerate(texts)]
+    if plans is None:
+        plans = [plan_text(i, t, tokenizer, max_length - 2, stride, long_inputs) for i, t in enumerate(texts)]
+    elif len(plans) != len(texts):
+        raise UserError(f"{len(plans)} plans for {len(texts)} texts")
+    pooled = WindowPooled(plans, pooling) if pooling is not None else None
+    keep = pooled.keep if pooled is not None else _store_features(plans)
     # Features must not depend on dropout; a caller's model in train mode is restored after.
     was_training = net.training
     net.eval()
     try:
-        _run_windows(net, tokenizer, plans, indices, mode, batch_size, progress)
+        yield from window_batches(net, tokenizer, plans, indices, mode, batch_size, keep, progress)
     finally:
         net.train(was_training)
 
-    if pooling is None:
+    if pooled is None:
         return [_word_vectors(t, p, subword_pooling) for t, p in zip(texts, plans)]
-    dim = plans[0].features[0].shape[1] if plans else _feature_dim(cfg.hidden_size, indices, mode)
-    mat = np.zeros((len(plans), dim), dtype=np.float32)
-    for i, p in enumerate(plans):
-        mat[i] = _pooled_vector(p, pooling)
+    mat = pooled.result() if plans else np.zeros((0, _feature_dim(cfg.hidden_size, indices, mode)), dtype=np.float32)
     out = mat.view(PooledEmbeddings)
     out.num_windows = [len(p.windows) for p in plans]
     out.truncated_words = [p.truncated_words for p in plans]
     return out
+
+
+def _store_features(plans: List[Plan]):
+    """A :func:`~ctxkit.features.windows.window_batches` ``keep`` that holds every window's
+    features in its plan (word vectors need them all)."""
+    for plan in plans:
+        plan.features = [None] * len(plan.windows)
+
+    def keep(p: int, w: int, feats: np.ndarray) -> None:
+        plans[p].features[w] = feats
+
+    return keep
 
 
 def _elmo_folder(model: Any) -> Optional[str]:
@@ -549,6 +429,7 @@ def feature_dim(model: torch.nn.Module, layers: LayerSpec = "last") -> int:
 
 __all__ = [
     "embed",
+    "embed_steps",
     "ContextualWordVectors",
     "PooledEmbeddings",
     "resolve_layers",

@@ -2,23 +2,24 @@
 
 Requests that arrive within ``max_wait_ms`` of each other are merged (up to
 ``max_batch`` texts) and run as one forward pass through the task's own
-``predict_lines``, so answers equal those of ``ctxkit predict``. See ``docs/serving.md``.
+``predict_lines`` (:mod:`.serve_batcher`), so answers equal those of ``ctxkit predict``;
+``/embed`` runs its windows within a per-request budget, a forward pass at a time
+(:mod:`.serve_embed`). ``/docs`` and ``/redoc`` render the OpenAPI schema from assets served
+by the app itself (:mod:`.serve_docs`). See ``docs/serving.md``.
 
 FastAPI, pydantic and uvicorn are imported inside functions: the CLI registers this verb
 (:mod:`ctxkit.cli.deploy`) on every ``ctxkit`` call, and ``import ctxkit`` must not need them.
 """
 
 import asyncio
-import collections
 import contextlib
 import copy
 import json
-import logging
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -26,157 +27,22 @@ from ..core.deps import require_all
 from ..core.errors import UserError
 from ..core.version import __version__
 from . import serve_schema as schema
+from .serve_batcher import MicroBatcher, ShuttingDown, log, log_event
 from .serve_conn import ConnectionLimits, server_class
+from .serve_docs import DOC_ENDPOINTS, add_docs
+from .serve_embed import WINDOWS_PER_ITEM, EmbedPlanner, WorkBudgetExceeded, embed_step_fn
 from .serve_generate import causal_lm_folder, create_generation_app, load_causal_lm
 from .serve_limits import (SERVE_NEEDS, PathRedactor, QueueFull, RequestGuard, TokenCheck, available_cores, choose_threads,
                            public_name, set_model_thread, torch_threads)
 from ..tasks.ner import ConllNerTask
 from ..tasks.qa import SquadTask
 from ..tasks.text import GlueClassificationTask, TableClassificationTask
-from ..features.embed import POOLING_CHOICES, embed
+from ..features.embed import POOLING_CHOICES
 from ..tasks import load_run
 from .backends import _is_bert, with_backend
 
 
-__all__ = ["MicroBatcher", "QueueFull", "create_app", "serve"]
-
-log = logging.getLogger("ctxkit.serve")
-
-
-def log_event(event: str, **fields: Any) -> None:
-    """Emit one structured log line: a JSON object with ``event`` and ``fields``."""
-    if log.isEnabledFor(logging.INFO):
-        log.info(json.dumps({"event": event, "time": round(time.time(), 3), **fields}, ensure_ascii=False))
-
-
-class ShuttingDown(RuntimeError):
-    """The batcher no longer takes work (server stopping, or not started)."""
-
-
-_Job = collections.namedtuple("_Job", "items future arrived")  # one request in a batcher's queue
-
-
-class MicroBatcher:
-    """Merges concurrent requests into batches for one model function.
-
-    A request's items never split across batches; a request larger than ``max_batch``
-    runs alone. The batch function runs on ``executor`` so the event loop keeps accepting
-    and validating requests while the model computes.
-
-    Args:
-        name: endpoint name, for logs and stats.
-        fn: ``fn(items) -> outputs``, one output per item, in order.
-        executor: where ``fn`` runs (one thread: torch parallelises each call itself).
-        max_batch: most items per call of ``fn``.
-        max_wait_ms: how long the oldest queued request may wait for company.
-        max_queue: most items waiting (not counting the batch being computed); a request
-            that would go over is refused with :class:`QueueFull`, unless the queue is
-            empty (a request larger than the limit is never refused for ever). None: no limit.
-    """
-
-    def __init__(self, name: str, fn: Callable[[list], list], executor, max_batch: int = 32, max_wait_ms: float = 5.0,
-                 max_queue: Optional[int] = None):
-        if max_batch < 1 or max_wait_ms < 0 or (max_queue is not None and max_queue < 1):
-            raise UserError(f"max_batch and max_queue must be >= 1 and max_wait_ms >= 0, got {max_batch}, {max_queue}, {max_wait_ms}")
-        self.name, self.fn, self.executor = name, fn, executor
-        self.max_batch, self.max_wait, self.max_queue = max_batch, max_wait_ms / 1000.0, max_queue
-        self._pending: collections.deque = collections.deque()
-        self._wakeup = asyncio.Event()
-        self._task: Optional[asyncio.Task] = None
-        self._closing = False
-        self._batch_s = 0.0  # moving average of a batch's compute time, for Retry-After
-        self.stats = {"requests": 0, "items": 0, "batches": 0, "largest_batch": 0, "queued": 0, "rejected": 0}
-
-    def start(self) -> None:
-        """Start the worker on the running event loop."""
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"batcher-{self.name}")
-
-    async def close(self) -> None:
-        """Stop taking requests, run everything already queued, then stop."""
-        self._closing = True
-        self._wakeup.set()
-        if self._task is not None:
-            await self._task
-
-    async def submit(self, items: list) -> list:
-        """Queue ``items`` (one request) and wait for their outputs.
-
-        Raises:
-            ShuttingDown: the batcher is closing or was never started.
-            QueueFull: ``max_queue`` items are waiting already.
-            Exception: whatever ``fn`` raised on this request's items.
-        """
-        if self._closing or self._task is None:
-            raise ShuttingDown("the server is shutting down")
-        queued = self.stats["queued"]
-        if self.max_queue is not None and queued and queued + len(items) > self.max_queue:
-            self.stats["rejected"] += 1
-            # The queue drains one batch per forward pass, plus the pass in progress.
-            retry_after = max(1, math.ceil((queued / self.max_batch + 1) * self._batch_s))
-            raise QueueFull(self.name, queued, self.max_queue, retry_after)
-        job = _Job(items, asyncio.get_running_loop().create_future(), time.perf_counter())
-        self._pending.append(job)
-        self.stats["queued"] += len(items)
-        self._wakeup.set()
-        return await job.future
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            while not self._pending:
-                if self._closing:
-                    return
-                self._wakeup.clear()
-                await self._wakeup.wait()
-            # The wait counts from the oldest request's arrival: one that queued during
-            # the previous forward pass has already waited and goes at once.
-            deadline = self._pending[0].arrived + self.max_wait
-            while self.stats["queued"] < self.max_batch and not self._closing:
-                remaining = deadline - time.perf_counter()
-                if remaining <= 0:
-                    break
-                self._wakeup.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), remaining)
-            batch = [self._pending.popleft()]
-            size = len(batch[0].items)
-            while self._pending and size + len(self._pending[0].items) <= self.max_batch:
-                batch.append(self._pending.popleft())
-                size += len(batch[-1].items)
-            self.stats["queued"] -= size
-            await self._run_batch(loop, batch, size)
-
-    async def _run_batch(self, loop, batch: List[_Job], size: int) -> None:
-        started = time.perf_counter()
-        items = [item for job in batch for item in job.items]
-        try:
-            outputs = await loop.run_in_executor(self.executor, self.fn, items)
-            if len(outputs) != len(items):
-                raise RuntimeError(f"{self.name}: {len(outputs)} outputs for {len(items)} inputs")
-        except asyncio.CancelledError:
-            raise
-        except BaseException as err:  # BaseException: a Rust tokenizer's panic is one
-            if len(batch) == 1:
-                if not batch[0].future.done():  # done: the request was cancelled
-                    batch[0].future.set_exception(err)
-            else:
-                # One bad request must not fail the others merged with it: retry alone.
-                for job in batch:
-                    await self._run_batch(loop, [job], len(job.items))
-                return
-        else:
-            at = 0
-            for job in batch:
-                if not job.future.done():
-                    job.future.set_result(outputs[at:at + len(job.items)])
-                at += len(job.items)
-        for key, value in (("requests", len(batch)), ("items", size), ("batches", 1)):
-            self.stats[key] += value
-        self.stats["largest_batch"] = max(self.stats["largest_batch"], size)
-        compute_s = time.perf_counter() - started
-        self._batch_s = compute_s if self.stats["batches"] == 1 else 0.8 * self._batch_s + 0.2 * compute_s
-        log_event("batch", endpoint=self.name, requests=len(batch), batch_size=size,
-                  compute_ms=round(compute_s * 1000, 2), queue_ms=round((started - batch[0].arrived) * 1000, 2))
+__all__ = ["MicroBatcher", "QueueFull", "ShuttingDown", "create_app", "log_event", "serve"]
 
 
 def _task_kind(task) -> str:
@@ -237,7 +103,7 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
                max_items: int = 64, max_body_bytes: Optional[int] = None, pooling: str = "mean",
                backend: Optional[str] = "pytorch", precision: Optional[str] = None, threads: Optional[int] = None,
                max_queue: Optional[int] = None, fast: Optional[str] = None, connections: Optional[ConnectionLimits] = None,
-               expose_paths: bool = False):
+               expose_paths: bool = False, max_windows: Optional[int] = None):
     """Build the FastAPI app for a fine-tuned run.
 
     Args:
@@ -267,6 +133,9 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
             shown in ``/health``; None: not served through it (``"connections": null``).
         expose_paths: ``/health`` shows the run folder's and model's paths, and error
             messages keep this host's paths (local debugging); otherwise only names.
+        max_windows: most forward-pass windows of the encoder's length one ``/embed`` request
+            may need (long texts are embedded window by window); more get 413 before any
+            forward pass (default: 2 per text of ``max_items``).
 
     Returns:
         The ASGI app; its lifespan starts and drains the batchers.
@@ -287,6 +156,9 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     max_queue = 4 * max_batch if max_queue is None else max_queue
     if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
         raise UserError(f"--max-queue must be an integer >= 1, got {max_queue!r}")
+    max_windows = WINDOWS_PER_ITEM * max_items if max_windows is None else max_windows
+    if isinstance(max_windows, bool) or not isinstance(max_windows, int) or max_windows < 1:
+        raise UserError(f"--max-windows must be an integer >= 1, got {max_windows!r}")
 
     # ONNX Runtime sessions (an int8 run, --backend onnxruntime) take torch's thread
     # count when they are created: create them at the serving count.
@@ -316,10 +188,11 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     def predict(lines: List[str]) -> List[dict]:
         return task.predict_lines(model, tokenizer, lines, max_batch, dev)
 
-    def embed_texts(texts: List[str]) -> List[List[float]]:
-        return embed(texts, (base.encoder, tokenizer), pooling=pooling, batch_size=max_batch).tolist()
+    # /embed: windows counted off the model thread, then run max_batch at a time (serve_embed).
+    planner = EmbedPlanner(tokenizer, base.encoder.config.max_position, max_windows) if can_embed else None
+    embed_texts = embed_step_fn(base.encoder, tokenizer, pooling, max_batch) if can_embed else None
 
-    endpoints = ["GET /health", f"POST /{kind}"] + (["POST /embed"] if can_embed else []) + ["GET /openapi.json"]
+    endpoints = ["GET /health", f"POST /{kind}"] + (["POST /embed"] if can_embed else []) + ["GET /openapi.json", *DOC_ENDPOINTS]
     # What /health says of the run and model: names, not this host's paths (--expose-paths: both).
     about = {"run": public_name(run_dir), "model": public_name(info.get("model"))}
     if expose_paths:
@@ -336,7 +209,8 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         # (a second `with TestClient(app)`, a test runner restarting it), and a stopped
         # executor takes no work. torch's thread count belongs to each OS thread, so the
         # model thread sets its own.
-        executor[:] = [ThreadPoolExecutor(1, thread_name_prefix="ctxkit-serve", initializer=set_model_thread, initargs=(threads,))]
+        executor[:] = [ThreadPoolExecutor(1, thread_name_prefix="ctxkit-serve", initializer=set_model_thread, initargs=(threads,)),
+                       ThreadPoolExecutor(1, thread_name_prefix="ctxkit-plan")]  # /embed's tokenizing, beside the model
 
         # What the model thread really runs with (reported, not assumed).
         threads_info["torch"] = await asyncio.get_running_loop().run_in_executor(executor[0], torch.get_num_threads)
@@ -346,7 +220,7 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
             await asyncio.get_running_loop().run_in_executor(executor[0], warm_up, max_batch)
             log_event("warmup", seconds=round(time.time() - t0, 1), backend=backend_name)
         for name, fn in ((kind, predict), ("embed", embed_texts))[: 2 if can_embed else 1]:
-            batchers[name] = MicroBatcher(name, fn, executor[0], max_batch, max_wait_ms, max_queue)
+            batchers[name] = MicroBatcher(name, fn, executor[0], max_batch, max_wait_ms, max_queue, stepwise=name == "embed")
             batchers[name].start()
         log_event("startup", task=task.name, run_dir=run_dir, device=dev, backend=backend_name, endpoints=endpoints,
                   max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, threads=threads_info,
@@ -354,12 +228,14 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         yield
         for b in batchers.values():  # in-flight and queued requests still get answers
             await b.close()
-        executor[0].shutdown(wait=True)
+        for pool in executor:
+            pool.shutdown(wait=True)
         log_event("shutdown", stats={n: b.stats for n, b in batchers.items()})
 
     app = FastAPI(title=f"ctxkit serve: {task.name}", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json",
                   description=f"JSON API of a {task.name} run (ctxkit serve). Every error answers {{\"error\": \"<message>\"}}.")
+    add_docs(app)
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid(request: Request, exc: RequestValidationError):
@@ -465,6 +341,8 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
                                              "every character of it (control, format and zero-width characters, "
                                              "combining marks without a base)")
         request.scope["ctxkit_items"] = len(lines)
+        if name == "embed":  # long texts are many windows: counted (and refused past the budget) first
+            lines = await plan_embed(lines, [f.format(i=i) for f, values in fields.items() for i in range(len(values))])
         try:
             outputs = await batchers[name].submit(lines)
         except ShuttingDown as err:
@@ -479,6 +357,20 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
             return JSONResponse(payload)
         except ValueError:  # inf/nan (QA's score when no span fits) are not JSON: send null
             return JSONResponse(_finite(payload))
+
+    async def plan_embed(texts: List[str], names: List[str]) -> list:
+        """``(text, plan)`` items for the /embed batcher, tokenized on the planning thread.
+
+        Raises:
+            HTTPException: 413 past --max-windows, 422 for a text the tokenizer refuses.
+        """
+        try:
+            plans = await asyncio.get_running_loop().run_in_executor(executor[1], planner.plan, texts, names)
+        except WorkBudgetExceeded as err:
+            raise HTTPException(413, str(err)) from None
+        except UserError as err:
+            raise HTTPException(422, f"invalid request: {err}") from None
+        return list(zip(texts, plans))
 
     def text_lines(body: TextRequest, endpoint: str):
         many = body.texts is not None
@@ -507,7 +399,8 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
         return {"status": "ok", "task": task.name, "kind": kind, "labels": getattr(task, "labels", None),
                 **about, "device": dev, "backend": backend_name, "endpoints": endpoints,
                 "batching": {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "max_queue": max_queue}, "threads": threads_info,
-                "limits": {"max_items": max_items, "max_text_chars": max_text_chars, "max_body_bytes": max_body_bytes},
+                "limits": {"max_items": max_items, "max_text_chars": max_text_chars, "max_body_bytes": max_body_bytes,
+                           "max_windows": max_windows if can_embed else None},
                 "connections": None if connections is None else connections.health(),
                 "uptime_s": round(time.time() - started, 1), "stats": {n: dict(b.stats) for n, b in batchers.items()}}
 
@@ -569,7 +462,7 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, graceful_timeout: 
                                     fast=app_options.get("fast") or "auto")
         app = RequestGuard(app, app_options.get("max_body_bytes") or 4 * app_options.get("max_text_chars", 10_000) + 65536, log_event)
         log_event("startup", task="text-generation", run=name, slots=slots, endpoints=["POST /generate", "POST /v1/completions",
-                                                                                        "GET /health"])
+                                                                                        "GET /health", *DOC_ENDPOINTS])
     else:
         app = create_app(run_dir, connections=limits, **app_options)
     # httptools: the protocol serve_conn extends; no WebSocket upgrade (the app has no

@@ -35,15 +35,17 @@ import torch
 
 from ..core.deps import require_all
 from ..core.errors import UserError
-from ..decoding.continuous import ContinuousBatcher, QueueFull, Request
+from ..decoding.continuous import BatcherFailed, ContinuousBatcher, QueueFull, Request
 from ..decoding.generate import GenerationConfig
 from ..decoding.streamers import StopStringText
 from ..fast import fuse_qkv, resolve
 from ..core.checkpoint import model_folder_of_run
 from ..core.device import resolve_device
+from ..models.common import check_vocab_fits
 from ..models.gpt2 import load_gpt2
 from ..tokenizers import ByteLevelBPETokenizer
 from ..zoo import checkpoint_folder
+from .serve_docs import add_docs
 from .serve_limits import SERVE_NEEDS
 
 __all__ = ["causal_lm_folder", "create_generation_app", "load_causal_lm"]
@@ -74,8 +76,9 @@ def causal_lm_folder(run) -> Optional[Path]:
 
 def load_causal_lm(folder: Path, device: str = "auto"):
     """``(model, tokenizer)`` of a GPT-2 folder, on ``device``, in eval mode."""
-    model = load_gpt2(folder).to(resolve_device(device)).eval()
-    return model, ByteLevelBPETokenizer.from_dir(folder)
+    model, tokenizer = load_gpt2(folder), ByteLevelBPETokenizer.from_dir(folder)
+    check_vocab_fits(model, tokenizer, folder)
+    return model.to(resolve_device(device)).eval(), tokenizer
 
 
 def _request_models():
@@ -85,7 +88,10 @@ def _request_models():
     class GenerateRequest(BaseModel):
         """What ``POST /generate`` takes."""
 
-        model_config = ConfigDict(extra="forbid")
+        model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+            {"prompt": "The river bank was", "max_new_tokens": 32, "temperature": 0.8, "top_p": 0.95, "seed": 0},
+            {"prompt": "Once upon a time", "max_new_tokens": 16, "temperature": 0, "stop": ["\n"]},
+            {"prompt": "The river bank was", "max_new_tokens": 32, "stream": True}]})
         prompt: str = Field(min_length=1, examples=["The river bank was"])
         max_new_tokens: int = Field(64, ge=1)
         temperature: float = Field(1.0, ge=0.0, description="0: greedy")
@@ -98,9 +104,11 @@ def _request_models():
     class CompletionRequest(BaseModel):
         """OpenAI's ``POST /v1/completions`` (one prompt, one choice)."""
 
-        model_config = ConfigDict(extra="ignore")  # clients send user, logit_bias, ...: accepted and unused
+        model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [  # clients send user, logit_bias, ...: ignored
+            {"model": "gpt2", "prompt": "The river bank was", "max_tokens": 16, "temperature": 0.7, "seed": 0},
+            {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0, "stream": True}]})
         model: Optional[str] = None
-        prompt: str = Field(min_length=1)
+        prompt: str = Field(min_length=1, examples=["The river bank was"])
         max_tokens: int = Field(16, ge=1)
         temperature: float = Field(1.0, ge=0.0)
         top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -149,7 +157,9 @@ def create_generation_app(model, tokenizer, name: str = "model", slots: int = 16
         batcher.close()
         thread.join(timeout=30)
 
-    app = FastAPI(title="ctxkit generation server", lifespan=lifespan)
+    app = FastAPI(title="ctxkit generation server", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  description=f"Text generation with {name} (ctxkit serve): POST /generate, or OpenAI's POST /v1/completions.")
+    add_docs(app)  # /docs and /redoc from this server's own files, no CDN
 
     def start(prompt: str, new_tokens: int, temperature: float, top_k: int, top_p: float, seed: Optional[int], stop):
         """Queue one request; returns (request, text assembler, asyncio queue of events)."""
@@ -175,6 +185,8 @@ def create_generation_app(model, tokenizer, name: str = "model", slots: int = 16
             batcher.submit(request)
         except QueueFull as err:
             raise HTTPException(429, str(err), headers={"Retry-After": str(err.retry_after)}) from None
+        except BatcherFailed as err:
+            raise HTTPException(503, str(err)) from None
         except UserError as err:
             raise HTTPException(422, str(err)) from None
         return request, events
@@ -188,7 +200,7 @@ def create_generation_app(model, tokenizer, name: str = "model", slots: int = 16
                 piece, reason = await events.get()
                 if reason is not None:
                     ended = True
-                    yield piece, ("length" if reason == "length" else "stop")
+                    yield piece, (reason if reason in ("length", "error") else "stop")
                     return
                 if piece:
                     yield piece, None
@@ -217,6 +229,8 @@ def create_generation_app(model, tokenizer, name: str = "model", slots: int = 16
         parts, reason = [], None
         async for piece, reason in pieces(request, events):
             parts.append(piece)
+        if reason == "error":
+            raise HTTPException(503, f"the decoding thread stopped on an error: {batcher.failed}")
         return JSONResponse({"text": "".join(parts), "finish_reason": reason, **usage()})
 
     @app.post("/v1/completions")
@@ -240,11 +254,15 @@ def create_generation_app(model, tokenizer, name: str = "model", slots: int = 16
         parts, reason = [], None
         async for piece, reason in pieces(request, events):
             parts.append(piece)
+        if reason == "error":
+            raise HTTPException(503, f"the decoding thread stopped on an error: {batcher.failed}")
         return JSONResponse({**head, "choices": [{"text": "".join(parts), "index": 0, "logprobs": None, "finish_reason": reason}],
                              "usage": usage()})
 
     @app.get("/health")
     async def health():
+        if batcher.failed is not None:  # the decoding thread is gone: say so, as a load balancer reads it
+            return JSONResponse({"status": "error", "error": batcher.failed, "model": name}, status_code=503)
         return {"status": "ok", "model": name, "task": "text-generation", "fast": str(plan), "slots": batcher.slots, "busy": batcher.busy,
                 "waiting": len(batcher.waiting), "max_len": batcher.max_len, "max_new_tokens": max_new_tokens,
                 "stats": dict(batcher.stats)}

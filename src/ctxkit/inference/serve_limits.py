@@ -36,7 +36,7 @@ from ..core.errors import UserError
 __all__ = ["BurstLog", "PathRedactor", "QueueFull", "RequestGuard", "TokenCheck", "at_least_one", "available_cores", "choose_threads",
            "positive_seconds", "public_name", "set_model_thread", "torch_threads"]
 
-SERVE_NEEDS = ("fastapi", "uvicorn", "httptools", "pydantic", "starlette")  # the `serve` extra, imported directly
+SERVE_NEEDS = ("fastapi", "uvicorn", "httptools", "pydantic", "starlette", "fastapi_offline")  # the `serve` extra, imported directly
 
 
 def available_cores() -> int:

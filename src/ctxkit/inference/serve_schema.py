@@ -14,7 +14,8 @@ combining marks, control and format characters), a set that no pattern states us
 
 from typing import List, Optional
 
-__all__ = ["NOT_BLANK", "ERRORS", "ERROR_HEADERS", "EMBED_SCHEMA", "HEALTH_SCHEMA", "text_request_schema", "qa_request_schema",
+__all__ = ["NOT_BLANK", "ERRORS", "ERROR_HEADERS", "EMBED_SCHEMA", "HEALTH_SCHEMA", "QA_EXAMPLES", "TEXT_EXAMPLES", "text_request_schema",
+           "qa_request_schema",
            "answer_schema"]
 
 _NULL = {"type": "null", "description": "the same as leaving the field out"}
@@ -40,6 +41,19 @@ def _nullable(schema: dict) -> dict:
     return {"anyOf": [schema, {"type": "null"}], "description": schema.get("description", "")}
 
 
+# Request bodies shown in /docs and /redoc (and sent by a schema fuzzer's explicit phase): short
+# enough for any --max-text-chars a test sets (48), at most two items.
+TEXT_EXAMPLES = {
+    "classify": [{"text": "a gripping, beautifully acted film"}, {"texts": ["a gripping film", "dull and far too long"]},
+                 {"texts": ["A man is playing a guitar.", "A dog runs."], "pairs": ["Someone plays music.", "A cat sleeps."]}],
+    "ner": [{"text": "Angela Merkel visited Paris in May."}, {"texts": ["Apple opened a store in Berlin.", "Ada lives in Rome."]}],
+    "embed": [{"text": "The river bank was flooded."}, {"texts": ["The bank approved my loan.", "We sat on the river bank."]}],
+}
+QA_EXAMPLES = [{"question": "Who won the game?", "context": "The Broncos won the game 24-10."},
+               {"items": [{"question": "Where is the Louvre?", "context": "The Louvre is a museum in Paris."},
+                          {"question": "Who wrote Hamlet?", "context": "Hamlet is a play by Shakespeare."}]}]
+
+
 def text_request_schema(endpoint: str, max_items: int, max_text_chars: int) -> dict:
     """``{"text": ...}`` or ``{"texts": [...]}`` (with ``pair``/``pairs`` for /classify)."""
     text = _text_schema(max_text_chars, "the text")
@@ -58,6 +72,7 @@ def text_request_schema(endpoint: str, max_items: int, max_text_chars: int) -> d
     body = {"type": "object", "additionalProperties": False}
     return {"title": f"{endpoint.capitalize()}Request",
             "description": "one text, or a list of texts" + (" (with sentence pairs)" if endpoint == "classify" else ""),
+            "examples": TEXT_EXAMPLES[endpoint],
             "oneOf": [{**body, "title": "one text", "required": ["text"], "properties": one},
                       {**body, "title": "a list of texts", "required": ["texts"], "properties": many}]}
 
@@ -67,7 +82,7 @@ def qa_request_schema(max_items: int, max_text_chars: int) -> dict:
     item = {"type": "object", "additionalProperties": False, "required": ["question", "context"],
             "properties": {"question": question, "context": context}}
     body = {"type": "object", "additionalProperties": False}
-    return {"title": "QARequest", "description": "one question and its context, or a list of them",
+    return {"title": "QARequest", "description": "one question and its context, or a list of them", "examples": QA_EXAMPLES,
             "oneOf": [{**body, "title": "one question", "required": ["question", "context"],
                        "properties": {"question": question, "context": context, "items": _NULL}},
                       {**body, "title": "a list of questions", "required": ["items"],
@@ -132,7 +147,8 @@ HEALTH_SCHEMA = {"type": "object", "required": ["status", "task", "kind", "endpo
 # What each error status means; the body is always ``{"error": "<message>"}`` (ErrorBody).
 ERRORS = {400: "malformed JSON: not JSON, not UTF-8, nested too deeply, or a number of over 4300 digits",
            408: "the request's headers (--header-timeout) or body (--body-timeout) did not arrive in time",
-           413: "too many items (--max-items), a text too long (--max-text-chars), or a body too large (--max-body-bytes)",
+           413: "too many items (--max-items), a text too long (--max-text-chars), a body too large (--max-body-bytes), "
+                "or (/embed) texts that need more windows of the model's length than --max-windows",
            415: "the body is not sent as 'Content-Type: application/json'",
            422: "valid JSON but not a valid request: wrong type, missing, conflicting or unknown field, blank text, "
                 "a text the tokenizer reduces to no tokens, empty list",

@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from ..core.build_guard import bounded_build, check_layers_held, held_values, weights_file
 from ..core.checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights, save_weights
 from ..core.errors import UserError
 from ..layers import TransformerEncoderLayer, causal_mask
@@ -273,6 +274,12 @@ def load_char_lm(directory: os.PathLike) -> nn.Module:
     unknown = sorted(set(config) - known)
     if unknown:
         raise CheckpointError(f"{directory}: config.json has fields this ctxkit does not know: {', '.join(unknown)}")
-    model = cls(config_cls(**config))
-    load_state_dict_strict(model, read_weights(directory), source=str(directory))
+    # The weights first: the config's sizes are checked against them before anything is built.
+    state = read_weights(directory)
+    source = str(Path(directory) / "config.json")
+    layers = r"^lstm\.weight_ih_l(\d+)$" if cls is CharLSTMLM else r"^layers\.(\d+)\."
+    check_layers_held(config, source, state, {"num_layers": layers})
+    with bounded_build(config, source, weights_file(directory), held_values(state), state):
+        model = cls(config_cls(**config))
+    load_state_dict_strict(model, state, source=str(directory))
     return model.eval()

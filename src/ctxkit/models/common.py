@@ -9,16 +9,17 @@ import dataclasses
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Tuple, TypeVar
+from typing import Any, List, Optional, Tuple, TypeVar
 
 from torch import nn
 
-from ..core.checkpoint import model_folder_of_run
+from ..core.build_guard import weights_file
+from ..core.checkpoint import CheckpointError, model_folder_of_run
 from ..core.errors import UserError
 from ..core.hub import hub_snapshot, is_hub_id, push_folder
 from .catalog import hub_model
 
-__all__ = ["Preset", "Replaceable", "PaperNames", "IndexableOutput", "PretrainedHabits"]
+__all__ = ["Preset", "Replaceable", "PaperNames", "IndexableOutput", "PretrainedHabits", "check_vocab_fits"]
 
 _Config = TypeVar("_Config", bound="Replaceable")
 
@@ -191,3 +192,45 @@ class IndexableOutput:
 
     def __contains__(self, key) -> bool:
         return key in self.keys()
+
+
+# The files a folder's tokenizer is read from, in the order the tokenizers prefer them.
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")
+
+
+def _embedding_rows(model: Any) -> Optional[int]:
+    """Rows of the model's token embedding table: its config's ``vocab_size`` (the strict
+    load has held the table to it), or its encoder's for a model with a task head."""
+    for part in (model, getattr(model, "encoder", None), getattr(model, "bert", None)):
+        rows = getattr(getattr(part, "config", None), "vocab_size", None)
+        if isinstance(rows, int) and not isinstance(rows, bool):
+            return rows
+    return None
+
+
+def check_vocab_fits(model: Any, tokenizer: Any, folder: Any, weights: Any = None) -> None:
+    """The tokenizer's ids all index the model's embedding table.
+
+    A tokenizer with more tokens than the table has rows (the files of two models mixed in
+    one folder) loads fine and fails later, on the first text with a high id, as an
+    IndexError deep in the forward pass; this says so when the folder is loaded.
+
+    Args:
+        model: the loaded model.
+        tokenizer: its tokenizer (``vocab_size``), or None (nothing to check).
+        folder: where the tokenizer was read from.
+        weights: where the weights were read from (default: ``folder``).
+
+    Raises:
+        CheckpointError: one line naming both files and both numbers.
+    """
+    tokens = getattr(tokenizer, "vocab_size", None)
+    rows = _embedding_rows(model)
+    if not isinstance(tokens, int) or rows is None or tokens <= rows:
+        return
+    folder = Path(folder)
+    tok_file = next((folder / n for n in _TOKENIZER_FILES if (folder / n).is_file()), folder)
+    raise CheckpointError(f"{tok_file}: the tokenizer has {tokens} tokens, but the embedding table in "
+                          f"{weights_file(weights if weights is not None else folder)} has {rows} rows (vocab_size {rows}): "
+                          f"token ids {rows} to {tokens - 1} would index past it; the tokenizer and the weights are of "
+                          "different models")

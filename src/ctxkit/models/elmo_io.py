@@ -37,6 +37,7 @@ from torch import Tensor
 from ..core.checkpoint import (WEIGHT_FILES, CheckpointError, CheckpointMismatchError, atomic_write, load_state_dict_strict,
                                read_pickled_state, read_weights, save_weights)
 from .elmo import ElmoBiLM, ElmoConfig, ElmoLanguageModel
+from ..core.build_guard import bounded_build, check_layers_held, held_values
 from ..core.deps import require
 from ..core.durable import verify_manifest
 from ..core.errors import MissingFileError, UserError
@@ -245,6 +246,19 @@ def _read_hdf5(path: Path) -> Dict[str, np.ndarray]:
     return arrays
 
 
+def _option_sizes(config: ElmoConfig) -> Dict[str, int]:
+    """The options' size fields by their names in options.json (for messages)."""
+    return {"lstm.n_layers": config.num_layers, "char_cnn.n_highway": config.n_highway, "lstm.dim": config.cell_size,
+            "lstm.projection_dim": config.projection_dim, "char_cnn.embedding.dim": config.char_embed_dim,
+            "char_cnn.n_characters": config.n_characters, "char_cnn.max_characters_per_token": config.max_chars}
+
+
+def _check_depths(config: ElmoConfig, source: str, keys, layer: str, highway: str) -> None:
+    """Options' LSTM layers and highways against the weight names, before anything is built
+    (or listed: ten million layers would be forty million expected names)."""
+    check_layers_held(_option_sizes(config), source, keys, {"lstm.n_layers": layer, "char_cnn.n_highway": highway})
+
+
 def load_bilm_tf(options_file: os.PathLike, weight_file: os.PathLike) -> ElmoBiLM:
     """Build an :class:`ElmoBiLM` from a released (or :func:`write_bilm_tf`) options + hdf5 pair.
 
@@ -257,13 +271,15 @@ def load_bilm_tf(options_file: os.PathLike, weight_file: os.PathLike) -> ElmoBiL
     """
     config = read_options(options_file)
     arrays = _read_hdf5(Path(weight_file))
+    _check_depths(config, str(options_file), arrays, r"^RNN_0/RNN/MultiRNNCell/Cell(\d+)/", r"^CNN_high_(\d+)/")
     expected = bilm_tf_shapes(config)
     missing = [k for k in expected if k not in arrays]
     unexpected = [k for k in arrays if k not in expected]
     misshaped = [(k, arrays[k].shape, shape) for k, shape in expected.items() if k in arrays and tuple(arrays[k].shape) != shape]
     if missing or unexpected or misshaped:
         raise CheckpointMismatchError(f"{weight_file} (options {options_file})", missing, unexpected, misshaped)
-    model = ElmoBiLM(config)
+    with bounded_build(_option_sizes(config), str(options_file), str(weight_file), sum(a.size for a in arrays.values()), arrays):
+        model = ElmoBiLM(config)
     load_state_dict_strict(model, bilm_state_from_arrays(arrays, config), source=str(weight_file))
     return model.eval()
 
@@ -313,9 +329,13 @@ def load_elmo_lm(folder: os.PathLike) -> Tuple[ElmoLanguageModel, List[str]]:
     vocab = (folder / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
     if options.get("n_tokens_vocab") != len(vocab):
         raise CheckpointError(f"{folder}: vocab.txt has {len(vocab)} words, options.json says {options.get('n_tokens_vocab')}")
-    lm = ElmoLanguageModel(config, len(vocab), softmax=options.get("softmax", "sampled"),
-                           num_samples=int(options.get("n_negative_samples_batch", 8192)), cutoffs=options.get("cutoffs"))
-    load_state_dict_strict(lm, read_weights(folder), source=str(folder))
+    state = read_weights(folder)
+    source = str(folder / "options.json")
+    _check_depths(config, source, state, r"^bilm\.forward_layers\.(\d+)\.", r"^bilm\.char_cnn\.highways\.(\d+)\.")
+    with bounded_build(_option_sizes(config), source, str(folder), held_values(state), state):
+        lm = ElmoLanguageModel(config, len(vocab), softmax=options.get("softmax", "sampled"),
+                               num_samples=int(options.get("n_negative_samples_batch", 8192)), cutoffs=options.get("cutoffs"))
+    load_state_dict_strict(lm, state, source=str(folder))
     return lm.eval(), vocab
 
 
@@ -357,7 +377,11 @@ def load_bilm(path: os.PathLike) -> Tuple[ElmoBiLM, dict]:
 
 
 def _bilm_from_lm_state(state: Dict[str, Tensor], options: dict, source: Path, step) -> Tuple[ElmoBiLM, dict]:
-    bilm = ElmoBiLM(config_from_options(options, str(source)))
+    config = config_from_options(options, str(source))
     # The checkpoint holds the whole LM; the softmax plays no part in the features.
-    load_state_dict_strict(bilm, {k[5:]: v for k, v in state.items() if k.startswith("bilm.")}, source=str(source))
+    state = {k[5:]: v for k, v in state.items() if k.startswith("bilm.")}
+    _check_depths(config, str(source), state, r"^forward_layers\.(\d+)\.", r"^char_cnn\.highways\.(\d+)\.")
+    with bounded_build(_option_sizes(config), str(source), str(source), held_values(state), state):
+        bilm = ElmoBiLM(config)
+    load_state_dict_strict(bilm, state, source=str(source))
     return bilm.eval(), {"source": str(source), "format": f"train_bilm checkpoint (step {step})"}

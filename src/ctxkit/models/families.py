@@ -46,7 +46,7 @@ from .bert import PRESETS as BERT_PRESETS
 from .bert import BertConfig, BertForPreTraining, BertModel, load_bert, save_bert
 from .char_lm import (CHAR_DESCRIPTIONS, CHAR_MODEL_TYPES, CHAR_PRESETS, CharLSTMConfig, CharLSTMLM, CharTransformerConfig, CharTransformerLM,
                       build_char_lm, load_char_lm, save_char_lm)
-from .common import Preset
+from .common import Preset, check_vocab_fits
 from .elmo import ELMO_DESCRIPTIONS, ELMO_PRESETS, ElmoBiLM, ElmoConfig, ElmoLanguageModel
 from .elmo_io import load_bilm, save_elmo_lm, write_bilm_tf
 from .gpt2 import GPT2_DESCRIPTIONS, GPT2_PRESETS, GPT2Config, GPT2LMHeadModel, GPT2Model, load_gpt2, save_gpt2
@@ -125,7 +125,9 @@ def _has_any(folder: Path, *names: str) -> bool:
 def _bert_family() -> Family:
     def load(folder: Path):
         tok = WordPieceTokenizer.from_dir(folder) if _has_any(folder, "vocab.txt", "tokenizer.json") else None
-        return load_bert(folder), tok
+        model = load_bert(folder)
+        check_vocab_fits(model, tok, folder)
+        return model, tok
 
     return Family(
         name="bert", description="BERT and DistilBERT encoders (HF layout, WordPiece)", list_kind="preset",
@@ -143,7 +145,9 @@ def _with_bpe(load_model: Callable[[Path], Any]) -> Callable[[Path], Tuple[Any, 
     """A family ``load``: the model, and the byte-level BPE tokenizer when the folder has one."""
     def load(folder: Path):
         tok = ByteLevelBPETokenizer.from_dir(folder) if _has_any(folder, "tokenizer.json", "vocab.json") else None
-        return load_model(folder), tok
+        model = load_model(folder)
+        check_vocab_fits(model, tok, folder)
+        return model, tok
 
     return load
 
@@ -298,7 +302,9 @@ def _xlnet_family() -> Family:
     def load(folder: Path):
         """The task encoder (:class:`XLNetEncoder`), with its WordPiece vocabulary when saved."""
         tok = WordPieceTokenizer.from_dir(folder) if _has_any(folder, "vocab.txt", "tokenizer.json") else None
-        return XLNetEncoder.from_dir(folder), tok
+        model = XLNetEncoder.from_dir(folder)
+        check_vocab_fits(model, tok, folder)
+        return model, tok
 
     def save(model, folder: PathLike, tokenizer=None) -> Path:
         if isinstance(model, XLNetLMHeadModel):
@@ -323,7 +329,9 @@ def _char_lm_family(config_class: type, model_class: type, name: str, descriptio
     and the LSTM baseline share presets' names (``char_*``), tokenizer and folder format."""
     def load(folder: Path):
         tok = CharTokenizer.from_dir(folder) if _has_any(folder, "vocab.json") else None
-        return load_char_lm(folder), tok
+        model = load_char_lm(folder)
+        check_vocab_fits(model, tok, folder)
+        return model, tok
 
     presets = {k: v for k, v in CHAR_PRESETS.items() if isinstance(v, config_class)}
     model_type = next(t for t, (cls, _) in CHAR_MODEL_TYPES.items() if cls is model_class)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..core.build_guard import bounded_build, check_layers_held, held_values, weights_file
 from ..core.checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights, save_weights
 from ..layers import (AdditiveAttention, KVCache, SinusoidalPositionalEncoding, TransformerDecoder, TransformerEncoder, padding_mask,
                       quaternionize)
@@ -363,6 +364,10 @@ class BoundDecoder:
 
 
 _TYPES = {"ctxkit-seq2seq": (TransformerSeq2Seq, Seq2SeqConfig), "ctxkit-rnn-seq2seq": (RNNSeq2Seq, RNNSeq2SeqConfig)}
+# Depth fields and the weight names that number their layers (the GRUs' ``weight_ih_l{k}``).
+_LAYER_KEYS = {"ctxkit-seq2seq": {"num_encoder_layers": r"^encoder\.layers\.(\d+)\.",
+                                  "num_decoder_layers": r"^decoder\.layers\.(\d+)\."},
+               "ctxkit-rnn-seq2seq": {"num_layers": r"^encoder\.weight_ih_l(\d+)$"}}
 
 
 def save_seq2seq(model: nn.Module, directory) -> Path:
@@ -389,6 +394,11 @@ def load_seq2seq(directory) -> nn.Module:
     if model_type not in _TYPES:
         raise CheckpointError(f"{directory}: config.json model_type {model_type!r} is not a ctxkit translation model ({', '.join(_TYPES)})")
     cls, config_cls = _TYPES[model_type]
-    model = cls(config_cls(**config))
-    load_state_dict_strict(model, read_weights(directory), source=str(directory))
+    # The weights first: the config's sizes are checked against them before anything is built.
+    state = read_weights(directory)
+    source = str(Path(directory) / "config.json")
+    check_layers_held(config, source, state, _LAYER_KEYS[model_type])
+    with bounded_build(config, source, weights_file(directory), held_values(state), state):
+        model = cls(config_cls(**config))
+    load_state_dict_strict(model, state, source=str(directory))
     return model.eval()

@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
-from safetensors.torch import load_file, save_model
+from safetensors.torch import save_model
 from torch import Tensor
 
 from ..core.checkpoint import (CheckpointError, check_config_against_weights, check_config_fields, check_config_types, count_layers,
                                load_state_dict_strict, read_config, read_weights, require_config_fields, weight_dim)
+from ..core.build_guard import bounded_build, check_layers_held, held_values
 from ..core.durable import atomic_write
 from ..core.errors import quote
 from .transformer_xl import TransformerXLConfig, TransformerXLLMHeadModel, TransformerXLModel, build_transformer_xl_lm
@@ -295,7 +296,14 @@ def load_transformer_xl_lm(directory: os.PathLike) -> Tuple[TransformerXLLMHeadM
     if not is_ctxkit_transformer_xl(folder):
         raise CheckpointError(f"{folder}: no ctxkit Transformer-XL folder (config.json with model_type {CTXKIT_MODEL_TYPE!r})")
     meta = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    weights = folder / "model.safetensors"
+    # The weights first: the config's sizes are checked against them before anything is built.
+    state = read_weights(folder)
+    fields = meta["config"] if isinstance(meta.get("config"), dict) else {}
+    check_layers_held(fields, str(folder / "config.json"), state, {"n_layers": r"(?:^|\.)layers\.(\d+)\."})
     config = TransformerXLConfig(**{**meta["config"], "cutoffs": tuple(meta["config"]["cutoffs"])})
-    model = build_transformer_xl_lm(meta["kind"], config, meta["max_position"])
-    load_state_dict_strict(model, load_file(str(folder / "model.safetensors")), source=str(folder / "model.safetensors"))
+    with bounded_build({**fields, "max_position": meta.get("max_position")}, str(folder / "config.json"), str(weights),
+                       held_values(state), state):
+        model = build_transformer_xl_lm(meta["kind"], config, meta["max_position"])
+    load_state_dict_strict(model, state, source=str(weights))
     return model, (folder / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]

@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 
 from ..core.checkpoint import CheckpointError, atomic_write, load_state_dict_strict
 from ..core.interrupts import StopSignals, resume_or_start
+from ..core.run_folder import hold_run_folder, trim_log
 from ..core.run_state import Checkpoint, LossBuffer, autocast, resolve_device, restore_rng, resume_checkpoint
 from ..core.run_state import save_checkpoint as write_checkpoint
 from ..models.elmo import ELMO_PRESETS, ElmoConfig, ElmoLanguageModel
@@ -246,7 +247,8 @@ def train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Path
         ``final/`` (``summary["stopped"]["reason"] == "signal"``); a second signal stops at once.
     """
     # log.jsonl is the first writer, so a record reaches the file before any other writer.
-    with CallbackList([JsonlWriter(Path(out_dir) / "log.jsonl", style="plain"), *(callbacks or ())]) as run_log, \
+    with hold_run_folder(out_dir), \
+            CallbackList([JsonlWriter(Path(out_dir) / "log.jsonl", style="plain"), *(callbacks or ())]) as run_log, \
             StopSignals() as signals:
         return _train_bilm(train_files, valid_files, out_dir, model_config, config, resume, run_log, signals)
 
@@ -305,6 +307,7 @@ def _train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
             lstm_state = tuple(t.to(device) for t in ckpt.extra["lstm_state"])
         restore_rng(ckpt.rng)
         logger.info("resumed from %s at step %d (epoch %d, chunk %d)", ckpt_path, run["step"], run["epoch"], run["chunk"])
+        trim_log(out / "log.jsonl", run["step"])  # the steps after the checkpoint are logged again
     params = sum(p.numel() for p in lm.parameters())
     logger.info("ELMo biLM: %d parameters, vocabulary %d, %d training tokens, %d chunks per epoch", params, len(vocab),
                 len(train_stream), chunks_per_epoch)

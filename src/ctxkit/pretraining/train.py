@@ -9,18 +9,21 @@ torchrun).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..models.bert import BertForPreTraining, save_bert
 from ..models.presets import BertConfig, get_preset
+from ..core.device import autocast, resolve_device
 from ..training import TrainConfig, Trainer, set_seed
 from ..training.callbacks import Callback
 from .masking import IGNORE_INDEX, MaskingConfig, MLMCollator
@@ -29,7 +32,7 @@ from ..core.errors import UserError
 from ..core.run_state import save_final
 from ..tokenizers import WordPieceTokenizer
 
-__all__ = ["PretrainingModel", "length_buckets", "training_flops_per_token", "pretrain"]
+__all__ = ["PretrainingModel", "bucket_batches", "default_pretrain_lr", "held_out_evaluation", "length_buckets", "training_flops_per_token", "pretrain"]
 
 logger = logging.getLogger("ctxkit")
 
@@ -78,6 +81,33 @@ def length_buckets(max_len: int) -> tuple:
     return tuple(sorted({min(half, max_len), max_len}))
 
 
+def bucket_batches(lengths: Sequence[int], data, collator: MLMCollator) -> List[Dict[str, Tensor]]:
+    """One collated batch per length bucket the data will fill (what the run compiles).
+
+    For each of ``collator.lengths``, the data's first sequence that only that bucket takes
+    plus rows that fit it, collated with a key no training batch uses (the masks a
+    keyed collator draws for the run stay as they are). A bucket no sequence needs (no
+    short pair in the data) gets no batch, as it never gets a step.
+    """
+    lengths = np.asarray(lengths)
+    batches, below = [], 0
+    for k, size in enumerate(collator.lengths or ()):
+        own = np.flatnonzero((lengths > below) & (lengths <= size))
+        if len(own):
+            fits = np.flatnonzero(lengths <= size)[: max(collator.rows or 1, 1)]
+            rows = [int(own[0])] + [int(i) for i in fits if i != own[0]][: max(collator.rows or 1, 1) - 1]
+            batches.append(collator([data[i] for i in rows], key=(2**32 - 1, k)))  # an epoch no run reaches
+        below = size
+    return batches
+
+
+def default_pretrain_lr(preset: str) -> float:
+    """``ctxkit pretrain``'s peak learning rate when none is given: BERT's 1e-4 (batch 256)
+    for presets 768 wide and wider, 1e-3 for the small ones. 1e-3 diverges on BERT-base: on
+    the Wikipedia extract the loss became NaN between steps 400 and 800 (H200, bf16)."""
+    return 1e-4 if get_preset(preset).config.hidden_size >= 768 else 1e-3
+
+
 def training_flops_per_token(config: BertConfig, seq_len: float, masked_fraction: float = 0.15) -> float:
     """Training FLOPs per token (forward + backward = 3x forward), the usual MFU count.
 
@@ -91,9 +121,41 @@ def training_flops_per_token(config: BertConfig, seq_len: float, masked_fraction
     return 6 * dense + 12 * layers * h * seq_len + 6 * h * config.vocab_size * masked_fraction
 
 
+def held_out_evaluation(data: PretrainDataset, collator: MLMCollator, batch_size: int, device: torch.device, precision: str):
+    """An ``evaluate(model)`` for the Trainer: MLM loss and accuracy and NSP accuracy on
+    held-out shards, with the same masks at every evaluation (keyed batches), so the
+    numbers of two epochs compare.
+
+    The model runs eagerly (``torch.compiler.set_stance("force_eager")`` where torch has
+    it): its compiled graphs are specialised for training, and an evaluation shape or eval
+    mode would compile new ones, seconds each, in the middle of the run.
+    """
+
+    def evaluate(model: nn.Module) -> Dict[str, float]:
+        stance = getattr(torch.compiler, "set_stance", None)
+        eager = stance("force_eager") if stance is not None else contextlib.nullcontext()
+        model.eval()
+        sums = torch.zeros(5, dtype=torch.float64, device=device)  # mlm loss*n, mlm right, mlm n, nsp right, nsp n
+        with torch.no_grad(), eager, autocast(device, precision):
+            for j, start in enumerate(range(0, len(data), batch_size)):
+                batch = collator([data[i] for i in range(start, min(start + batch_size, len(data)))], key=(0, j))
+                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+                out = model(**batch)
+                masked = (batch["masked_labels"] != IGNORE_INDEX).sum()
+                scored = (batch["next_sentence_label"] != IGNORE_INDEX).sum()
+                sums += torch.stack([out["mlm_loss"] * masked, out["mlm_acc"] * masked, masked, out["nsp_acc"] * scored,
+                                     scored]).double()
+        model.train()
+        loss, right, n, nsp_right, nsp_n = sums.tolist()
+        return {"mlm_loss": loss / max(n, 1), "mlm_acc": right / max(n, 1), "nsp_acc": nsp_right / max(nsp_n, 1),
+                "sequences": len(data)}
+
+    return evaluate
+
+
 def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: TrainConfig, tokenizer_dir: Optional[os.PathLike] = None,
              masking: MaskingConfig = MaskingConfig(max_predictions=20), resume: bool = False,
-             callbacks: Optional[Sequence[Callback]] = None) -> dict:
+             callbacks: Optional[Sequence[Callback]] = None, eval_data: Optional[os.PathLike] = None) -> dict:
     """Pretrain a BERT preset from scratch on pretraining shards.
 
     Args:
@@ -108,6 +170,9 @@ def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: Tra
         masking: dynamic masking settings.
         resume: continue from ``out_dir/checkpoint`` exactly.
         callbacks: also receive the training log (:mod:`ctxkit.training.callbacks`).
+        eval_data: held-out shards (``pretrain-data`` with the same tokenizer): MLM loss and
+            accuracy and NSP accuracy on them after every epoch and at a requested stop
+            (``eval`` records in ``log.jsonl``), when ``config.eval_each_epoch``.
 
     Returns:
         A summary dict (steps, final losses and accuracies, wall time).
@@ -123,7 +188,14 @@ def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: Tra
     set_seed(config.seed)  # the initial weights depend on the seed alone
     model = PretrainingModel(arch)
     collator = MLMCollator(tokenizer, masking, seed=config.seed, multiple_of=max(config.pad_multiple, 1))
-    trainer = Trainer(model, data, config, out_dir, collate_fn=collator,
+    evaluate = None
+    if eval_data is not None:
+        held_out = PretrainDataset(eval_data)
+        if held_out.meta["tokenizer"].get("vocab_sha256") != data.meta["tokenizer"].get("vocab_sha256"):
+            raise UserError(f"{eval_data}: held-out shards built with another vocabulary than {shards}")
+        evaluate = held_out_evaluation(held_out, MLMCollator(tokenizer, masking, seed=config.seed + 1, multiple_of=8),
+                                       config.batch_size, resolve_device(config.device), config.precision)
+    trainer = Trainer(model, data, config, out_dir, collate_fn=collator, evaluate=evaluate, main_metric="mlm_acc" if evaluate else None,
                       flops_per_token=lambda seq: training_flops_per_token(arch, seq, masking.mask_prob), callbacks=callbacks,
                       use="pretrain")
     if trainer.plan.compile != "off" or trainer.plan.cuda_graphs:
@@ -132,6 +204,7 @@ def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: Tra
         # every batch at full rows (the epoch's last one filled with ignored copies).
         collator.lengths = length_buckets(data.meta["max_seq_len"])
         collator.rows = trainer.micro_batch // (trainer.world if trainer.graphed is None else 1)
+        trainer.warm_batches = bucket_batches(data.lengths, data, collator)
     result = trainer.train(resume=resume)
     if result.stopped == "signal":  # stopped by SIGTERM/SIGUSR1: checkpoint/ holds the run; no final/ of a partial one
         return {"preset": preset, "steps": result.steps, "stopped": {

@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 
 from ..core.checkpoint import CheckpointError, atomic_write, load_state_dict_strict
 from ..core.interrupts import StopSignals, resume_or_start
+from ..core.run_folder import hold_run_folder, trim_log
 from ..core.run_state import Checkpoint, LossBuffer, autocast, resolve_device, restore_rng, resume_checkpoint
 from ..core.run_state import save_checkpoint as write_checkpoint
 from ..models.transformer_xl import TransformerXLConfig, TransformerXLLMHeadModel, TransformerXLModel, VanillaTransformerLM
@@ -227,7 +228,8 @@ def train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pat
     signal stops at once.
     """
     # log.jsonl is the first writer, so a record reaches the file before any other writer.
-    with CallbackList([JsonlWriter(Path(out_dir) / "log.jsonl", style="plain"), *(callbacks or ())]) as run_log, \
+    with hold_run_folder(out_dir), \
+            CallbackList([JsonlWriter(Path(out_dir) / "log.jsonl", style="plain"), *(callbacks or ())]) as run_log, \
             StopSignals() as signals:
         return _train_xl_lm(train_files, valid_files, out_dir, config, train_cfg, resume, run_log, signals)
 
@@ -273,6 +275,7 @@ def _train_xl_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Pa
         mems = None if ckpt.extra["mems"] is None else [m.to(device) for m in ckpt.extra["mems"]]
         restore_rng(ckpt.rng)
         logger.info("resumed from %s at step %d", ckpt_path, run["step"])
+        trim_log(out / "log.jsonl", run["step"])  # the steps after the checkpoint are logged again
     params = sum(p.numel() for p in model.parameters())
     logger.info("%s LM: %d parameters, vocabulary %d, %d training tokens, %d segments per epoch", cfg.model, params,
                 len(vocab), len(train_stream), segments)

@@ -36,6 +36,7 @@ from ..core.checkpoint import (
     save_weights,
     write_json,
 )
+from ..models.common import check_vocab_fits
 from ..models.encoders import load_encoder, save_encoder
 from ..training import TrainConfig, Trainer, resolve_device, set_seed
 from ..training.callbacks import Callback
@@ -131,6 +132,7 @@ def load_run(run_dir: os.PathLike, device: str = "auto", fast: Optional[str] = N
         model, arch = load_hf_task_model(run_dir, info["hf_task"], task)
         apply(model, plan)
         tokenizer = WordPieceTokenizer.from_dir(run_dir)
+        check_vocab_fits(model, tokenizer, run_dir)
         return task, model.to(dev).eval(), tokenizer, {**info, "architecture": arch, "fast": asked, "fast_plan": str(plan)}
     best = run_dir / "best"
     if not best.is_dir() and (run_dir / "head.safetensors").is_file():
@@ -158,6 +160,7 @@ def load_run(run_dir: os.PathLike, device: str = "auto", fast: Optional[str] = N
     dev = resolve_device(device)
     plan = resolve(asked, use="infer", device=dev)  # refused here, before the weights load, if it cannot run
     model = task.build_model(load_encoder(best))
+    check_vocab_fits(model, tokenizer, best)
     load_state_dict_strict(model.head, read_weights_file(best / "head.safetensors"), source=str(best / "head.safetensors"))
     apply(model, plan)  # a loaded run only runs inference: e.g. one q/k/v GEMM instead of three (ctxkit.fast)
     return task, model.to(dev).eval(), tokenizer, {**info, "fast": asked, "fast_plan": str(plan)}

@@ -9,7 +9,8 @@ their fp32 masters in the optimiser:
 
 * the forward uses the bf16 weights as they are (autocast's cast becomes a no-op);
 * their gradients stay bf16;
-* one kernel per segment (:mod:`ctxkit.fast.adamw_kernels` on CUDA) reads the gradients,
+* one kernel per segment (:mod:`ctxkit.fast.adamw_kernels` on CUDA; on CPU tensors only in
+  the tests, through Triton's interpreter: :func:`ctxkit.fast.kernels.interpret_on_cpu`) reads the gradients,
   applies the clipping factor, updates the fp32 masters and moments as torch's fused AdamW
   does, and writes the rounded bf16 weights for the next forward.
 
@@ -36,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from ..core.errors import UserError
+from ..fast.kernels import supported
 from .optim import _param_groups
 
 __all__ = ["MasterAdamW", "build_master_adamw", "low_precision_parameters"]
@@ -144,9 +146,10 @@ class MasterAdamW(torch.optim.Optimizer):
     def _use_kernels(self) -> bool:
         if self._kernels is None:
             self._kernels = False
-            if self.device.type == "cuda":
+            # CUDA with triton installed (CPU tensors: only in the tests, through Triton's interpreter)
+            if supported("master_adamw", self.device) is None:
                 try:
-                    from ..fast.adamw_kernels import (  # lazy: triton (the gpu extra) only for updates on CUDA
+                    from ..fast.adamw_kernels import (  # lazy: triton (the gpu extra) only where the kernels run
                         adamw_update, build_tables, set_grad_addresses, sum_of_squares)
 
                     self._kernels = SimpleNamespace(adamw_update=adamw_update, build_tables=build_tables,

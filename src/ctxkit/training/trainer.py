@@ -29,7 +29,8 @@ from ..core.deps import missing
 from ..core.diskspace import tensor_bytes
 from ..core.durable import write_folder
 from ..core.interrupts import StopSignals, resume_or_start
-from ..core.run_state import (autocast, intact_note, keep_last, load_checkpoint, resolve_device, restore_rng,
+from ..core.run_folder import hold_run_folder, trim_log
+from ..core.run_state import (autocast, diverged, intact_note, keep_last, load_checkpoint, resolve_device, restore_rng,
                               save_checkpoint, set_seed, tidy_run_folder)
 from ..data.batching import length_grouped_batches
 from .callbacks import Callback, CallbackList, JsonlWriter
@@ -40,7 +41,7 @@ from .distributed import (agree, all_reduce_mean, broadcast_parameters, cpu_copy
 from .graphs import GraphedTrainStep, graphs_supported
 from .master import MasterAdamW, build_master_adamw
 from .optim import build_adamw, build_lamb, build_schedule, clipped_step
-from .speed import graph_grad_sync, prepare_model
+from .speed import compile_warm_up, graph_grad_sync, prepare_model
 from ..core.errors import UserError
 from ..core.checkpoint import write_json
 from ..fast import resolve
@@ -218,12 +219,18 @@ class Trainer:
 
                 self.forward.register_comm_hook(None, bf16_compress_hook)
         self.pad_multiple = config.pad_multiple
+        # One collated batch per shape the run will meet (pretrain sets them when it pads to
+        # length buckets): compiled before step 1, so no compile stalls the measured steps.
+        self.warm_batches: List[Dict[str, torch.Tensor]] = []
         if use_graphs:
             # Several ranks: the gradient average is captured in the graph too.
-            self.graphed = GraphedTrainStep(self.model, self.optimizer, config.max_grad_norm,
-                                            lambda: autocast(self.device, config.precision, cache_enabled=False),
+            self.graphed = GraphedTrainStep(self.model, self.optimizer, config.max_grad_norm, self._autocast,
                                             grad_sync=graph_grad_sync(self.model, plan) if self.world > 1 else None)
             self.pad_multiple = max(config.pad_multiple, 16)  # few shapes -> few graphs
+
+    def _autocast(self):
+        """The graphed step's autocast (its weight-cast cache off: a capture must not keep casts)."""
+        return autocast(self.device, self.config.precision, cache_enabled=False if self.graphed is not None else True)
 
     def _full_precision(self):
         """While saving or evaluating: the fp32 masters in place of bf16 weights (MasterAdamW)."""
@@ -279,6 +286,8 @@ class Trainer:
         if "collator" in extra and hasattr(self.collate_fn, "load_state_dict"):
             self.collate_fn.load_state_dict(extra["collator"])
         logger.info("resumed from %s at epoch %d, batch %d (step %d)", ckpt.folder, state["epoch"], state["batch_in_epoch"], state["step"])
+        if self.rank == 0:  # the steps after the checkpoint are logged again: each once in log.jsonl
+            trim_log(self.out_dir / "log.jsonl", state["step"])
         return state
 
     # -- logging ----------------------------------------------------------------------
@@ -294,7 +303,8 @@ class Trainer:
         are closed when this returns, also when training fails. SIGTERM or SIGUSR1 (what
         SLURM, Kubernetes and systemd send before a kill) ends the run after the current step
         with a checkpoint (``TrainResult.stopped == "signal"``); a second signal stops at once."""
-        with self.callbacks, StopSignals() as self._signals:
+        # One run per folder (under torchrun rank 0's lock covers it); the CLI took it already.
+        with hold_run_folder(self.out_dir, enabled=self.rank == 0), self.callbacks, StopSignals() as self._signals:
             return self._train(resume)
 
     def _train(self, resume: bool) -> TrainResult:
@@ -318,17 +328,22 @@ class Trainer:
             set_seed(cfg.seed)
             if self.rank == 0:
                 (self.out_dir / "log.jsonl").unlink(missing_ok=True)
-        self._log({"event": "start", **run_info})
         self.model.train()
         self._shapes, self._compiles = set(), 0
         self._graphs_at_start = _compiled_graphs() if self.plan.compile != "off" else 0
+        bar = tqdm(total=self.total_steps, initial=state["step"], desc="train", disable=not cfg.progress, unit="step", dynamic_ncols=True)
+        if self.warm_batches and self.plan.compile != "off" and self.world == 1:  # ranks would need the same shapes: not yet
+            seconds = compile_warm_up(self.model, self.warm_batches, self._autocast, self.device, lambda b: self._note_shape(b, bar))
+            self._count_compiles(0)
+            run_info["warm_up"] = {"shapes": [list(b["input_ids"].shape) for b in self.warm_batches], "seconds": round(seconds, 2),
+                                   "compiles": self._compiles}
+        self._log({"event": "start", **run_info})
         start = time.time()
         losses: List[float] = state["losses"]
         n_epochs = math.ceil(cfg.epochs)
         step = state["step"]
         running: Dict[str, torch.Tensor] = {}
         running_n, seen, tokens, interval_start = 0, 0, 0, time.time()
-        bar = tqdm(total=self.total_steps, initial=step, desc="train", disable=not cfg.progress, unit="step", dynamic_ncols=True)
         stopped: Optional[str] = None
         epoch = state["epoch"]
         for epoch in range(state["epoch"], n_epochs):
@@ -364,6 +379,8 @@ class Trainer:
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == self.total_steps:
                     means = {k: all_reduce_mean(v / running_n).item() for k, v in running.items()}
+                    if not math.isfinite(means["loss"]):  # NaN weights train on at full speed: stop, keep the checkpoint
+                        raise diverged(means["loss"], step, cfg.lr, self.out_dir / "checkpoint")
                     seen, tokens = seen * self.world, tokens * self.world
                     now = time.time()
                     record = {"event": "train", "step": step, "epoch": epoch, **means, "lr": float(self.scheduler.get_last_lr()[0]),
@@ -502,6 +519,8 @@ class Trainer:
 
     def _checkpoint(self, state: dict, epoch: int, batch_in_epoch: int, step: int, losses: list) -> None:
         state.update(epoch=epoch, batch_in_epoch=batch_in_epoch, step=step, losses=[float(v) for v in losses])
+        if state["losses"] and not math.isfinite(state["losses"][-1]):  # never replace a good checkpoint with NaN weights
+            raise diverged(state["losses"][-1], step, self.config.lr, self.out_dir / "checkpoint")
         if self.config.save_checkpoints and (self.sharded or self.rank == 0):
             # Under FSDP every rank sends its shards and rank 0 receives the whole state.
             with self._full_precision():  # the masters' tensors, saved before the next update
