@@ -202,7 +202,9 @@ def measure(url: str, bodies: list, concurrency: int, processes: int, timeout: f
     after = health(url)
     steps = after.get("stats", {}).get("steps", 0) - before.get("stats", {}).get("steps", 0)
     if steps:
-        figures["mean_rows_per_step"] = (after["stats"]["rows_stepped"] - before["stats"]["rows_stepped"]) / steps
+        figures["mean_rows_per_step"] = (after["stats"]["rows_stepped"] - before["stats"]["rows_stepped"]) / steps  # computed
+        if "rows_active" in after["stats"]:  # occupied (the computed rows round up to a power of two)
+            figures["mean_active_rows_per_step"] = (after["stats"]["rows_active"] - before["stats"].get("rows_active", 0)) / steps
     figures["concurrency"], figures["health"] = concurrency, after
     return figures
 

@@ -49,3 +49,25 @@ def test_good_devices_pass():
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto").type in ("cpu", "cuda")
     assert check_device(torch.device("cpu")) == torch.device("cpu")
+
+
+def test_a_port_in_use_is_one_line_before_the_run_is_loaded(tmp_path, capsys):
+    """``serve --port P`` with P taken: exit 2 and one line naming the address, in
+    milliseconds (before any run is read: the folder here is not even a run)."""
+    import socket
+    import time
+
+    pytest.importorskip("fastapi")
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        start = time.perf_counter()
+        rc = main(["serve", str(tmp_path), "--port", str(port)])
+        seconds = time.perf_counter() - start
+    finally:
+        taken.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [f"ctxkit: error: 127.0.0.1:{port} is in use (another server?): pick another --port or --host"]
+    assert seconds < 5

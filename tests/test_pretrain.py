@@ -133,7 +133,19 @@ def test_compile_warm_up_leaves_training_as_it_was(shards, tmp_path, monkeypatch
     assert len(warmed) == 4 and warmed == plain
 
 
-def test_no_recompilation_after_warm_up_on_real_shards(wiki_shards, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def mixed_shards(shared_data, minilm_dir, tmp_path_factory):
+    """Shards of the first 40 documents of the extract (seq 64): short pairs for the half-length
+    bucket as well as full ones, and a spread of lengths for the unbucketed run."""
+    from ctxkit.pretraining import build_shards
+
+    out = tmp_path_factory.mktemp("mixed_shards")
+    build_shards([shared_data / "wikipedia-en-extract" / "AA" / "wiki_00.xz"], minilm_dir, out, max_seq_len=64,
+                 limit_docs=40, workers=1, show_progress=False)
+    return out
+
+
+def test_no_recompilation_after_warm_up_on_real_shards(mixed_shards, tmp_path, monkeypatch):
     """A compiled plan on real shards of mixed lengths compiles one specialised graph per
     shape of its fixed set early on and never again, epoch ends included; the log counts the
     compiles (Dynamo's eager backend here: the same tracing and guards as Inductor, without
@@ -144,10 +156,10 @@ def test_no_recompilation_after_warm_up_on_real_shards(wiki_shards, tmp_path, mo
 
     compile_module = torch.nn.Module.compile
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compile_module(self, backend="eager", dynamic=kw.get("dynamic")))
-    cfg = _cfg(batch_size=16, epochs=2, log_every=4, fast="compile+qkv")
+    cfg = _cfg(batch_size=16, epochs=2, log_every=1, fast="compile+qkv")
 
     def compiles(out):
-        pretraining.pretrain(wiki_shards, "bert_2_128_2", out, cfg, masking=MaskingConfig(max_predictions=6))
+        pretraining.pretrain(mixed_shards, "bert_2_128_2", out, cfg, masking=MaskingConfig(max_predictions=6))
         records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
         assert records[0]["fast"] == "compile+qkv"
         return [r["compiles"] for r in records if r["event"] == "train"]

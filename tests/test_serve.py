@@ -43,6 +43,7 @@ from ctxkit.inference.serve_limits import TokenCheck, available_cores, choose_th
 from ctxkit.tasks import get_task, load_run, save_run_model  # noqa: E402
 from ctxkit.zoo import get_model  # noqa: E402
 from tolerance import assert_paths_agree  # noqa: E402
+from servers import running  # noqa: E402
 
 LAYERS = 2  # of all-MiniLM-L6-v2's 6, for every run but the load test's
 CONLL_TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
@@ -65,22 +66,7 @@ def _make_run(folder: Path, task, encoder_dir: Path) -> Path:
     return folder
 
 
-@contextlib.contextmanager
-def _running(app):
-    """Run ``app`` on a free loopback port in a background thread; yields its base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        assert thread.is_alive() and time.time() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        assert not thread.is_alive(), "server did not stop"
+_running = running  # tests/servers.py
 
 
 def _sst2(shared_data, split: str, n: int):

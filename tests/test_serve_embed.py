@@ -11,8 +11,6 @@ test_serve.py.
 """
 
 import asyncio
-import contextlib
-import threading
 import time
 
 import numpy as np
@@ -33,6 +31,7 @@ from ctxkit.models.bert import load_bert  # noqa: E402
 from ctxkit.tasks import get_task  # noqa: E402
 from ctxkit.tokenizers import WordPieceTokenizer  # noqa: E402
 from tolerance import assert_paths_agree  # noqa: E402
+from servers import running  # noqa: E402
 
 LAYERS = 2
 AUDIT_BODY = {"texts": ["一二" * 5000] * 64}  # the audit's request, byte for byte
@@ -97,21 +96,7 @@ def test_a_request_within_the_budget_gets_the_offline_vectors(loaded):
                            k=(1536,) * (1 + LAYERS) + (512,), name=f"one text ({pooling})")
 
 
-@contextlib.contextmanager
-def _running(app):
-    """``app`` on a free loopback port, served by uvicorn in a thread (as test_serve.py does)."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False, lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        assert thread.is_alive() and time.time() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+_running = running  # tests/servers.py
 
 
 def test_a_long_embed_request_does_not_hold_the_model_thread(loaded):

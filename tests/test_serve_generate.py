@@ -57,6 +57,31 @@ def test_every_request_gets_the_tokens_generate_gives_it_alone(tiny):
     assert batcher.stats["steps"] > 48 and batcher.stats["admitted"] == 8 and batcher.stats["finished"] == 8
 
 
+def test_only_the_rows_up_to_the_highest_busy_slot_run_and_tokens_stay_the_same(tiny):
+    """A step runs the rows up to the highest occupied slot, rounded up to a power of two: with
+    one long request in slot 0 and short ones beside it, the batch narrows to 1 row once the
+    short ones left, and every request still gets what ``generate`` gives it alone."""
+    model, _ = tiny
+    batcher = ContinuousBatcher(model, slots=8, max_len=64)
+    jobs, got = [], {}
+    for i, new in enumerate((30, 3, 3, 5)):
+        prompt = [5 + i, 9, 11 + i]
+        config = GenerationConfig(max_new_tokens=new, do_sample=i % 2 == 0, temperature=0.9, top_k=20)
+        jobs.append((prompt, config, 100 + i))
+        batcher.submit(Request(prompt, config, lambda t, why, i=i: got.setdefault(i, []).append(t if why is None else why),
+                               generator=torch.Generator().manual_seed(100 + i)))
+    widths = []
+    while True:
+        before = batcher.stats["rows_stepped"]
+        if not batcher.step():
+            break
+        widths.append(batcher.stats["rows_stepped"] - before)
+    for i, (prompt, config, seed) in enumerate(jobs):
+        assert got[i] == _alone(model, prompt, config, seed) + ["length"], i
+    assert widths[0] == 4 and widths[-1] == 1 and set(widths) <= {1, 2, 4}  # 4 busy slots, then slot 0 alone
+    assert batcher.stats["rows_active"] == sum(len(t) - 2 for t in got.values())  # every step-made token, one row each
+
+
 def test_end_of_text_stop_and_cancel_free_the_slot(tiny):
     model, _ = tiny
     prompt = [5, 6, 7]

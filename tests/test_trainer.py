@@ -247,3 +247,37 @@ def test_a_diverged_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
     assert "--lr (the peak was 0.001)" in message and "\n" not in message
     state = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())
     assert state["step"] == 4 and all(loss == loss for loss in state["losses"])  # no NaN kept
+
+
+def test_background_checkpoints_resume_exactly_and_hand_their_errors_over(tmp_path, monkeypatch):
+    """Checkpoints written on a thread (the GPU default, forced here) hold the state of the
+    step they were taken at, although training went on while they were written: a resume
+    from one equals the uninterrupted run bit for bit. A write that fails reaches the
+    training thread (at the next checkpoint or the end), and the checkpoint before it stays."""
+    from ctxkit.core.errors import UserError
+    from ctxkit.training import trainer as trainer_module
+
+    feats = _toy_features()
+    cfg = dict(epochs=2, batch_size=8, lr=1e-3, device="cpu", progress=False, log_every=1, seed=5, background_saves=True)
+    full = Trainer(_model(), feats, TrainConfig(**cfg), tmp_path / "full").train()
+    Trainer(_model(), feats, TrainConfig(**cfg, max_steps=7, save_every=3), tmp_path / "cut").train()
+    state = json.loads((tmp_path / "cut" / "checkpoint" / "trainer_state.json").read_text())
+    assert state["step"] == 7
+    torch.manual_seed(1234)
+    resumed = Trainer(_model(), feats, TrainConfig(**cfg), tmp_path / "cut").train(resume=True)
+    assert resumed.losses == full.losses
+
+    real_save, calls = trainer_module.save_checkpoint, []
+
+    def failing_second(folder, **kw):
+        calls.append(kw["trainer_state"]["step"])
+        if len(calls) == 2:
+            raise UserError(f"no space left on device writing {folder}")
+        return real_save(folder, **kw)
+
+    monkeypatch.setattr(trainer_module, "save_checkpoint", failing_second)
+    with pytest.raises(UserError, match="no space left on device"):
+        Trainer(_model(), feats, TrainConfig(**cfg, save_every=2), tmp_path / "full_disk").train()
+    assert calls[:2] == [2, 4] and len(calls) == 2  # raised when the third save waited for the second
+    kept = json.loads((tmp_path / "full_disk" / "checkpoint" / "trainer_state.json").read_text())
+    assert kept["step"] == 2

@@ -21,10 +21,13 @@ It sits in ``core`` so that loops below ``training`` (word2vec in ``models``) ca
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import os
 import random
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional
@@ -39,7 +42,7 @@ from .durable import atomic_write, recover_folder, remove_debris, verify_manifes
 from .errors import MissingFileError, UserError
 
 __all__ = ["capture_rng", "restore_rng", "Checkpoint", "save_checkpoint", "load_checkpoint", "resume_checkpoint", "keep_last", "tidy_run_folder",
-           "intact_note", "diverged", "save_final",
+           "intact_note", "diverged", "save_final", "BackgroundSaver", "HostSnapshot",
            "LossBuffer", "resolve_precision",
            "resolve_device", "autocast", "set_seed", "MODEL_FILE", "OPTIMIZER_FILE", "STATE_FILE"]
 
@@ -129,6 +132,82 @@ def save_checkpoint(folder: os.PathLike, *, model_state: Mapping[str, torch.Tens
     # The sizes are known before anything is written: a save that cannot fit is refused at once.
     return write_folder(folder, write, retire=retire, needed=tensor_bytes(model_state, blob) + len(text),
                         intact=lambda: intact_note(folder))
+
+
+class HostSnapshot:
+    """Copies of a (nested) state's tensors in host memory, reused from one save to the next.
+
+    A checkpoint written on a thread must not read the live tensors, which the next
+    optimiser steps change: :meth:`take` copies every tensor of a ``dict``/``list`` tree
+    into a host buffer of the same shape (pinned for a GPU's asynchronous copies, kept for
+    the next save, as pinning ~1 GB costs more than the copy), waits for the copies, and
+    returns the same tree over the copies. Two snapshots from one instance share buffers:
+    take the next one only after the previous was written.
+    """
+
+    def __init__(self):
+        self._buffers: Dict[tuple, torch.Tensor] = {}
+
+    def take(self, tree):
+        copied = self._copy(tree, ())
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return copied
+
+    def _copy(self, value, path: tuple):
+        if isinstance(value, torch.Tensor):
+            value = value.detach()
+            buffer = self._buffers.get(path)
+            if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
+                buffer = torch.empty(value.shape, dtype=value.dtype, pin_memory=value.is_cuda)
+                self._buffers[path] = buffer
+            return buffer.copy_(value, non_blocking=value.is_cuda)
+        if isinstance(value, dict):
+            return {k: self._copy(v, path + (k,)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._copy(v, path + (i,)) for i, v in enumerate(value))
+        return copy.deepcopy(value)
+
+
+class BackgroundSaver:
+    """One checkpoint write at a time on a thread, its error raised in the training thread.
+
+    :meth:`submit` waits for the previous write first (so at most one is in flight and the
+    snapshot buffers are free again); :meth:`wait` joins it and raises what it raised (e.g.
+    the one-line full-disk :class:`UserError`). The write itself is the durable
+    :func:`save_checkpoint`: a crash mid-write leaves the previous checkpoint, as before.
+    """
+
+    def __init__(self):
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+
+    def submit(self, write: Callable[[], object]) -> None:
+        self.wait()
+
+        def run():
+            try:
+                write()
+            except BaseException as err:  # noqa: BLE001 - handed to the training thread by wait()
+                self._error = err
+
+        self._thread = threading.Thread(target=run, name="ctxkit-checkpoint", daemon=True)
+        self._thread.start()
+
+    def wait_quietly(self) -> None:
+        """:meth:`wait`, its error logged instead of raised (an error is already on its way up)."""
+        try:
+            self.wait()
+        except BaseException as err:  # noqa: BLE001 - the first error is the one to report
+            logging.getLogger("ctxkit").warning("a checkpoint written in the background failed too: %s", err)
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def save_final(out_dir: os.PathLike, write: Callable[[Path], object], weights: Mapping[str, torch.Tensor]) -> Path:

@@ -121,7 +121,7 @@ class ContinuousBatcher:
         self._wake = threading.Condition()
         self._closed = False
         self.failed: Optional[str] = None  # why the decoding thread stopped, when it did
-        self.stats = {"admitted": 0, "finished": 0, "cancelled": 0, "steps": 0, "rows_stepped": 0}
+        self.stats = {"admitted": 0, "finished": 0, "cancelled": 0, "steps": 0, "rows_stepped": 0, "rows_active": 0}
 
     # -- any thread ---------------------------------------------------------------------------
 
@@ -202,9 +202,8 @@ class ContinuousBatcher:
         Returns:
             False when there was nothing to do.
         """
-        for request in self.active:
-            if request is not None and request.cancelled:
-                self._finish(request, "cancelled")
+        for request in [r for r in self.active if r is not None and r.cancelled]:
+            self._finish(request, "cancelled")
         while None in self.active:
             with self._wake:
                 request = self.waiting.popleft() if self.waiting else None
@@ -218,20 +217,32 @@ class ContinuousBatcher:
         rows = [r for r in self.active if r is not None]
         if not rows:
             return False
+        # Only the rows up to the highest occupied slot run, rounded up to a power of two (few
+        # shapes: a CUDA graph each, later): a request admitted takes the lowest free slot,
+        # so a half-empty server steps about half the rows.
+        width = 1
+        while width < rows[-1].slot + 1:
+            width *= 2
+        width = min(width, self.slots)
         col = self.column
-        self.key_mask[:, col] = 1  # each row's new key (a free row sees it alone: no empty softmax)
-        logits = self.model(self.last, cache=self.cache, attention_mask=self.key_mask, position_ids=self.position)[:, -1].float()
+        self.key_mask[:width, col] = 1  # each row's new key (a free row sees it alone: no empty softmax)
+        logits = self.model(self.last[:width], cache=self.cache.first_rows(width), attention_mask=self.key_mask[:width],
+                            position_ids=self.position[:width])[:, -1].float()
         self.column = (col + 1) % self.max_len
         self._write.fill_(self.column)  # the model advanced it by one; the ring wraps here
-        self.position += 1
+        self.position[:width] += 1
         # A free row advances too: capped, or after a context's worth of steps free its position
         # would index past the position table (an IndexError here, a device assert on a GPU).
         # Occupied rows stay below the cap (prompt + new tokens <= max_len <= the context).
         self.position.clamp_(max=self.model.config.max_position - 1)
         self.stats["steps"] += 1
-        self.stats["rows_stepped"] += len(rows)
-        for request in rows:
-            self._accept(request, logits[request.slot : request.slot + 1])
+        self.stats["rows_stepped"] += width  # computed (occupied or not)
+        self.stats["rows_active"] += len(rows)
+        # Every row's token chosen on the device, then one read-back for the step (not one per row).
+        chosen = torch.cat([self._choose(r, logits[r.slot : r.slot + 1]) for r in rows])
+        self.last[torch.tensor([r.slot for r in rows], device=self.device), 0] = chosen
+        for request, token in zip(rows, chosen.tolist()):
+            self._take(request, token)
         return True
 
     def _admit(self, request: Request, slot: int) -> None:
@@ -250,16 +261,21 @@ class ContinuousBatcher:
         request.slot = slot
         self.active[slot] = request
         self.stats["admitted"] += 1
-        self._accept(request, logits)
+        token = int(self._choose(request, logits)[0])
+        self.last[slot, 0] = token
+        self._take(request, token)
 
-    def _accept(self, request: Request, logits: Tensor) -> None:
-        """Choose ``request``'s next token from its logits ``(1, vocab)``, hand it out, end the
-        request if it is done."""
+    def _choose(self, request: Request, logits: Tensor) -> Tensor:
+        """``request``'s next token ``(1,)`` (on the device) from its logits ``(1, vocab)``,
+        drawn from its own generator."""
         seen = torch.tensor([request.prompt + request.tokens], device=self.device) \
             if request.config.repetition_penalty != 1.0 else None
-        token = int(next_tokens(logits, seen, request.config, request.generator)[0])
+        return next_tokens(logits, seen, request.config, request.generator)
+
+    def _take(self, request: Request, token: int) -> None:
+        """Hand ``token`` out (its row's input for the next step is set already) and end the
+        request if it is done."""
         request.tokens.append(token)
-        self.last[request.slot, 0] = token
         eos = request.config.eos_token_id is not None and token == request.config.eos_token_id
         if not eos:
             request.emit(token, None)

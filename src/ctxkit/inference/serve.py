@@ -14,6 +14,7 @@ FastAPI, pydantic and uvicorn are imported inside functions: the CLI registers t
 import asyncio
 import contextlib
 import copy
+import errno
 import json
 import math
 import time
@@ -28,7 +29,7 @@ from ..core.errors import UserError
 from ..core.version import __version__
 from . import serve_schema as schema
 from .serve_batcher import MicroBatcher, ShuttingDown, log, log_event
-from .serve_conn import ConnectionLimits, server_class
+from .serve_conn import ConnectionLimits, bind_sockets, server_class
 from .serve_docs import DOC_ENDPOINTS, add_docs
 from .serve_embed import WINDOWS_PER_ITEM, EmbedPlanner, WorkBudgetExceeded, embed_step_fn
 from .serve_generate import causal_lm_folder, create_generation_app, load_causal_lm
@@ -434,6 +435,20 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
     return RequestGuard(app, max_body_bytes, log_event)
 
 
+def check_address(host: str, port: int) -> None:
+    """Raise a one-line :class:`UserError` when ``host:port`` cannot be listened on (taken by
+    another server, or an address this machine does not have); the sockets are closed again.
+
+    Checked before the run is loaded, so the answer takes milliseconds, not a model load; a
+    server that takes the port in between still fails at start-up (exit 3)."""
+    try:
+        for sock in bind_sockets(host, port, backlog=1):
+            sock.close()
+    except OSError as err:
+        why = "is in use (another server?)" if err.errno == errno.EADDRINUSE else f"cannot be listened on ({err.strerror or err})"
+        raise UserError(f"{host}:{port} {why}: pick another --port or --host") from None
+
+
 def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, graceful_timeout: float = 30.0, header_timeout: float = 10.0,
           body_timeout: float = 30.0, keep_alive_timeout: float = 5.0, max_header_bytes: int = 32768,
           max_connections: Optional[int] = None, **app_options) -> None:
@@ -453,6 +468,7 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, graceful_timeout: 
     import uvicorn  # lazy: the serve extra, imported when a server starts
 
     limits = ConnectionLimits(header_timeout, body_timeout, keep_alive_timeout, max_header_bytes, max_connections)
+    check_address(host, port)  # a taken port is one line now, not after the model loaded
     lm = causal_lm_folder(run_dir)
     if lm is not None:  # a causal LM: text generation with continuous batching (serve_generate)
         slots = app_options.get("max_batch", 32)

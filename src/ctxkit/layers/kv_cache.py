@@ -79,6 +79,14 @@ class KVCache:
         else:
             self.length += n
 
+    def first_rows(self, n: int) -> "KVCache":
+        """A cache over rows ``0..n-1`` of this one: views of the same buffers, the same write
+        index (writes through it land here), for a step that runs only those rows."""
+        view = KVCache.__new__(KVCache)
+        view.kv = [kv[:, :n] for kv in self.kv]
+        view.max_len, view.length, view.write_index = self.max_len, self.length, self.write_index
+        return view
+
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` of the batch (beam search: the surviving beams' parents)."""
         self.kv = [kv.index_select(1, index) for kv in self.kv]

@@ -12,6 +12,7 @@ The model is any module whose ``forward(**batch)`` returns a dict with ``"loss"`
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -30,8 +31,8 @@ from ..core.diskspace import tensor_bytes
 from ..core.durable import write_folder
 from ..core.interrupts import StopSignals, resume_or_start
 from ..core.run_folder import hold_run_folder, trim_log
-from ..core.run_state import (autocast, diverged, intact_note, keep_last, load_checkpoint, resolve_device, restore_rng,
-                              save_checkpoint, set_seed, tidy_run_folder)
+from ..core.run_state import (BackgroundSaver, HostSnapshot, autocast, capture_rng, diverged, intact_note, keep_last,
+                              load_checkpoint, resolve_device, restore_rng, save_checkpoint, set_seed, tidy_run_folder)
 from ..data.batching import length_grouped_batches
 from .callbacks import Callback, CallbackList, JsonlWriter
 from .config import TrainConfig
@@ -222,6 +223,9 @@ class Trainer:
         # One collated batch per shape the run will meet (pretrain sets them when it pads to
         # length buckets): compiled before step 1, so no compile stalls the measured steps.
         self.warm_batches: List[Dict[str, torch.Tensor]] = []
+        background = config.background_saves if config.background_saves is not None else self.device.type == "cuda"
+        self._saver = BackgroundSaver() if background and config.save_checkpoints else None
+        self._snapshot = HostSnapshot()
         if use_graphs:
             # Several ranks: the gradient average is captured in the graph too.
             self.graphed = GraphedTrainStep(self.model, self.optimizer, config.max_grad_norm, self._autocast,
@@ -255,8 +259,18 @@ class Trainer:
         if hasattr(self.collate_fn, "state_dict"):
             extra["collator"] = self.collate_fn.state_dict()
         # Swapped in whole: at every instant one complete checkpoint exists (core/run_state.py).
-        save_checkpoint(self.out_dir / "checkpoint", model_state=weights, optimizer_state=optimizer_state,
-                        trainer_state=state, extra=extra, retire=keep_last(self.out_dir, self.config.keep_last))
+        folder, retire = self.out_dir / "checkpoint", keep_last(self.out_dir, self.config.keep_last)
+        if self._saver is None:
+            save_checkpoint(folder, model_state=weights, optimizer_state=optimizer_state, trainer_state=state, extra=extra, retire=retire)
+            return
+        # On a thread: copies of this step's tensors, RNG streams and position are written
+        # while training goes on (the next save, or the end of the run, waits for it).
+        self._saver.wait()
+        extra["rng"] = capture_rng()
+        weights, optimizer_state, extra = self._snapshot.take((weights, optimizer_state, extra))
+        state = json.loads(json.dumps(state))
+        self._saver.submit(lambda: save_checkpoint(folder, model_state=weights, optimizer_state=optimizer_state, trainer_state=state,
+                                                   extra=extra, rng=False, retire=retire))
 
     def _save_best(self, model: nn.Module) -> None:
         """``best/`` replaced as a unit, so its encoder and head always come from one epoch (a
@@ -305,7 +319,12 @@ class Trainer:
         with a checkpoint (``TrainResult.stopped == "signal"``); a second signal stops at once."""
         # One run per folder (under torchrun rank 0's lock covers it); the CLI took it already.
         with hold_run_folder(self.out_dir, enabled=self.rank == 0), self.callbacks, StopSignals() as self._signals:
-            return self._train(resume)
+            try:
+                return self._train(resume)
+            except BaseException:
+                if self._saver is not None:
+                    self._saver.wait_quietly()  # a checkpoint being written is finished before the error goes up
+                raise
 
     def _train(self, resume: bool) -> TrainResult:
         cfg = self.config
@@ -426,6 +445,8 @@ class Trainer:
             self._evaluate_at_stop(state, epoch, step, start, stopped)
         if self.rank == 0:
             self._draw_curve(state, losses)
+        if self._saver is not None:
+            self._saver.wait()  # the last checkpoint written (or its error raised) before the run ends
         if self.world > 1:
             torch.distributed.barrier()  # rank 0's best/ and checkpoint/ are complete for everyone
         wall = time.time() - start
