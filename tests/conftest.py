@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from shards import wiki_shards_of
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -128,12 +129,7 @@ def cached_get_model():
 @pytest.fixture(scope="session")
 def wiki_shards(shared_data, minilm_dir, tmp_path_factory):
     """Pretraining shards (seq 64) from the first 120 documents of the real Wikipedia extract."""
-    from ctxkit.pretraining import build_shards
-
-    out = tmp_path_factory.mktemp("shards")
-    build_shards([shared_data / "wikipedia-en-extract" / "AA" / "wiki_00.xz"], minilm_dir, out, max_seq_len=64,
-                 limit_docs=120, workers=1, show_progress=False)
-    return out
+    return wiki_shards_of(120, shared_data, minilm_dir, tmp_path_factory)
 
 
 def truncated_bert(src: Path, out: Path, num_layers: int) -> Path:

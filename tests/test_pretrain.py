@@ -11,6 +11,7 @@ from ctxkit.models import BertForPreTraining, get_preset, load_bert
 from ctxkit.pretraining import MaskingConfig
 from ctxkit.pretraining.train import pretrain, training_flops_per_token
 from ctxkit.training import TrainConfig
+from shards import wiki_shards_of
 
 
 @pytest.fixture
@@ -137,12 +138,7 @@ def test_compile_warm_up_leaves_training_as_it_was(shards, tmp_path, monkeypatch
 def mixed_shards(shared_data, minilm_dir, tmp_path_factory):
     """Shards of the first 40 documents of the extract (seq 64): short pairs for the half-length
     bucket as well as full ones, and a spread of lengths for the unbucketed run."""
-    from ctxkit.pretraining import build_shards
-
-    out = tmp_path_factory.mktemp("mixed_shards")
-    build_shards([shared_data / "wikipedia-en-extract" / "AA" / "wiki_00.xz"], minilm_dir, out, max_seq_len=64,
-                 limit_docs=40, workers=1, show_progress=False)
-    return out
+    return wiki_shards_of(40, shared_data, minilm_dir, tmp_path_factory)
 
 
 def test_no_recompilation_after_warm_up_on_real_shards(mixed_shards, tmp_path, monkeypatch):
@@ -180,12 +176,7 @@ def test_no_recompilation_after_warm_up_on_real_shards(mixed_shards, tmp_path, m
 @pytest.fixture(scope="module")
 def few_shards(shared_data, minilm_dir, tmp_path_factory):
     """Shards of the first 12 documents of the extract: two whole epochs in seconds."""
-    from ctxkit.pretraining import build_shards
-
-    out = tmp_path_factory.mktemp("few_shards")
-    build_shards([shared_data / "wikipedia-en-extract" / "AA" / "wiki_00.xz"], minilm_dir, out, max_seq_len=64,
-                 limit_docs=12, workers=1, show_progress=False)
-    return out
+    return wiki_shards_of(12, shared_data, minilm_dir, tmp_path_factory)
 
 
 def test_held_out_evaluation_after_every_epoch(few_shards, tmp_path):
