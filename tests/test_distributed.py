@@ -257,6 +257,34 @@ def test_fsdp_pretrain_writes_the_gathered_model(runs):
     assert all(torch.allclose(final[k], reference[k], atol=TRAJECTORY) for k in final)
 
 
-if __name__ == "__main__":  # the torchrun launch of the runs fixture: OUT SINGLE_TOY SHARDS
+def test_two_nodes_over_loopback_equal_one_process(runs, tmp_path):
+    """The multi-node recipe of docs/scaling.md in miniature: two torchrun "nodes" on this host,
+    one process each, meeting through a c10d rendezvous on a loopback port (gloo), train the
+    toy classifier exactly like one process (as the 2-process DDP run does)."""
+    import socket
+
+    with socket.socket() as probe:  # a free port for the rendezvous (the first node to come hosts its store)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "ctxkit-two-nodes", str(Path(__file__)), "--ddp-only", str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    for node, (_, err) in zip(nodes, outputs):
+        assert node.returncode == 0, err[-3000:]
+    single_run, two_nodes = runs[0] / "ddp1", tmp_path / "ddp1"
+    assert _result(single_run)["world"] == 1 and _result(two_nodes)["world"] == 2
+    assert len(_losses(two_nodes)) == len(_losses(single_run)) == 8
+    assert _losses(two_nodes) == pytest.approx(_losses(single_run), abs=TRAJECTORY)
+    for key, w in _result(single_run)["weights"].items():
+        flat = [x for row in w for x in row]
+        assert [x for row in _result(two_nodes)["weights"][key] for x in row] == pytest.approx(flat, abs=TRAJECTORY)
+
+
+if __name__ == "__main__":  # torchrun launches: OUT SINGLE_TOY SHARDS (the runs fixture), or --ddp-only OUT (two nodes)
     _skip_curves(pytest.MonkeyPatch())
+    if sys.argv[1] == "--ddp-only":
+        _ddp_run(Path(sys.argv[2]) / "ddp1", 1)
+        sys.exit(0)
     sys.exit(_two_process_runs(*map(Path, sys.argv[1:4])))
