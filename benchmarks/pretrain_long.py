@@ -40,6 +40,7 @@ from pretrain_real import BusySampler
 
 from ctxkit.cli import main as ctxkit
 from ctxkit.pretraining import PretrainDataset
+from ctxkit.pretraining.train import default_pretrain_lr
 
 PRESET, BATCH, LOG_EVERY = "bert_12_768_12", 256, 50
 # The learning-rate schedule (6 % warm-up, linear decay) spans this many epochs on both sides;
@@ -182,11 +183,12 @@ def hf_side(work: Path, minutes: float, save_every: int, preset: str = PRESET, w
                 "nsp_acc": float((nsp_pred == nsp_labels).mean())}
 
     mean_len = float(sum(data.lengths) / len(data))
+    lr = default_pretrain_lr(preset)  # what `ctxkit pretrain` uses without --lr (1e-4 for BERT-base)
     steps_per_epoch = len(data) // BATCH
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory(dir=work) as out:
         args = TrainingArguments(out, per_device_train_batch_size=BATCH, per_device_eval_batch_size=BATCH, num_train_epochs=EPOCHS,
-                                 learning_rate=1e-3, weight_decay=0.01, warmup_steps=int(0.06 * EPOCHS * steps_per_epoch), bf16=cuda, torch_compile=cuda,
+                                 learning_rate=lr, weight_decay=0.01, warmup_steps=int(0.06 * EPOCHS * steps_per_epoch), bf16=cuda, torch_compile=cuda,
                                  dataloader_num_workers=workers if cuda else 0, dataloader_pin_memory=cuda, logging_steps=LOG_EVERY,
                                  save_strategy="steps", save_steps=save_every, save_total_limit=1, eval_strategy="steps",
                                  eval_steps=steps_per_epoch, report_to=[], disable_tqdm=True, seed=0, dataloader_drop_last=True,
@@ -200,7 +202,7 @@ def hf_side(work: Path, minutes: float, save_every: int, preset: str = PRESET, w
             f"{workers if cuda else 0} workers, MLM collator 15 %, pad to 128, checkpoint every {save_every} steps, "
             f"evaluation each epoch)")
     return {"side": "hf", "name": name, "warm_up_s": round(marks.get("warm_up_s", 0.0), 1), "train": train, "eval": evals,
-            "minutes": minutes, "save_every": save_every, "lr": 1e-3}
+            "minutes": minutes, "save_every": save_every, "lr": lr}
 
 
 def _steady(train: list) -> list:
