@@ -1,9 +1,10 @@
 """Data parallelism under torchrun on CPU (gloo, 2 processes).
 
 DDP and FSDP2 (``parallel="fsdp"``) train exactly like one process on the same global
-batches: same logged losses, same weights. Under FSDP, checkpoints hold the gathered
-(unsharded) state in the single-process layout, resume is exact, and ``pretrain`` writes
-the gathered model.
+batches: same logged losses, same weights. Checkpoints of several ranks are sharded
+(torch.distributed.checkpoint), read whole they hold what one process's hold, resume is
+exact, and ``pretrain`` writes the gathered model. (Resuming at another world size:
+tests/test_resume_world_size.py.)
 
 Every 2-process run of this module comes from one torchrun launch of this very file (its
 ``__main__`` below), made once by the ``runs`` fixture: starting torchrun and two workers
@@ -174,21 +175,31 @@ def test_fsdp_two_processes_equal_one_process(fsdp_toy):
     assert max((torch.tensor(sharded["full"][k]) - init[k]).abs().max().item() for k in init) > 1e-3
 
 
-def test_fsdp_checkpoint_and_best_hold_the_gathered_state(fsdp_toy):
+def test_fsdp_checkpoint_is_sharded_and_best_holds_the_gathered_state(fsdp_toy):
     from ctxkit.core.checkpoint import read_weights
+    from ctxkit.training.distributed import optimizer_state_by_index, param_names
+    from ctxkit.training.optim import build_adamw
+    from ctxkit.training.world_resume import read_checkpoint
 
     one, two = fsdp_toy
-    # Same files, same layout as one process (integer optimiser ids): interchangeable.
-    w1, w2 = read_weights(one / "full" / "checkpoint"), read_weights(two / "full" / "checkpoint")
+    # Two ranks wrote their shards (torch.distributed.checkpoint), not a gathered copy; read
+    # whole in one process they hold what one process's checkpoint holds.
+    assert not (two / "full" / "checkpoint" / "model.safetensors").exists()
+    c1, c2 = read_checkpoint(one / "full" / "checkpoint"), read_checkpoint(two / "full" / "checkpoint")
+    w1, w2 = c1.model_state, c2.model_state
     assert set(w1) == set(w2)
     assert all(torch.allclose(w1[k], w2[k], atol=TRAJECTORY) for k in w1)
-    o1, o2 = (torch.load(run / "full" / "checkpoint" / "optimizer.pt", weights_only=True) for run in (one, two))
-    assert o1["scheduler"] == o2["scheduler"]
-    assert [g["params"] for g in o1["optimizer"]["param_groups"]] == [g["params"] for g in o2["optimizer"]["param_groups"]]
-    assert set(o1["optimizer"]["state"]) == set(o2["optimizer"]["state"])
-    for i, state in o1["optimizer"]["state"].items():
+    sys.path.insert(0, str(HELPERS.parent))
+    from test_trainer import _model
+
+    model = _model(0.0)
+    o1, o2 = c1.optimizer_state, optimizer_state_by_index(c2.optimizer_state, param_names(model, build_adamw(model, 1e-3)))
+    assert c1.extra["scheduler"] == c2.extra["scheduler"]
+    assert [g["params"] for g in o1["param_groups"]] == [g["params"] for g in o2["param_groups"]]
+    assert set(o1["state"]) == set(o2["state"])
+    for i, state in o1["state"].items():
         for name, value in state.items():
-            assert torch.allclose(value, o2["optimizer"]["state"][i][name], atol=MOMENTS), (i, name)
+            assert torch.allclose(value, o2["state"][i][name], atol=MOMENTS), (i, name)
     # save_best received the unsharded model with the gathered weights.
     best, gathered = read_weights(two / "full" / "best"), _result(two)["full"]
     assert {k: v.flatten().tolist() for k, v in best.items()} == gathered
@@ -241,8 +252,8 @@ def _synthetic_shards(root: Path) -> Path:
 
 
 def test_fsdp_pretrain_writes_the_gathered_model(runs):
-    from ctxkit.core.checkpoint import read_weights
     from ctxkit.models import BertForPreTraining, load_bert
+    from ctxkit.training.world_resume import read_checkpoint
 
     ddp, fsdp = runs[1] / "pretrain" / "ddp", runs[1] / "pretrain" / "fsdp"
     assert len(_losses(fsdp)) == 5
@@ -250,11 +261,31 @@ def test_fsdp_pretrain_writes_the_gathered_model(runs):
     assert json.loads((fsdp / "summary.json").read_text())["steps"] == 5
     model = load_bert(fsdp / "final", with_heads=True)
     assert isinstance(model, BertForPreTraining)
-    final, gathered = model.state_dict(), read_weights(fsdp / "checkpoint")  # checkpoint: gathered at the last step
+    final, gathered = model.state_dict(), read_checkpoint(fsdp / "checkpoint").model_state  # the last step's, read whole
     assert {"bert." + k for k in final} == set(gathered)
     assert all(torch.equal(final[k], gathered["bert." + k]) for k in final)
     reference = load_bert(ddp / "final", with_heads=True).state_dict()
     assert all(torch.allclose(final[k], reference[k], atol=TRAJECTORY) for k in final)
+
+
+def test_each_pretraining_rank_reads_only_its_rows_of_the_shards(runs):
+    """Issue 42 item 5: over the 5 steps of the 2-rank pretraining runs, each rank fetched
+    (``PretrainDataset.__getitem__``, one instance's tokens through the memory map) its half of
+    every global batch of 8, as EpochOrder lays them out, and nothing else."""
+    from ctxkit.pretraining import PretrainDataset
+    from ctxkit.training.world_resume import EpochOrder
+
+    shards = runs[1].parent / "data" / "shards"
+    data = PretrainDataset(shards)
+    steps = EpochOrder(data.lengths, 8, 1, 7, 0, 50).global_steps[:5]
+    assert len(data) > 5 * 8  # the 5 steps stay in epoch 0
+    for parallel in ("ddp", "fsdp"):
+        run = runs[1] / "pretrain" / parallel
+        rows = [json.loads((run / f"rows.rank{r}.json").read_text()) for r in (0, 1)]
+        assert [len(r) for r in rows] == [5 * 4, 5 * 4]
+        for s, batch in enumerate(steps):
+            mine = [rows[r][4 * s:4 * s + 4] for r in (0, 1)]
+            assert mine == [batch[0::2], batch[1::2]], (parallel, s)
 
 
 def test_two_nodes_over_loopback_equal_one_process(runs, tmp_path):

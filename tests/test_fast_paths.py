@@ -285,6 +285,35 @@ def test_keyed_masks_depend_on_the_key_not_on_call_order():
     assert not torch.equal(other_seed["masked_positions"], first["masked_positions"])
 
 
+def test_next_epochs_loader_started_early_gives_the_same_run(minilm_dir, shared_data, tmp_path_factory, tmp_path, monkeypatch):
+    """The Trainer starts the next epoch's loader workers before the epoch-end evaluation and
+    checkpoint (so they fill meanwhile): two epochs with a worker process and the epoch-end
+    work between them give the losses of the inline loader, bit for bit."""
+    from shards import wiki_shards_of
+
+    few = wiki_shards_of(12, shared_data, minilm_dir, tmp_path_factory)
+    from ctxkit.training.trainer import Trainer
+
+    events, collated, end_epoch = [], Trainer._collated, Trainer._end_epoch
+
+    def loading(self, order, epoch, first):
+        events.append(f"load {epoch}")
+        return collated(self, order, epoch, first)
+
+    def ending(self, state, epoch, *rest):
+        events.append(f"end {epoch}")
+        return end_epoch(self, state, epoch, *rest)
+
+    monkeypatch.setattr(Trainer, "_collated", loading)
+    monkeypatch.setattr(Trainer, "_end_epoch", ending)
+    settings = dict(max_steps=None, epochs=2, log_every=2, eval_each_epoch=True)
+    inline = _pretrain_steps(few, tmp_path / "inline", data_workers=0, **settings)
+    assert events == ["load 0", "load 1", "end 0", "end 1"]  # epoch 1's loader started before epoch 0's end work
+    workers = _pretrain_steps(few, tmp_path / "workers", data_workers=1, **settings)
+    assert {r["epoch"] for r in inline} == {0, 1}
+    assert [(r["step"], r["loss"]) for r in workers] == [(r["step"], r["loss"]) for r in inline]
+
+
 def test_worker_processes_prepare_the_same_batches(wiki_shards, tmp_path):
     inline = [r["loss"] for r in _pretrain_steps(wiki_shards, tmp_path / "inline", data_workers=0)]
     workers = [r["loss"] for r in _pretrain_steps(wiki_shards, tmp_path / "workers", data_workers=2)]
@@ -374,3 +403,34 @@ def test_segmented_compile_equals_eager_and_hands_upper_gradients_over_first(mon
     assert want.keys() == got.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_fused_weights_are_refreshed_after_updates_no_version_counter_sees():
+    """A replayed CUDA graph (a graphed training step) writes the parameters without moving
+    their version counters; ``.data`` writes do the same on CPU. Switching the mode (what
+    every evaluation does: eval(), then train()) drops the cached concatenation, so an
+    evaluation after such updates computes with the current weights."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(16, 2).eval()
+    fuse_qkv(attn)
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        first = attn(x)[0]  # fills the cache
+    attn.train()
+    for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+        before = proj.weight._version
+        proj.weight.data.add_(0.5 * torch.randn_like(proj.weight))  # unseen by the version check
+        assert proj.weight._version == before
+    attn.eval()
+    with torch.no_grad():
+        after = attn(x)[0]
+    plain = MultiHeadAttention(16, 2).eval()
+    plain.load_state_dict(attn.state_dict())
+    with torch.no_grad():
+        reference = plain.double()(x.double())[0]
+    assert not torch.allclose(after, first)
+    # float32 against float64: a few units of rounding on outputs of magnitude ~1.
+    torch.testing.assert_close(after.double(), reference, rtol=0, atol=64 * torch.finfo(torch.float32).eps * reference.abs().max().item())
+    assert "_fused_cache" in attn.__dict__
+    attn.train()
+    assert "_fused_cache" not in attn.__dict__  # training sees the module as it was first traced

@@ -255,7 +255,7 @@ def test_background_checkpoints_resume_exactly_and_hand_their_errors_over(tmp_pa
     from one equals the uninterrupted run bit for bit. A write that fails reaches the
     training thread (at the next checkpoint or the end), and the checkpoint before it stays."""
     from ctxkit.core.errors import UserError
-    from ctxkit.training import trainer as trainer_module
+    from ctxkit.training import world_resume as trainer_module  # the trainer's checkpoint code
 
     feats = _toy_features()
     cfg = dict(epochs=2, batch_size=8, lr=1e-3, device="cpu", progress=False, log_every=1, seed=5, background_saves=True)

@@ -78,14 +78,29 @@ def toy(out: Path, resume_from=None) -> None:
 
 
 def pretrain_runs(out: Path, shards: Path) -> int:
+    """Also writes ``OUT/<parallel>/rows.rank<R>.json``: the instances each rank fetched from
+    the shards (``PretrainDataset.__getitem__``), in order."""
     from ctxkit.cli import main
+    from ctxkit.pretraining.shards import PretrainDataset
 
-    for parallel in ("ddp", "fsdp"):
-        rc = main(["pretrain", "--data", str(shards), "--preset", "bert_2_128_2", "--out", str(out / parallel), "--max-steps", "5",
-                   "--batch-size", "8", "--warmup-ratio", "0.2", "--max-predictions", "5", "--seed", "7", "--device", "cpu",
-                   "--log-every", "1", "--no-progress", "--parallel", parallel])
-        if rc:
-            return rc
+    real, fetched = PretrainDataset.__getitem__, []
+
+    def counted(self, i):
+        fetched.append(int(i))
+        return real(self, i)
+
+    PretrainDataset.__getitem__ = counted
+    try:
+        for parallel in ("ddp", "fsdp"):
+            fetched.clear()
+            rc = main(["pretrain", "--data", str(shards), "--preset", "bert_2_128_2", "--out", str(out / parallel), "--max-steps", "5",
+                       "--batch-size", "8", "--warmup-ratio", "0.2", "--max-predictions", "5", "--seed", "7", "--device", "cpu",
+                       "--log-every", "1", "--no-progress", "--parallel", parallel])
+            if rc:
+                return rc
+            (out / parallel / f"rows.rank{torch.distributed.get_rank()}.json").write_text(json.dumps(fetched))
+    finally:
+        PretrainDataset.__getitem__ = real
     return 0
 
 

@@ -122,6 +122,15 @@ class FusedQKVAttention(MultiHeadAttention):
             self._fused_cache = {**caches, which: (key, (weight, bias))}
         return weight, bias
 
+    def train(self, mode: bool = True) -> "FusedQKVAttention":
+        """Switch mode and drop the inference cache: weights may have changed in ways the
+        version check cannot see (a replayed CUDA graph writes the parameters without moving
+        their version counters; found when a graphed pretraining run's held-out evaluation
+        kept using the q/k/v of its first evaluation). The attribute is removed, not set to
+        None, so a compiled training graph sees the module as it first traced it."""
+        self.__dict__.pop("_fused_cache", None)
+        return super().train(mode)
+
     def prepare_inference(self) -> None:
         """Concatenate the self-attention projections now, outside any compiled graph, so
         every compiled inference graph reuses one static copy (call under no_grad)."""

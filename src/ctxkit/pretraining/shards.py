@@ -255,6 +255,12 @@ class PretrainDataset:
     and dtypes) and raises one :class:`ShardError` listing every problem; pass
     ``verify=True`` to also check the SHA-256 of every file (reads everything).
 
+    What is read: opening maps the files (no token is read) and :attr:`lengths` reads the
+    index arrays, 24 bytes per instance; ``dataset[i]`` reads instance ``i``'s tokens, and
+    the pages around them, through the map. Under torchrun each rank of the trainer calls
+    it for its own rows of every global batch only (issue 42 item 5: rows are split across
+    ranks, no rank reads everything; ``tests/test_distributed.py`` counts them per rank).
+
     Args:
         out_dir: A folder written by :func:`build_shards`.
         verify: Hash every shard file against ``meta.json``.

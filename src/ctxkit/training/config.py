@@ -57,12 +57,15 @@ class TrainConfig:
 
     Attributes:
         epochs: passes over the training set.
-        batch_size: examples per optimiser step (split over ``grad_accum`` micro-batches).
+        batch_size: examples per optimiser step, over all ranks (each rank takes its share,
+            split over ``grad_accum`` micro-batches); with the seed it fixes the data order,
+            whatever the number of ranks (:mod:`ctxkit.training.world_resume`).
         eval_batch_size: examples per evaluation batch.
         lr: peak learning rate.
         weight_decay: AdamW decoupled decay (not on biases/LayerNorm).
         warmup_ratio: share of steps with rising learning rate.
-        grad_accum: micro-batches per optimiser step.
+        grad_accum: micro-batches per optimiser step on each rank; the batches themselves
+            do not depend on it, so a resumed run may change it (e.g. on fewer GPUs).
         max_grad_norm: clip threshold (0 disables).
         seed: seeds Python, NumPy and torch, and the batch order.
         precision: "auto" (bf16 on CUDA, fp32 on CPU), "bf16" or "fp32".
@@ -88,6 +91,7 @@ class TrainConfig:
             is copied to host memory first, so what is written is the step's state); None =
             on a GPU, where a BERT-base save took ~5.5 s of training time per checkpoint.
             A write's error (a full disk) is raised at the next checkpoint or at the end.
+            One process only: several ranks write their shards in parallel, in the step.
         peak_tflops: the device's peak bf16 matmul TFLOP/s, for the MFU in the log.
         keep_last: checkpoints to keep: ``checkpoint/`` (the latest, used by resume) plus
             ``checkpoint-step{N}/`` folders for the previous ``keep_last - 1``.
@@ -98,7 +102,9 @@ class TrainConfig:
         parallel: several ranks under ``torchrun``: ``"ddp"`` replicates the model;
             ``"fsdp"`` shards weights, gradients and optimiser state (FSDP2 ``fully_shard``
             per Transformer layer, then the whole model; no CUDA graphs, no ``evaluate``).
-            Checkpoints hold the same unsharded files either way. Ignored in one process.
+            Either way every rank writes its shards of the checkpoint
+            (``torch.distributed.checkpoint``), which resumes at any world size; ``best/``
+            and ``final/`` hold the gathered model. Ignored in one process.
         data_workers: processes that collate (and mask) batches ahead of the GPU; None =
             0 on CPU, else up to 4 per rank. A collate function with sequential RNG state
             and no ``keyed`` support always runs inline.

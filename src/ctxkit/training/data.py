@@ -20,7 +20,7 @@ class CollatedBatches(torch.utils.data.Dataset):
         features: the training examples.
         batches: example indices per micro-batch, in training order.
         collate_fn: features -> tensors (default: dynamic padding to ``pad_multiple``). A
-            collate function with ``keyed = True`` also gets ``key=(epoch, j[, rank])``
+            collate function with ``keyed = True`` also gets ``key=(epoch, keys[j][, rank])``
             so its randomness (e.g. MLM masks) depends on the batch, not on call order.
         pad_multiple: padding multiple of the default collation.
         epoch: the epoch, part of the key.
@@ -29,10 +29,14 @@ class CollatedBatches(torch.utils.data.Dataset):
             so ranks agree on shapes and masks exactly as one process would) and keep this
             rank's rows. Otherwise ``batches`` are this rank's own share and the rank joins
             the key, so ranks draw independent masks.
+        keys: each micro-batch's key (default: its index ``j``).
+
+    "Reads": item ``j`` fetches (``features[i]``) the rows of ``batches[j]`` alone, so a rank
+    whose ``batches`` are its share reads only its own rows of the data.
     """
 
     def __init__(self, features: Sequence[dict], batches: List[List[int]], collate_fn: Optional[Callable], pad_multiple: int,
-                 epoch: int, rank: int = 0, world: int = 1, global_batches: bool = False):
+                 epoch: int, rank: int = 0, world: int = 1, global_batches: bool = False, keys: Optional[List[int]] = None):
         self.features = features
         self.batches = batches
         self.collate_fn = collate_fn
@@ -40,6 +44,7 @@ class CollatedBatches(torch.utils.data.Dataset):
         self.epoch = epoch
         self.rank, self.world = rank, world
         self.global_batches = global_batches
+        self.keys = keys
         self.keyed = collate_fn is not None and getattr(collate_fn, "keyed", False) and "key" in inspect.signature(collate_fn).parameters
 
     def __len__(self) -> int:
@@ -50,7 +55,8 @@ class CollatedBatches(torch.utils.data.Dataset):
         if self.collate_fn is None:
             batch = collate(feats, multiple_of=self.pad_multiple)
         elif self.keyed:
-            key = (self.epoch, j) if self.global_batches or self.world == 1 else (self.epoch, j, self.rank)
+            index = j if self.keys is None else self.keys[j]
+            key = (self.epoch, index) if self.global_batches or self.world == 1 else (self.epoch, index, self.rank)
             batch = self.collate_fn(feats, key=key)
         else:
             batch = self.collate_fn(feats)

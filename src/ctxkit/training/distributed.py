@@ -25,7 +25,8 @@ from torch import nn
 from ..layers.transformer import TransformerDecoderLayer, TransformerEncoderLayer
 
 __all__ = ["setup", "rank_and_world", "is_main", "all_reduce_mean", "broadcast_parameters", "agree",
-           "shard_model", "full_model_state", "full_optimizer_state", "load_full_state", "cpu_copy"]
+           "shard_model", "full_model_state", "full_optimizer_state", "load_full_state", "cpu_copy", "param_names",
+           "optimizer_state_by_name", "optimizer_state_by_index"]
 
 
 def setup(device_type: str) -> Tuple[int, int]:
@@ -122,11 +123,25 @@ def _full_options(**kw):
     return StateDictOptions(full_state_dict=True, **kw)
 
 
-def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> List[str]:
+def param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> List[str]:
     """Parameter names in the optimiser's order, the order of ``optimizer.state_dict()`` ids."""
     # torch.distributed.checkpoint drops torch.compile's wrapper from its names.
     names = {p: n.replace("_orig_mod.", "") for n, p in model.named_parameters()}
     return [names[p] for group in optimizer.param_groups for p in group["params"]]
+
+
+def optimizer_state_by_name(state: dict, names: List[str]) -> dict:
+    """An ``optimizer.state_dict()`` (integer parameter ids) keyed by parameter name instead,
+    the layout of ``torch.distributed.checkpoint.state_dict`` (``names``: :func:`param_names`)."""
+    return {"state": {names[i]: v for i, v in state["state"].items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+
+
+def optimizer_state_by_index(state: dict, names: List[str]) -> dict:
+    """The reverse of :func:`optimizer_state_by_name`: integer ids, as ``optimizer.load_state_dict`` takes."""
+    index = {name: i for i, name in enumerate(names)}
+    return {"state": {index[k]: v for k, v in state["state"].items()},
+            "param_groups": [{**g, "params": [index[k] for k in g["params"]]} for g in state["param_groups"]]}
 
 
 def full_model_state(model: nn.Module) -> Dict[str, torch.Tensor]:
@@ -151,11 +166,7 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     full = get_optimizer_state_dict(model, optimizer, options=_full_options(cpu_offload=True))
-    if not full:
-        return {}
-    index = {name: i for i, name in enumerate(_param_names(model, optimizer))}
-    return {"state": {index[k]: v for k, v in full["state"].items()},
-            "param_groups": [{**g, "params": [index[k] for k in g["params"]]} for g in full["param_groups"]]}
+    return optimizer_state_by_index(full, param_names(model, optimizer)) if full else {}
 
 
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: Dict[str, torch.Tensor], optimizer_state: dict) -> None:
@@ -168,9 +179,7 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights:
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     set_model_state_dict(model, weights, options=_full_options())
-    names = _param_names(model, optimizer)
-    by_name = {"state": {names[i]: v for i, v in optimizer_state["state"].items()},
-               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in optimizer_state["param_groups"]]}
+    by_name = optimizer_state_by_name(optimizer_state, param_names(model, optimizer))
     set_optimizer_state_dict(model, optimizer, by_name, options=_full_options())
 
 

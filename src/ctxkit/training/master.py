@@ -40,7 +40,7 @@ from ..core.errors import UserError
 from ..fast.kernels import supported
 from .optim import _param_groups
 
-__all__ = ["MasterAdamW", "build_master_adamw", "low_precision_parameters"]
+__all__ = ["MasterAdamW", "build_master_adamw", "low_precision_parameters", "per_parameter_state"]
 
 ALIGN = 16
 
@@ -291,6 +291,34 @@ class MasterAdamW(torch.optim.Optimizer):
             for p, data in swapped:
                 p.data = data
 
+    @torch.no_grad()
+    def load_per_parameter_state(self, state: dict) -> None:
+        """Load a ``torch.optim.AdamW.state_dict()`` (integer ids in param-group order), as
+        a run on several ranks saves it, into the flat moments; call it after loading the
+        fp32 weights inside :meth:`full_precision` (they are the masters), as this copies
+        the masters to the low-precision weights. A parameter without state gets zero moments."""
+        members = [p for g in self.param_groups for p in g["params"]]
+        index = {id(p): i for i, p in enumerate(members)}
+        steps = {float(s["step"]) for s in state["state"].values()}
+        for kind in self.kinds:
+            for p, m, v in zip(kind.params, kind.views(kind.exp_avg), kind.views(kind.exp_avg_sq)):
+                saved = state["state"].get(index[id(p)])
+                if saved is None:
+                    m.zero_(), v.zero_()
+                else:
+                    m.copy_(saved["exp_avg"]), v.copy_(saved["exp_avg_sq"])
+            if kind.low:
+                kind.flat.copy_(kind.master)
+        self.step_count.fill_(max(steps) if steps else 0.0)  # one step count for all: AdamW's agree unless a parameter sat out
+        for group, saved in zip(self.param_groups, state["param_groups"]):
+            for key, value in saved.items():
+                if key == "params" or key not in group:
+                    continue
+                if torch.is_tensor(group[key]):
+                    group[key].fill_(float(value))
+                else:
+                    group[key] = tuple(value) if key == "betas" else value
+
     def state_dict(self) -> dict:
         groups = [{k: (float(v) if torch.is_tensor(v) else v) for k, v in g.items() if k != "params"} for g in self.param_groups]
         kinds = [{"low": k.low, "size": k.master.numel(), "master": k.master.detach().clone(), "exp_avg": k.exp_avg.clone(),
@@ -320,6 +348,36 @@ class MasterAdamW(torch.optim.Optimizer):
                     group[key].fill_(value)
                 else:
                     group[key] = tuple(value) if key == "betas" else value
+
+
+def per_parameter_state(saved: dict, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """A :meth:`MasterAdamW.state_dict` as ``torch.optim.AdamW.state_dict()`` for ``optimizer``
+    (integer ids in its parameter order): what a run on several ranks, where master weights
+    do not run, resumes from a one-process checkpoint with.
+
+    The flat buffers are cut where :class:`MasterAdamW` laid them out: its low-precision
+    parameters (:func:`low_precision_parameters` of ``model``) first, then the rest, each in
+    the param-group order that ``optimizer`` shares with it (both come from the same groups),
+    at multiples of ``ALIGN``.
+    """
+    members = [p for g in optimizer.param_groups for p in g["params"]]
+    low = {id(p) for p in low_precision_parameters(model)}
+    kinds = [[p for p in members if (id(p) in low) == is_low] for is_low in (True, False)]
+    kinds = [k for k in kinds if k]
+    if [sum(-(-p.numel() // ALIGN) * ALIGN for p in k) for k in kinds] != [k["size"] for k in saved["kinds"]]:
+        raise UserError("the checkpoint's master-weight optimiser state does not fit this model's parameters")
+    index = {id(p): i for i, p in enumerate(members)}
+    step = torch.tensor(float(saved["step"]), dtype=torch.float32)
+    state = {}
+    for params, kind in zip(kinds, saved["kinds"]):
+        offset = 0
+        for p in params:
+            size = p.numel()
+            state[index[id(p)]] = {"step": step.clone(), "exp_avg": kind["exp_avg"][offset:offset + size].view(p.shape).clone(),
+                                   "exp_avg_sq": kind["exp_avg_sq"][offset:offset + size].view(p.shape).clone()}
+            offset += -(-size // ALIGN) * ALIGN
+    groups = [{**g, "params": [index[id(p)] for p in og["params"]]} for g, og in zip(saved["param_groups"], optimizer.param_groups)]
+    return {"state": state, "param_groups": groups}
 
 
 def build_master_adamw(model: nn.Module, lr: float, weight_decay: float = 0.01, betas=(0.9, 0.999), eps: float = 1e-8,

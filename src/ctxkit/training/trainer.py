@@ -4,7 +4,8 @@ AdamW with linear warmup/decay, gradient accumulation, clipping, bf16 autocast o
 (fp32 on CPU), length-grouped batches with dynamic padding, evaluation each epoch,
 best-checkpoint saving, and exact resume: model, optimiser, scheduler, every RNG and the
 position inside the epoch are checkpointed atomically, so a resumed run reproduces the
-uninterrupted run's losses.
+uninterrupted run's losses. Under torchrun a run resumes at any world size, with the same
+data order (:mod:`ctxkit.training.world_resume`).
 
 The model is any module whose ``forward(**batch)`` returns a dict with ``"loss"``.
 """
@@ -12,7 +13,6 @@ The model is any module whose ``forward(**batch)`` returns a dict with ``"loss"`
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -30,19 +30,17 @@ from ..core.deps import missing
 from ..core.diskspace import tensor_bytes
 from ..core.durable import write_folder
 from ..core.interrupts import StopSignals, resume_or_start
-from ..core.run_folder import hold_run_folder, trim_log
-from ..core.run_state import (BackgroundSaver, HostSnapshot, autocast, capture_rng, diverged, intact_note, keep_last,
-                              load_checkpoint, resolve_device, restore_rng, save_checkpoint, set_seed, tidy_run_folder)
-from ..data.batching import length_grouped_batches
+from ..core.run_folder import hold_run_folder
+from ..core.run_state import BackgroundSaver, HostSnapshot, autocast, diverged, intact_note, resolve_device, set_seed
 from .callbacks import Callback, CallbackList, JsonlWriter
 from .config import TrainConfig
 from .data import CollatedBatches
-from .distributed import (agree, all_reduce_mean, broadcast_parameters, cpu_copy, full_model_state, full_optimizer_state, load_full_state,
-                          setup, shard_model)
+from .distributed import agree, all_reduce_mean, broadcast_parameters, cpu_copy, setup, shard_model
 from .graphs import GraphedTrainStep, graphs_supported
 from .master import MasterAdamW, build_master_adamw
 from .optim import build_adamw, build_lamb, build_schedule, clipped_step
 from .speed import compile_warm_up, graph_grad_sync, prepare_model
+from .world_resume import CheckpointIO, EpochOrder
 from ..core.errors import UserError
 from ..core.checkpoint import write_json
 from ..fast import resolve
@@ -92,7 +90,7 @@ def _to(batch: Dict[str, torch.Tensor], device: torch.device) -> Dict[str, torch
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-class Trainer:
+class Trainer(CheckpointIO):
     """Fine-tune ``model`` on ``train_features``.
 
     Args:
@@ -170,8 +168,10 @@ class Trainer:
             self.device = torch.device("cuda", torch.cuda.current_device())
             self.model = self.model.to(self.device)
         self.micro_batch = config.batch_size // config.grad_accum
-        if self.micro_batch % self.world:
-            raise UserError(f"batch_size {config.batch_size} / grad_accum {config.grad_accum} is not divisible by {self.world} ranks")
+        if self.micro_batch % self.world:  # the global batch is held fixed at any world size; it must split evenly
+            raise UserError(f"batch_size {config.batch_size} / grad_accum {config.grad_accum} is not divisible by {self.world} ranks: "
+                            f"run on a number of ranks that divides {self.micro_batch}, or with a --grad-accum that leaves a "
+                            f"multiple of {self.world} (the data order does not depend on it)")
         self.steps_per_epoch = math.ceil(len(self.features) / config.batch_size)
         total = math.ceil(self.steps_per_epoch * config.epochs)
         self.total_steps = min(total, config.max_steps) if config.max_steps else total
@@ -241,36 +241,7 @@ class Trainer:
         optimizer = getattr(self, "optimizer", None)
         return optimizer.full_precision() if isinstance(optimizer, MasterAdamW) else contextlib.nullcontext()
 
-    # -- checkpoints ------------------------------------------------------------------
-
-    def full_state_dict(self) -> Optional[Dict[str, torch.Tensor]]:
-        """The model's full (unsharded) weights as CPU tensors (sharing memory with a CPU model).
-
-        Under FSDP a collective that every rank must call: rank 0 gets the dict, others None.
-        """
-        if self.sharded:
-            state = full_model_state(self.model)
-            return state if self.rank == 0 else None
-        with self._full_precision():
-            return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-
-    def _save_checkpoint(self, state: dict, weights: Dict[str, torch.Tensor], optimizer_state: dict) -> None:
-        extra = {"scheduler": self.scheduler.state_dict()}
-        if hasattr(self.collate_fn, "state_dict"):
-            extra["collator"] = self.collate_fn.state_dict()
-        # Swapped in whole: at every instant one complete checkpoint exists (core/run_state.py).
-        folder, retire = self.out_dir / "checkpoint", keep_last(self.out_dir, self.config.keep_last)
-        if self._saver is None:
-            save_checkpoint(folder, model_state=weights, optimizer_state=optimizer_state, trainer_state=state, extra=extra, retire=retire)
-            return
-        # On a thread: copies of this step's tensors, RNG streams and position are written
-        # while training goes on (the next save, or the end of the run, waits for it).
-        self._saver.wait()
-        extra["rng"] = capture_rng()
-        weights, optimizer_state, extra = self._snapshot.take((weights, optimizer_state, extra))
-        state = json.loads(json.dumps(state))
-        self._saver.submit(lambda: save_checkpoint(folder, model_state=weights, optimizer_state=optimizer_state, trainer_state=state,
-                                                   extra=extra, rng=False, retire=retire))
+    # -- checkpoints (the rest: CheckpointIO) --------------------------------------------------
 
     def _save_best(self, model: nn.Module) -> None:
         """``best/`` replaced as a unit, so its encoder and head always come from one epoch (a
@@ -279,30 +250,6 @@ class Trainer:
         with self._full_precision():
             write_folder(best, lambda folder: self.save_best(model, folder), needed=tensor_bytes(model.state_dict()),
                          intact=lambda: intact_note(self.out_dir / "checkpoint", best))
-
-    def _tidy_run_folder(self) -> None:
-        """At (re)start: a complete checkpoint and best/ back in place after a crash, then
-        the debris of crashed writes removed."""
-        if self.rank == 0 and self.out_dir.is_dir():
-            for path in tidy_run_folder(self.out_dir):
-                logger.info("removed %s, left by an interrupted save", path)
-
-    def _load_checkpoint(self) -> dict:
-        ckpt = load_checkpoint(self.out_dir / "checkpoint")
-        state, extra = ckpt.trainer_state, ckpt.extra
-        if self.sharded:  # every rank read the whole checkpoint and keeps its shard
-            load_full_state(self.model, self.optimizer, ckpt.model_state, ckpt.optimizer_state)
-        else:
-            self.model.load_state_dict(ckpt.model_state)
-            self.optimizer.load_state_dict(ckpt.optimizer_state)
-        self.scheduler.load_state_dict(extra["scheduler"])
-        restore_rng(ckpt.rng)
-        if "collator" in extra and hasattr(self.collate_fn, "load_state_dict"):
-            self.collate_fn.load_state_dict(extra["collator"])
-        logger.info("resumed from %s at epoch %d, batch %d (step %d)", ckpt.folder, state["epoch"], state["batch_in_epoch"], state["step"])
-        if self.rank == 0:  # the steps after the checkpoint are logged again: each once in log.jsonl
-            trim_log(self.out_dir / "log.jsonl", state["step"])
-        return state
 
     # -- logging ----------------------------------------------------------------------
 
@@ -341,7 +288,7 @@ class Trainer:
             resume = resume_or_start(self.out_dir / "checkpoint", finished=[self.out_dir / name for name in FINISHED],
                                      say=_say if self.rank == 0 else lambda message: None)
         if resume:
-            state = self._load_checkpoint()
+            state = self.load_checkpoint()
             run_info["resumed_at_step"] = state["step"]  # the log goes on: no start record in log.jsonl
         else:
             set_seed(cfg.seed)
@@ -365,16 +312,14 @@ class Trainer:
         running_n, seen, tokens, interval_start = 0, 0, 0, time.time()
         stopped: Optional[str] = None
         epoch = state["epoch"]
+        ahead = None  # the next epoch's (order, batches), started before this epoch's end work
         for epoch in range(state["epoch"], n_epochs):
-            batches = length_grouped_batches(self.lengths, self.micro_batch, cfg.seed, epoch, group_factor=50 if cfg.group_factor is None else cfg.group_factor)
-            if self.world > 1 and self.graphed is None:  # every rank sees the same global batches and takes its share
-                batches = [b[self.rank :: self.world] for b in batches]
-            first = state["batch_in_epoch"] if epoch == state["epoch"] else 0
-            # Whole optimiser steps only, so a partial final accumulation group is dropped.
-            usable = len(batches) - len(batches) % cfg.grad_accum if len(batches) >= cfg.grad_accum else len(batches)
-            collated = self._collated(batches, epoch, first, usable)
-            for b in range(first, usable, cfg.grad_accum):
-                group = [next(collated) for _ in range(cfg.grad_accum)]
+            # The same global batches at any world size; this rank collates only its rows of them.
+            order, first = self._epoch_order(epoch, state)
+            collated = self._collated(order, epoch, order.bounds[first]) if ahead is None else ahead
+            ahead = None
+            for s in range(first, len(order)):
+                group = [next(collated) for _ in range(order.bounds[s + 1] - order.bounds[s])]
                 self._note_shape(group[0], bar)
                 if self.graphed is not None:
                     cpu_batch = group[0]
@@ -387,7 +332,7 @@ class Trainer:
                     scalars = self.graphed(batch) if full else self.graphed.eager(batch)
                     self.scheduler.step()
                 else:
-                    scalars, n_seq, n_tok = self._eager_step(group)
+                    scalars, n_seq, n_tok = self._eager_step(group, order.weights[order.bounds[s]:order.bounds[s + 1]])
                     seen, tokens = seen + n_seq, tokens + n_tok
                 step += 1
                 self._count_compiles(step)
@@ -415,25 +360,32 @@ class Trainer:
                 due = cfg.max_minutes is not None and (self.world == 1 or step % cfg.log_every == 0)
                 if due and agree(time.time() - start > 60 * cfg.max_minutes and step < self.total_steps, self.device):
                     _say("time budget of %g min reached at step %d", cfg.max_minutes, step)
-                    self._checkpoint(state, epoch, b + cfg.grad_accum, step, losses)
+                    self._checkpoint(state, epoch, s + 1, step, losses, order)
                     stopped = "max_minutes"
                     break
                 if (self.world == 1 or step % cfg.log_every == 0) and agree(self._signals.received is not None, self.device):
-                    self._checkpoint(state, epoch, b + cfg.grad_accum, step, losses)
+                    self._checkpoint(state, epoch, s + 1, step, losses, order)
                     _say("%s at step %d: checkpoint written", self._signals.received, step)
                     stopped = "signal"
                     break
                 if step >= self.total_steps:
-                    if cfg.max_steps and step == cfg.max_steps and b + cfg.grad_accum < usable:
+                    if cfg.max_steps and step == cfg.max_steps and s + 1 < len(order):
                         # Interrupted by max_steps mid-epoch: checkpoint the exact position
                         # and skip the epoch-end evaluation. (Fractional epochs fall through.)
-                        self._checkpoint(state, epoch, b + cfg.grad_accum, step, losses)
+                        self._checkpoint(state, epoch, s + 1, step, losses, order)
                         stopped = "max_steps"
                     break
                 if cfg.save_every and step % cfg.save_every == 0:
-                    self._checkpoint(state, epoch, b + cfg.grad_accum, step, losses)
+                    self._checkpoint(state, epoch, s + 1, step, losses, order)
             if stopped:
                 break
+            if step < self.total_steps and epoch + 1 < n_epochs:
+                # Start the next epoch's loader (its worker processes and first batches) now, so
+                # it fills while the evaluation and the checkpoint below run: on an H200 the
+                # boundary cost ~1.1 s of training a time when the loader started after them.
+                # The order is a pure function of (seed, epoch): nothing here moves a random stream.
+                after, _ = self._epoch_order(epoch + 1, state)
+                ahead = self._collated(after, epoch + 1, 0)
             self._end_epoch(state, epoch, step, losses, start)
             if step >= self.total_steps:
                 break
@@ -478,11 +430,12 @@ class Trainer:
             if step > self.config.log_every and self.rank == 0:
                 _say("recompiled at step %d (%d graph%s): a batch shape the warm-up did not see", step, new, "s" * (new > 1))
 
-    def _collated(self, batches: List[List[int]], epoch: int, first: int, usable: int) -> Iterator[Dict[str, torch.Tensor]]:
-        """The collated micro-batches ``batches[first:usable]`` in order, prepared ahead by
-        ``data_workers`` processes (pinned for asynchronous copies to the GPU) or inline."""
-        source = CollatedBatches(self.features, batches, self.collate_fn, self.pad_multiple, epoch,
-                                 self.rank, self.world, global_batches=self.graphed is not None)
+    def _collated(self, order: EpochOrder, epoch: int, first: int) -> Iterator[Dict[str, torch.Tensor]]:
+        """This rank's collated micro-batches of ``order`` from the ``first`` on, prepared ahead
+        by ``data_workers`` processes (pinned for asynchronous copies to the GPU) or inline."""
+        source = CollatedBatches(self.features, order.micro, self.collate_fn, self.pad_multiple, epoch,
+                                 self.rank, self.world, global_batches=self.graphed is not None, keys=order.keys)
+        usable = len(order.micro)
         workers = self.config.data_workers
         if workers is None:
             workers = 0 if self.device.type == "cpu" else min(4, max(1, (os.cpu_count() or 2) // self.world - 1))
@@ -506,14 +459,18 @@ class Trainer:
             out["mfu"] = round(achieved / (self.config.peak_tflops * 1e12), 4)
         return out
 
-    def _eager_step(self, group: List[Dict[str, torch.Tensor]]):
-        """Forward/backward over the micro-batches of one step, then clip and update.
+    def _eager_step(self, group: List[Dict[str, torch.Tensor]], weights: List[float]):
+        """Forward/backward over this rank's micro-batches of one step, then clip and update.
+
+        ``weights``: each micro-batch's share of the global batch times the world size
+        (:class:`~ctxkit.training.world_resume.EpochOrder`), so that the mean over ranks that
+        DDP and FSDP take is the global batch's mean loss, however its rows are split.
 
         Returns ``(scalars, sequences, tokens)``; scalars are the loss and any other 0-dim
         model outputs, averaged over the micro-batches by their sizes.
         """
         cfg = self.config
-        n_examples = sum(g["input_ids"].shape[0] for g in group)
+        n_examples = sum(g["input_ids"].shape[0] for g, w in zip(group, weights) if w)
         sums: Dict[str, torch.Tensor] = {}
         n_tokens = 0
         for j, cpu_batch in enumerate(group):
@@ -527,8 +484,7 @@ class Trainer:
             with quiet:
                 with autocast(self.device, cfg.precision):
                     out = self.forward(**batch)
-                weight = cpu_batch["input_ids"].shape[0] / n_examples
-                # Weight micro-batches by size so accumulation equals one big batch.
+                weight = weights[j]  # by size, so accumulation equals one big batch (0: a stand-in row)
                 (out["loss"] * weight).backward()
             for k, v in out.items():
                 if torch.is_tensor(v) and v.dim() == 0:
@@ -537,18 +493,6 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return sums, n_examples, n_tokens
-
-    def _checkpoint(self, state: dict, epoch: int, batch_in_epoch: int, step: int, losses: list) -> None:
-        state.update(epoch=epoch, batch_in_epoch=batch_in_epoch, step=step, losses=[float(v) for v in losses])
-        if state["losses"] and not math.isfinite(state["losses"][-1]):  # never replace a good checkpoint with NaN weights
-            raise diverged(state["losses"][-1], step, self.config.lr, self.out_dir / "checkpoint")
-        if self.config.save_checkpoints and (self.sharded or self.rank == 0):
-            # Under FSDP every rank sends its shards and rank 0 receives the whole state.
-            with self._full_precision():  # the masters' tensors, saved before the next update
-                weights = full_model_state(self.model) if self.sharded else self.model.state_dict()
-            optimizer_state = full_optimizer_state(self.model, self.optimizer) if self.sharded else self.optimizer.state_dict()
-            if self.rank == 0:
-                self._save_checkpoint(state, weights, optimizer_state)
 
     def _evaluate_at_stop(self, state: dict, epoch: int, step: int, start: float, reason: str) -> None:
         """After a requested stop mid-epoch: evaluate (when the run evaluates) and keep best/.
@@ -592,7 +536,7 @@ class Trainer:
                 self._twin.load_state_dict(full)
             best_model = self._twin
         if self.rank != 0:  # evaluation, best model and plots belong to rank 0
-            self._checkpoint(state, epoch + 1, 0, step, losses)
+            self._checkpoint(state, epoch + 1, 0, step, losses, None)
             return
         if not self.config.eval_each_epoch:
             if last and self.save_best is not None:
@@ -616,7 +560,7 @@ class Trainer:
                     self._save_best(self.model)
         elif self.save_best is not None:
             self._save_best(best_model)
-        self._checkpoint(state, epoch + 1, 0, step, losses)
+        self._checkpoint(state, epoch + 1, 0, step, losses, None)
         # Drawing takes 0.3-1 s: redraw at most every CURVE_EVERY_S seconds of training (the
         # end of training always draws), or a run of many short epochs spends its time here.
         if not last and time.time() - getattr(self, "_curve_at", start) >= CURVE_EVERY_S:
