@@ -20,11 +20,15 @@ Three servers, each a subprocess on a loopback port, driven by the same streamin
 connections spread over ``--client-processes``):
 
 * ctxkit: ``ctxkit serve FOLDER --max-batch S`` (the product; S = the largest concurrency),
-  at each ``--concurrency``; concurrency 1 on the first ``--peer-requests`` requests;
+  at each ``--concurrency``; concurrency 1 on the first ``--peer-requests`` requests. The
+  server picks its precision (bf16 on a GPU, fp32 on a CPU), CUDA graphs per batch width
+  (on a GPU) and its prefill chunk (``--prefill-chunk`` passes one on); the records say
+  which, from its ``/health``;
 * peer (a): the same command with ``--max-batch 1`` (one request at a time), concurrency 1,
   the first ``--peer-requests`` requests: the baseline of the target;
 * peer (b): transformers' ``generate`` with its static cache behind the same HTTP API
-  (``benchmarks/hf_generate_server.py``), one request at a time, the same requests.
+  (``benchmarks/hf_generate_server.py``), one request at a time, the same requests, in the
+  precision ctxkit serves in (bf16 on a GPU).
 
 Each server gets ``--warmup`` requests first (not counted). Per run: output tokens per second
 (all tokens received / wall time from first send to last answer), time to first token and
@@ -116,7 +120,7 @@ def build_folder(folder: Path, preset: str, text: str) -> tuple:
                         ffn_size=4 * width, dropout=0.0, attention_dropout=0.0)
     save_gpt2(GPT2LMHeadModel(config).eval(), folder)
     tokenizer.save(folder)
-    return tokenizer, f"{name}, random weights, fp32, vocabulary {tokenizer.vocab_size}, context {context}"
+    return tokenizer, f"{name}, random weights (fp32 on disk), vocabulary {tokenizer.vocab_size}, context {context}"
 
 
 def workload(tokenizer, text: str, n: int, prompt_range, output_range, top_k: int, seed: int = 0) -> list:
@@ -202,6 +206,7 @@ def measure(url: str, bodies: list, concurrency: int, processes: int, timeout: f
     after = health(url)
     steps = after.get("stats", {}).get("steps", 0) - before.get("stats", {}).get("steps", 0)
     if steps:
+        figures["steps_per_s"] = steps / figures["wall_s"] if figures["wall_s"] > 0 else 0.0  # the batcher's step rate
         figures["mean_rows_per_step"] = (after["stats"]["rows_stepped"] - before["stats"]["rows_stepped"]) / steps  # computed
         if "rows_active" in after["stats"]:  # occupied (the computed rows round up to a power of two)
             figures["mean_active_rows_per_step"] = (after["stats"]["rows_active"] - before["stats"].get("rows_active", 0)) / steps
@@ -221,8 +226,14 @@ def warm(url: str, bodies: list, count: int, concurrency: int, processes: int, t
 
 def _rounded(figures: dict, prefix: str = "") -> dict:
     keys = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "itl_mean_ms", "requests", "output_tokens",
-            "asked_tokens", "ended_early", "events", "errors", "wall_s", "client_cores", "mean_rows_per_step", "first_error")
+            "asked_tokens", "ended_early", "events", "errors", "wall_s", "client_cores", "mean_rows_per_step", "steps_per_s",
+            "first_error")
     return {prefix + k: round(figures[k], 3) if isinstance(figures[k], float) else figures[k] for k in keys if k in figures}
+
+
+def _chunk_flag(args) -> list:
+    """``--prefill-chunk N`` for the ctxkit servers when asked (else their default)."""
+    return ["--prefill-chunk", str(args.prefill_chunk)] if args.prefill_chunk else []
 
 
 def _ratio(a: float, b: float) -> float:
@@ -248,6 +259,8 @@ def main(argv=None) -> int:
     parser.add_argument("--server-threads", type=int, default=None, help="OMP_NUM_THREADS of the servers (default: unset)")
     parser.add_argument("--request-timeout", type=float, default=300.0,
                         help="seconds a request may take; then it counts as an error (default: 300)")
+    parser.add_argument("--prefill-chunk", type=int, default=None,
+                        help="ctxkit serve --prefill-chunk: prompt tokens prefilled per step while others decode (default: the server's)")
     parser.add_argument("--no-hf", action="store_true", help="skip peer (b), transformers' generate")
     parser.add_argument("--keep", default=None, help="keep the model folder and server logs here (default: a temporary folder)")
     parser.add_argument("--results", default=None, help="records file (default: benchmarks/results/serve_generate.json)")
@@ -275,10 +288,11 @@ def main(argv=None) -> int:
         bodies = workload(tokenizer, text, args.requests, prompt_range, output_range, args.top_k, args.seed)
         few = bodies[:args.peer_requests]
         print(f"model folder and {len(bodies)} requests ready in {time.perf_counter() - start:.1f} s: {model_case}", flush=True)
-        serve = [sys.executable, "-m", "ctxkit", "serve", str(folder), "--device", args.device]
+        serve = [sys.executable, "-m", "ctxkit", "serve", str(folder), "--device", args.device, *_chunk_flag(args)]
         commands = {"ctxkit": [*serve, "--max-batch", str(slots)], "one": [*serve, "--max-batch", "1"]}
-        if hf:
-            commands["hf"] = [sys.executable, str(HERE / "hf_generate_server.py"), str(folder), "--device", args.device]
+        if hf:  # in the precision ctxkit serves in: bf16 on a GPU (the server's default), fp32 on a CPU
+            commands["hf"] = [sys.executable, str(HERE / "hf_generate_server.py"), str(folder), "--device", args.device,
+                              "--dtype", "bfloat16" if args.device.startswith("cuda") else "float32"]
         runs = {}  # (server, concurrency) -> figures
         with servers(commands, tmp, args.server_threads) as urls:
             print(f"servers up in {time.perf_counter() - start:.1f} s", flush=True)
@@ -286,16 +300,18 @@ def main(argv=None) -> int:
             for c in concurrencies:
                 runs["ctxkit", c] = measure(urls["ctxkit"], few if c == 1 else bodies, c, args.client_processes, args.request_timeout)
                 print(f"ctxkit serve --max-batch {slots}, concurrency {c}: {runs['ctxkit', c]['tokens_per_s']:.1f} tokens/s", flush=True)
+                _keep_runs(tmp, runs)
             for name in [n for n in urls if n != "ctxkit"]:
                 warm(urls[name], bodies, args.warmup, 1, 1, args.request_timeout)
                 runs[name, 1] = measure(urls[name], few, 1, 1, args.request_timeout)
                 print(f"{name}, concurrency 1: {runs[name, 1]['tokens_per_s']:.1f} tokens/s", flush=True)
+                _keep_runs(tmp, runs)
         hf_name = None
         if ("hf", 1) in runs:
             import transformers
 
             cache = runs["hf", 1]["health"]["cache"]
-            hf_name = (f"transformers {transformers.__version__} generate, {cache} cache"
+            hf_name = (f"transformers {transformers.__version__} generate, {cache} cache, {runs['hf', 1]['health'].get('dtype')}"
                        + (f" (static failed: {runs['hf', 1]['health']['static_error']})" if cache != "static" else "")
                        + f", one request at a time behind the same HTTP API, concurrency 1, first {len(few)} requests")
 
@@ -305,6 +321,11 @@ def main(argv=None) -> int:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+def _keep_runs(folder: Path, runs: dict) -> None:
+    """The figures so far, in ``folder/runs.json``: a run stopped from outside keeps them."""
+    (folder / "runs.json").write_text(json.dumps({f"{name} c={c}": r for (name, c), r in runs.items()}, default=str))
 
 
 def report(args, argv, runs, concurrencies, slots, model_case, prompt_range, output_range, n, few, hf_name) -> list:
@@ -330,12 +351,17 @@ def report(args, argv, runs, concurrencies, slots, model_case, prompt_range, out
           f"{itl_ratio:.2f}x its (<= 3x): {'met' if met else 'not met'}", flush=True)
 
     device = device_name(args.device)
-    workload_case = (f"{model_case}, prompts {prompt_range[0]}-{prompt_range[1]} tokens, outputs {output_range[0]}-{output_range[1]} "
-                     f"tokens, sampled (temperature 1, top_k {args.top_k}), streamed over HTTP (loopback)")
-    command = f"ctxkit serve FOLDER --max-batch {slots} --device {args.device}"
+    server = runs["ctxkit", max(concurrencies)]["health"]
+    workload_case = (f"{model_case}, served in {server.get('precision')}, prompts {prompt_range[0]}-{prompt_range[1]} tokens, "
+                     f"outputs {output_range[0]}-{output_range[1]} tokens, sampled (temperature 1, top_k {args.top_k}), "
+                     "streamed over HTTP (loopback)")
+    chunk = " ".join(_chunk_flag(args))
+    command = f"ctxkit serve FOLDER --max-batch {slots} --device {args.device}" + (f" {chunk}" if chunk else "")
     script = command_line("serve_generate.py", argv if argv is not None else sys.argv[1:])
+    # how the server ran (its /health): precision, plan, CUDA graph widths, prefill chunk
     common = {"benchmark_command": script, "server_threads": args.server_threads, "client_processes": args.client_processes,
-              "workload_seed": args.seed}
+              "workload_seed": args.seed, "server_precision": server.get("precision"), "server_fast": server.get("fast"),
+              "server_cuda_graphs": server.get("cuda_graphs"), "server_prefill_chunk": server.get("prefill_chunk")}
     one_name = f"ctxkit serve --max-batch 1 (one request at a time), concurrency 1, first {few} requests"
     records = []
     for c in concurrencies:
@@ -356,7 +382,7 @@ def report(args, argv, runs, concurrencies, slots, model_case, prompt_range, out
     if hf_name:
         case = f"{workload_case}, one request at a time (--max-batch 1), concurrency 1 ({few} requests, the first of the mix)"
         records.append(speed_record("serve_generate", case, "output tokens per second", "tokens/s", one["tokens_per_s"], hf_name,
-                                    runs["hf", 1]["tokens_per_s"], f"ctxkit serve FOLDER --max-batch 1 --device {args.device}",
+                                    runs["hf", 1]["tokens_per_s"], command.replace(f"--max-batch {slots}", "--max-batch 1"),
                                     device=device, **_rounded(one), **common, **_rounded(runs["hf", 1], "peer_")))
     return records
 

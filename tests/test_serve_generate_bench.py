@@ -46,7 +46,7 @@ def test_the_benchmark_on_a_tiny_gpt2_writes_its_records(bench, tmp_path):
     before = recorded.stat().st_mtime if recorded.exists() else None
     argv = ["--preset", "tiny", "--device", "cpu", "--requests", "8", "--concurrency", "1,4", "--peer-requests", "4",
             "--prompt-tokens", "8,24", "--output-tokens", "4,12", "--warmup", "2", "--client-processes", "1",
-            "--server-threads", "1", "--results", str(results)] + ([] if HAS_HF else ["--no-hf"])
+            "--server-threads", "1", "--prefill-chunk", "8", "--results", str(results)] + ([] if HAS_HF else ["--no-hf"])
     assert bench.main(argv) == 0
     assert (recorded.stat().st_mtime if recorded.exists() else None) == before  # never into benchmarks/results
     records = json.loads(results.read_text())
@@ -56,7 +56,10 @@ def test_the_benchmark_on_a_tiny_gpt2_writes_its_records(bench, tmp_path):
     for r in records:
         assert r["benchmark"] == "serve_generate" and r["metric"] == "output tokens per second" and r["unit"] == "tokens/s"
         assert r["ctxkit"] > 0 and r["peer"] > 0 and r["speedup"] > 0
-        assert r["command"].startswith("ctxkit serve FOLDER --max-batch") and "--device cpu" in r["command"]
+        assert r["command"].startswith("ctxkit serve FOLDER --max-batch") and "--device cpu --prefill-chunk 8" in r["command"]
+        # how the server ran, from its /health: fp32 on the CPU, no CUDA graphs, the chunk asked for
+        assert r["server_precision"] == "fp32" and r["server_cuda_graphs"] is None and r["server_prefill_chunk"] == 8
+        assert "served in fp32" in r["case"] and r["server_fast"] == "qkv"
         assert r["benchmark_command"].startswith("python benchmarks/serve_generate.py --preset tiny") and "--results" not in \
             r["benchmark_command"]
         for side in ("", "peer_"):
@@ -72,9 +75,9 @@ def test_the_benchmark_on_a_tiny_gpt2_writes_its_records(bench, tmp_path):
     assert by_conc["4"]["target_met"] in (True, False) and by_conc["4"]["itl_p99_ms_one_at_a_time"] == by_conc["4"]["peer_itl_p99_ms"]
     assert by_conc["4"]["mean_rows_per_step"] > 1  # requests shared steps
     if HAS_HF:
-        assert all(" cache, one request at a time" in r["peer_name"] for r in hf)
+        assert all(" cache, float32, one request at a time" in r["peer_name"] for r in hf)  # ctxkit's precision here
         alone = [r for r in hf if "one request at a time (--max-batch 1)" in r["case"]]
-        assert len(alone) == 1 and alone[0]["command"] == "ctxkit serve FOLDER --max-batch 1 --device cpu"
+        assert len(alone) == 1 and alone[0]["command"] == "ctxkit serve FOLDER --max-batch 1 --device cpu --prefill-chunk 8"
 
 
 def test_a_slot_left_free_for_a_context_of_steps_does_not_break_the_batcher():
@@ -89,7 +92,7 @@ def test_a_slot_left_free_for_a_context_of_steps_does_not_break_the_batcher():
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(num_layers=1, hidden_size=32, num_heads=2, vocab_size=64, max_position=32, ffn_size=64)).eval()
-    batcher = ContinuousBatcher(model, slots=2)
+    batcher = ContinuousBatcher(model, slots=2, plan="reference")
     config = GenerationConfig(max_new_tokens=26)
     want = generate(model, torch.tensor([[1, 2, 3]]), None, config, plan="reference", static=False)[0, 3:].tolist()
     for _ in range(3):  # one request at a time: slot 1 stays free for 78 steps, over twice the context

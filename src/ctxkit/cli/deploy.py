@@ -108,6 +108,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                    help="most windows of the encoder's length one /embed request may need (long texts are embedded "
                         "window by window, a forward pass each); more get 413 before any compute (default: 2 x --max-items)")
     p.add_argument("--pooling", choices=("mean", "cls"), default="mean", help="/embed vectors (default: mean)")
+    p.add_argument("--prefill-chunk", type=at_least_one, default=None, metavar="TOKENS",
+                   help="generation server: prompt tokens prefilled per decoding step while other requests decode, so a "
+                        "long prompt does not stall them (default: 256)")
     add_backend_arguments(p, None, "runtime of the task endpoint (named in /health and the startup log; default: gpu for a "
                                    "BERT-family run on a CUDA device, pytorch otherwise)")
     p.add_argument("--graceful-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on shutdown (default: 30)")

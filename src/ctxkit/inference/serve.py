@@ -460,7 +460,9 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, graceful_timeout: 
         graceful_timeout: seconds to wait for in-flight requests after a signal.
         header_timeout, body_timeout, keep_alive_timeout, max_header_bytes, max_connections:
             the HTTP front's limits (:class:`ctxkit.inference.serve_conn.ConnectionLimits`).
-        **app_options: passed to :func:`create_app`.
+        **app_options: passed to :func:`create_app` (for a causal LM: ``max_batch``, ``max_queue``,
+            ``fast``, ``precision``, ``device`` and ``prefill_chunk``, the generation server's alone,
+            to :func:`~ctxkit.inference.serve_generate.create_generation_app`).
 
     Raises:
         UserError: a bad option, before the run is loaded.
@@ -469,16 +471,19 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, graceful_timeout: 
 
     limits = ConnectionLimits(header_timeout, body_timeout, keep_alive_timeout, max_header_bytes, max_connections)
     check_address(host, port)  # a taken port is one line now, not after the model loaded
+    prefill_chunk = app_options.pop("prefill_chunk", None)  # the generation server's alone (None: its default)
     lm = causal_lm_folder(run_dir)
     if lm is not None:  # a causal LM: text generation with continuous batching (serve_generate)
         slots = app_options.get("max_batch", 32)
         model, tokenizer = load_causal_lm(lm, app_options.get("device", "auto"))
         name = Path(str(run_dir)).name if Path(str(run_dir)).exists() else str(run_dir)
         app = create_generation_app(model, tokenizer, name=name, slots=slots, max_waiting=app_options.get("max_queue") or 4 * slots,
-                                    fast=app_options.get("fast") or "auto")
+                                    fast=app_options.get("fast") or "auto", precision=app_options.get("precision"),
+                                    **({} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}))
+        about = app.state.about()  # precision, plan, CUDA graph widths, prefill chunk: on the start line
         app = RequestGuard(app, app_options.get("max_body_bytes") or 4 * app_options.get("max_text_chars", 10_000) + 65536, log_event)
-        log_event("startup", task="text-generation", run=name, slots=slots, endpoints=["POST /generate", "POST /v1/completions",
-                                                                                        "GET /health", *DOC_ENDPOINTS])
+        log_event("startup", task="text-generation", run=name, slots=slots, **about,
+                  endpoints=["POST /generate", "POST /v1/completions", "GET /health", *DOC_ENDPOINTS])
     else:
         app = create_app(run_dir, connections=limits, **app_options)
     # httptools: the protocol serve_conn extends; no WebSocket upgrade (the app has no

@@ -9,14 +9,20 @@ Routes:
   ``[DONE]``.
 * ``POST /v1/completions`` -- OpenAI's completions API (``prompt``, ``max_tokens``,
   ``temperature``, ``top_p``, ``stop``, ``seed``, ``stream``), the same answer shapes.
-* ``GET /health`` -- the model's name, slots, busy and waiting requests.
+* ``GET /health`` -- the model's name, how it runs (precision, plan, CUDA graph widths,
+  prefill chunk), slots, busy and waiting requests, counters.
 
 All requests share one :class:`~ctxkit.decoding.continuous.ContinuousBatcher` on its own
-thread: a request joins the running batch at the next step and leaves it when it ends; a
-client that goes away frees its slot at the next step; more waiting requests than
-``max_waiting`` get 429 with ``Retry-After``. The tokens a request gets do not depend on
-what else is running (its own generator): with the same ``seed`` (or greedy) they are the
-tokens ``ctxkit generate`` prints.
+thread: a request's prompt is prefilled in chunks between decoding steps, it joins the
+running batch when its prompt is done and leaves it when it ends; a client that goes away
+frees its slot at the next step; more waiting requests than ``max_waiting`` get 429 with
+``Retry-After``. The tokens a request gets do not depend on what else is running (its own
+generator): with the same ``seed`` (or greedy) they are the tokens ``ctxkit generate``
+prints for the same model in the same precision.
+
+The model runs in the precision ``auto`` means everywhere in ctxkit (bf16 on a GPU, fp32
+on a CPU: :func:`~ctxkit.core.run_state.resolve_precision`, what ``ctxkit bench decode``
+measures and the decode plan is resolved for), or in ``--precision`` fp32/bf16.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' body types, classes
@@ -25,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import os
+import sys
 import threading
 import time
 import uuid
@@ -35,12 +42,12 @@ import torch
 
 from ..core.deps import require_all
 from ..core.errors import UserError
-from ..decoding.continuous import BatcherFailed, ContinuousBatcher, QueueFull, Request
+from ..decoding.continuous import PREFILL_CHUNK, BatcherFailed, ContinuousBatcher, QueueFull, Request
 from ..decoding.generate import GenerationConfig
 from ..decoding.streamers import StopStringText
-from ..fast import fuse_qkv, resolve
 from ..core.checkpoint import model_folder_of_run
 from ..core.device import resolve_device
+from ..core.run_state import resolve_precision
 from ..models.common import check_vocab_fits
 from ..models.gpt2 import load_gpt2
 from ..tokenizers import ByteLevelBPETokenizer
@@ -48,7 +55,14 @@ from ..zoo import checkpoint_folder
 from .serve_docs import add_docs
 from .serve_limits import SERVE_NEEDS
 
-__all__ = ["causal_lm_folder", "create_generation_app", "load_causal_lm"]
+__all__ = ["causal_lm_folder", "create_generation_app", "load_causal_lm", "serving_dtype"]
+
+_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+_PRECISION_NAMES = {dtype: word for word, dtype in _DTYPES.items()}
+#: sys.setswitchinterval while the decoding thread runs: every torch op gives up the GIL, and
+#: with the event loop busy writing streams the decoding thread would wait up to the default
+#: 5 ms to take it back, per op (see docs/notes/gpu-serving.md)
+SWITCH_INTERVAL_S = 0.0002
 
 
 def causal_lm_folder(run) -> Optional[Path]:
@@ -79,6 +93,19 @@ def load_causal_lm(folder: Path, device: str = "auto"):
     model, tokenizer = load_gpt2(folder), ByteLevelBPETokenizer.from_dir(folder)
     check_vocab_fits(model, tokenizer, folder)
     return model.to(resolve_device(device)).eval(), tokenizer
+
+
+def serving_dtype(precision: Optional[str], device: torch.device) -> torch.dtype:
+    """The dtype the generation server's model runs in: ``precision`` ``"fp32"`` or ``"bf16"``;
+    None or ``"auto"``: bf16 on CUDA, fp32 elsewhere (:func:`~ctxkit.core.run_state.resolve_precision`).
+
+    Raises:
+        UserError: another precision (fp8 and bf16-gelu-tanh are the encoder server's gpu backend's).
+    """
+    if precision not in (None, "auto", "fp32", "bf16"):
+        raise UserError(f"--precision {precision} is a precision of the task server's gpu backend; the generation server "
+                        "runs fp32 or bf16 (default: bf16 on a GPU, fp32 on a CPU)")
+    return _DTYPES[resolve_precision(precision, torch.device(device))]
 
 
 def _request_models():
@@ -121,11 +148,13 @@ def _request_models():
 
 
 def create_generation_app(model, tokenizer, name: str = "model", slots: int = 16, max_waiting: int = 256,
-                          max_len: Optional[int] = None, max_new_tokens: int = 1024, fast="auto"):
+                          max_len: Optional[int] = None, max_new_tokens: int = 1024, fast="auto", precision: Optional[str] = None,
+                          prefill_chunk: Optional[int] = PREFILL_CHUNK, switch_interval: Optional[float] = SWITCH_INTERVAL_S):
     """The generation server's app for a causal LM.
 
     Args:
-        model: a GPT-2 (:class:`~ctxkit.models.gpt2.GPT2LMHeadModel`) in eval mode, on its device.
+        model: a GPT-2 (:class:`~ctxkit.models.gpt2.GPT2LMHeadModel`) in eval mode, on its
+            device; cast in place to the serving dtype (:func:`serving_dtype`).
         tokenizer: its tokenizer (``encode``, ``decode``, ``eos_id``).
         name: the model's name in answers and ``/health`` (never a path of this host).
         slots: requests decoded together.
@@ -133,29 +162,66 @@ def create_generation_app(model, tokenizer, name: str = "model", slots: int = 16
         max_len: prompt + new tokens of one request at most (default: the model's context).
         max_new_tokens: the most new tokens one request may ask for.
         fast: the plan (resolved for decoding on the model's device): its fused q/k/v is
-            applied as ``ctxkit generate`` applies it, so both compute the same logits.
+            applied as ``ctxkit generate`` applies it, so both compute the same logits; its
+            ``graphs`` (``auto`` on a GPU) captures the decoding step per batch width.
+        precision: ``"fp32"``, ``"bf16"`` or None (bf16 on a GPU, fp32 on a CPU).
+        prefill_chunk: prompt tokens prefilled per step while other requests decode (None:
+            whole prompts).
+        switch_interval: the process's ``sys.setswitchinterval`` while the server runs
+            (restored when it stops); None leaves it.
+
+    Raises:
+        UserError: a precision other than fp32 or bf16.
     """
     require_all(SERVE_NEEDS, "ctxkit serve")
     from fastapi import FastAPI, HTTPException  # lazy: the serve extra
     from fastapi.responses import JSONResponse, StreamingResponse
 
     GenerateRequest, CompletionRequest = _request_models()  # noqa: N806 (classes)
-    plan = resolve(fast, use="decode", device=next(model.parameters()).device)
-    if plan.fused_qkv:
-        fuse_qkv(model)
-    batcher = ContinuousBatcher(model, slots=slots, max_len=max_len, max_waiting=max_waiting)
+    dtype = serving_dtype(precision, next(model.parameters()).device)
+    model.to(dtype)  # before the batcher: its caches, fused weights and graphs take the model's dtype
+    # Events emitted on the decoding thread during a step, handed to the event loop(s) in one
+    # wake-up per step (call_soon_threadsafe writes to the loop's self-pipe and takes the GIL
+    # back and forth: once per token it was ~60 wake-ups per step at 60 rows).
+    outbox: list = []  # (loop, queue, event); appended and flushed on the decoding thread only
+
+    def flush() -> None:
+        if not outbox:
+            return
+        batch = outbox[:]
+        del outbox[:]
+        by_loop: dict = {}
+        for loop, queue, event in batch:
+            by_loop.setdefault(loop, []).append((queue, event))
+        for loop, events in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a loop closed under a stopping server
+                loop.call_soon_threadsafe(deliver, events)
+
+    def deliver(events) -> None:  # on the event loop
+        for queue, event in events:
+            queue.put_nowait(event)
+
+    batcher = ContinuousBatcher(model, slots=slots, max_len=max_len, max_waiting=max_waiting, prefill_chunk=prefill_chunk,
+                                plan=fast, on_step=flush)
+    plan = batcher.plan
     device = batcher.device
     eos = getattr(tokenizer, "eos_id", None)
     state = {"thread": None}
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        previous = sys.getswitchinterval()
+        if switch_interval is not None:
+            sys.setswitchinterval(switch_interval)
         thread = threading.Thread(target=batcher.run, name="ctxkit-generate", daemon=True)
         thread.start()
         state["thread"] = thread
-        yield
-        batcher.close()
-        thread.join(timeout=30)
+        try:
+            yield
+        finally:
+            batcher.close()
+            thread.join(timeout=30)
+            sys.setswitchinterval(previous)
 
     app = FastAPI(title="ctxkit generation server", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description=f"Text generation with {name} (ctxkit serve): POST /generate, or OpenAI's POST /v1/completions.")
@@ -178,7 +244,7 @@ def create_generation_app(model, tokenizer, name: str = "model", slots: int = 16
 
         def emit(token: Optional[int], reason: Optional[str]) -> None:  # on the batcher's thread
             piece = text.push(token) if token is not None else text.flush()
-            loop.call_soon_threadsafe(events.put_nowait, (piece, reason))
+            outbox.append((loop, events, (piece, reason)))  # delivered by flush, after the step
 
         request = Request(ids, config, emit, stop=lambda token: text.stopped, generator=generator)
         try:
@@ -259,13 +325,20 @@ def create_generation_app(model, tokenizer, name: str = "model", slots: int = 16
         return JSONResponse({**head, "choices": [{"text": "".join(parts), "index": 0, "logprobs": None, "finish_reason": reason}],
                              "usage": usage()})
 
+    def about() -> dict:
+        """How the model runs: also the server's start line (``ctxkit serve`` logs it)."""
+        return {"precision": _PRECISION_NAMES.get(batcher.dtype, str(batcher.dtype)), "fast": str(plan), "device": str(device),
+                "fast_off": list(plan.notes), "cuda_graphs": sorted(batcher.graphs) if batcher.graphs is not None else None,
+                "prefill_chunk": batcher.prefill_chunk}
+
     @app.get("/health")
     async def health():
         if batcher.failed is not None:  # the decoding thread is gone: say so, as a load balancer reads it
             return JSONResponse({"status": "error", "error": batcher.failed, "model": name}, status_code=503)
-        return {"status": "ok", "model": name, "task": "text-generation", "fast": str(plan), "slots": batcher.slots, "busy": batcher.busy,
+        return {"status": "ok", "model": name, "task": "text-generation", **about(), "slots": batcher.slots, "busy": batcher.busy,
                 "waiting": len(batcher.waiting), "max_len": batcher.max_len, "max_new_tokens": max_new_tokens,
                 "stats": dict(batcher.stats)}
 
     app.state.batcher = batcher
+    app.state.about = about
     return app
