@@ -170,22 +170,24 @@ def test_python_m_ctxkit_error_has_no_traceback(tmp_path):
 
 
 def test_long_line_is_windowed_and_reported(tmp_path, capsys):
-    long_line = " ".join(WORDS10[(i * 3) % 10] for i in range(4000))  # 11 windows (20,000 words: test_embedding.py)
+    # 4 windows of 510 overlapping by 128: a first, two inner and a last one (how the windows'
+    # vectors combine over 20,000 words is test_embedding.py's; here the command's report)
+    long_line = " ".join(WORDS10[(i * 3) % 10] for i in range(1300))
     src = tmp_path / "long.txt"
     src.write_text(f"short line here\n{long_line}\n", encoding="utf-8")
     out = tmp_path / "o.npz"
     assert main(["embed", str(src), "--pooling", "mean", "--out", str(out), "--no-progress"]) == 0
     err = capsys.readouterr().err
-    assert "ctxkit: warning: line 2: 4000 sub-word tokens exceed the limit of 510; split into 11 overlapping windows" in err
-    assert "windowed 1 long line(s): line 2 (11 windows)" in err
+    assert "ctxkit: warning: line 2: 1300 sub-word tokens exceed the limit of 510; split into 4 overlapping windows" in err
+    assert "windowed 1 long line(s): line 2 (4 windows)" in err
     d = np.load(out)
-    assert list(d["num_windows"]) == [1, 11] and list(d["truncated_words"]) == [0, 0]
+    assert list(d["num_windows"]) == [1, 4] and list(d["truncated_words"]) == [0, 0]
     emb = d["embeddings"]
     assert emb.shape == (2, 384) and np.isfinite(emb).all()
     # the same function at other batch shapes (a bound from eps and the magnitude, not a 1e-6
-    # that one BLAS meets): the layers, then the mean over 3 and over 4000 words
+    # that one BLAS meets): the layers, then the mean over 3 and over 1300 words
     assert_paths_agree(emb[0], embed(["short line here"], pooling="mean")[0], k=MINILM + (3,), name="short line")
-    assert_paths_agree(emb[1], embed([long_line], pooling="mean")[0], k=MINILM + (4000,), name="windowed long line")
+    assert_paths_agree(emb[1], embed([long_line], pooling="mean")[0], k=MINILM + (1300,), name="windowed long line")
 
 
 def test_long_line_truncated_is_reported(tmp_path, capsys):

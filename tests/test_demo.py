@@ -1,9 +1,6 @@
 """Tests for the 'retail bank or river bank?' demo and the plots it saves."""
 
 import io
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +12,6 @@ from ctxkit.cli import demo as demo_mod  # noqa: E402
 from ctxkit.cli.demo import SENTENCES, CheckpointNotInstalledError, run_demo  # noqa: E402
 from tolerance import assert_close_to_reference, assert_paths_agree  # noqa: E402
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # tests/README.md: a cosine of 384-wide vectors is a dot product and two norms (k = 384); a
 # cosine of contextual vectors first carries all-MiniLM-L6-v2's rounding (embeddings and 6
@@ -155,19 +151,19 @@ def test_missing_checkpoint_says_how_to_install(monkeypatch, tmp_path):
         demo_mod.run_demo(out_dir=str(tmp_path), stream=io.StringIO())
 
 
-def test_python_m_ctxkit_demo(tmp_path):
-    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def test_ctxkit_demo_command(tmp_path, capsys):
+    """``ctxkit demo`` with its options, through the command line's ``main`` in this process
+    (``python -m ctxkit`` itself is started by test_cli.py and test_startup.py)."""
+    from ctxkit.cli import main
+
     out = tmp_path / "demo_out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "ctxkit", "demo", "--out", str(out), "--layer", "2", "--head", "3", "--sentence", "5"],
-        capture_output=True, text=True, env=env, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "bank: contextual sim river-vs-money" in proc.stdout
-    assert "-> the senses separate; static sim is 1.00 for every pair." in proc.stdout
+    assert main(["demo", "--out", str(out), "--layer", "2", "--head", "3", "--sentence", "5"]) == 0
+    captured = capsys.readouterr()
+    assert "bank: contextual sim river-vs-money" in captured.out
+    assert "-> the senses separate; static sim is 1.00 for every pair." in captured.out
     assert (out / "attention_L2_H3.png").read_bytes()[:8] == PNG_MAGIC
     assert (out / "positional_encoding.png").is_file()
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in captured.err
 
 
 def test_elmo_column(tmp_path):

@@ -187,15 +187,17 @@ def test_task_agnostic_distillation_fits_the_missing_head_then_trains_a_student(
     from ctxkit.zoo import get_model
 
     teacher = minilm_layers(4)
-    cfg = TrainConfig(batch_size=8, lr=5e-4, max_steps=6, progress=False, log_every=1, eval_each_epoch=False, warmup_ratio=0.0)
-    summary = distill_pretrain(wiki_shards, str(teacher), tmp_path / "run", cfg, student_layers=2, head_steps=4)
-    assert summary["head_fitted"] and summary["teacher_layers_kept"] == [0, 2] and summary["steps"] == 6
+    # A few steps of each phase: what is checked is the mechanics (a step with every loss, the
+    # body frozen while the head fits, a loadable student), not what the student learns.
+    cfg = TrainConfig(batch_size=8, lr=5e-4, max_steps=3, progress=False, log_every=1, eval_each_epoch=False, warmup_ratio=0.0)
+    summary = distill_pretrain(wiki_shards, str(teacher), tmp_path / "run", cfg, student_layers=2, head_steps=2)
+    assert summary["head_fitted"] and summary["teacher_layers_kept"] == [0, 2] and summary["steps"] == 3
     fitted = load_bert(tmp_path / "run" / "teacher_head" / "final", with_heads=True)
     released = load_bert(teacher)
     assert all(torch.equal(v, fitted.bert.state_dict()[k]) for k, v in released.state_dict().items())  # body untouched
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     steps = [r for r in log if r["event"] == "train"]
-    assert len(steps) == 6 and all(r["soft_loss"] > 0 and r["mlm_loss"] > 0 and 0 <= r["cos_loss"] <= 2 for r in steps)
+    assert len(steps) == 3 and all(r["soft_loss"] > 0 and r["mlm_loss"] > 0 and 0 <= r["cos_loss"] <= 2 for r in steps)
     student, tokenizer = get_model(str(tmp_path / "run" / "final"))
     assert student.config.num_layers == 2 and tokenizer is not None
 

@@ -65,13 +65,13 @@ def test_the_audit_request_is_refused_in_a_second_naming_the_limit(loaded):
 
 def test_the_budget_counts_windows_as_embed_runs_them(loaded):
     _, model, tokenizer, _ = loaded
-    texts = ["一二" * 5000, "a short one", "word " * 900]
-    assert embed(texts, (model.encoder, tokenizer), pooling="mean").num_windows == [26, 1, 3]
-    with TestClient(create_app(loaded, max_wait_ms=0, max_windows=29)) as client:
+    texts = ["一二" * 2000, "a short one", "word " * 900]
+    assert embed(texts, (model.encoder, tokenizer), pooling="mean").num_windows == [11, 1, 3]
+    with TestClient(create_app(loaded, max_wait_ms=0, max_windows=14)) as client:
         r = client.post("/embed", json={"texts": texts})
-        assert r.status_code == 413 and "texts[0] to texts[2] alone need 30 windows; the limit is 29" in r.json()["error"]
-        r = client.post("/embed", json={"text": "一二" * 5000})
-        assert r.status_code == 200 and r.json()["dim"] == 384  # 26 windows: within 29
+        assert r.status_code == 413 and "texts[0] to texts[2] alone need 15 windows; the limit is 14" in r.json()["error"]
+        r = client.post("/embed", json={"text": "一二" * 2000})
+        assert r.status_code == 200 and r.json()["dim"] == 384  # 11 windows: within 14
     with pytest.raises(UserError, match="--max-windows must be an integer >= 1, got 0"):
         create_app(loaded, max_windows=0)
 

@@ -76,18 +76,30 @@ def legacy_transformers() -> Path:
     return root
 
 
-def _reference(legacy: Path, out: Path, div_val: int) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(legacy), os.environ.get("PYTHONPATH", "")]),
+@pytest.fixture(scope="module")
+def references(legacy_transformers, tmp_path_factory) -> dict:
+    """The helper's checkpoints and reference outputs for ``div_val`` 2 and 1, written by one
+    process: starting Python, torch and transformers 4.57 costs more than both tiny models, and
+    the helper seeds each model itself, so a folder is the same whichever test asked first."""
+    root = tmp_path_factory.mktemp("transfo_xl_reference")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(legacy_transformers), os.environ.get("PYTHONPATH", "")]),
            "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(HELPER), str(out), str(div_val), "1"], capture_output=True, text=True, timeout=300,
-                          env=env)
+    folders = {div_val: root / f"div_val{div_val}" for div_val in (2, 1)}
+    argv = [a for div_val, folder in folders.items() for a in (str(folder), str(div_val), "1")]
+    proc = subprocess.run([sys.executable, str(HELPER), *argv], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return folders
+
+
+def _reference(references: dict, out: Path, div_val: int) -> dict:
+    """A copy of the reference folder for ``div_val`` in ``out`` (a test may change its copy)."""
+    shutil.copytree(references[div_val], out, dirs_exist_ok=True)
     return load_file(str(out / "reference.safetensors"))
 
 
 @pytest.mark.parametrize("div_val", [2, 1])
-def test_hidden_states_and_log_probs_match_transformers_over_two_segments(legacy_transformers, tmp_path, div_val):
-    ref = _reference(legacy_transformers, tmp_path, div_val)
+def test_hidden_states_and_log_probs_match_transformers_over_two_segments(references, tmp_path, div_val):
+    ref = _reference(references, tmp_path, div_val)
     model = load_transformer_xl(tmp_path)
     zoo_model, tokenizer = get_model(str(tmp_path))  # the zoo recognises the folder too
     assert tokenizer is None and torch.equal(zoo_model.crit.head.weight, model.crit.head.weight)
@@ -118,7 +130,7 @@ def test_hidden_states_and_log_probs_match_transformers_over_two_segments(legacy
         mems, mems64 = new_mems, new_mems64
 
 
-def test_positional_order_is_transformers(legacy_transformers, tmp_path):
+def test_positional_order_is_transformers(references, tmp_path):
     """ctxkit's Transformer-XL takes by position what transformers 4.57's does, in its order
     (issue 38: a line written for transformers means the same here)."""
     import inspect
@@ -126,7 +138,7 @@ def test_positional_order_is_transformers(legacy_transformers, tmp_path):
 
     from ctxkit.models.transformer_xl import TransformerXLLMHeadModel, TransformerXLModel
 
-    _reference(legacy_transformers, tmp_path, 1)
+    _reference(references, tmp_path, 1)
     theirs = json.loads((tmp_path / "signatures.json").read_text())
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     for ours, name in ((TransformerXLModel, "TransfoXLModel"), (TransformerXLLMHeadModel, "TransfoXLLMHeadModel")):
@@ -134,10 +146,10 @@ def test_positional_order_is_transformers(legacy_transformers, tmp_path):
         assert mine == ["input_ids", "mems"] == theirs[name][:2], (mine, theirs[name])
 
 
-def test_non_zero_softmax_biases_are_refused_by_name(legacy_transformers, tmp_path):
+def test_non_zero_softmax_biases_are_refused_by_name(references, tmp_path):
     from safetensors.torch import save_file
 
-    _reference(legacy_transformers, tmp_path, 2)
+    _reference(references, tmp_path, 2)
     state = load_file(str(tmp_path / "model.safetensors"))
     state["crit.out_layers.1.bias"] = state["crit.out_layers.1.bias"] + 0.5
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
@@ -145,12 +157,12 @@ def test_non_zero_softmax_biases_are_refused_by_name(legacy_transformers, tmp_pa
         load_transformer_xl(tmp_path)
 
 
-def test_loaded_by_hub_id_from_the_hf_cache(legacy_transformers, tmp_path, monkeypatch):
+def test_loaded_by_hub_id_from_the_hf_cache(references, tmp_path, monkeypatch):
     """``get_model("transfo-xl-wt103")`` reads the Hugging Face cache (offline here): the same
     model as the folder the parity test above checks against transformers."""
     from test_zoo_names import put_in_cache
 
-    _reference(legacy_transformers, tmp_path / "ckpt", 1)
+    _reference(references, tmp_path / "ckpt", 1)
     cache = tmp_path / "hf"
     put_in_cache(cache, "transfo-xl/transfo-xl-wt103", tmp_path / "ckpt")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))

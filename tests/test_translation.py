@@ -39,18 +39,30 @@ def test_length_cap_is_the_sentences_own():
     assert length_cap(200, 256) == 255 and length_cap(5, 2) == 1
 
 
-def test_train_translate_and_cli(slice_files, tmp_path, capsys):
-    from ctxkit.cli import main
+# The pipeline test's model: two layers a side (the cached decoder keeps one state per layer),
+# half the width of the smallest shipped preset (transformer_3_256_8): what is checked is the
+# pipeline and that a translation is the sentence's own, not what a wider model learns in 19
+# steps; most of the test is step-by-step decoding, whose cost grows with the layers.
+SMALL_PRESET = ("transformer_2_128_4", {"num_encoder_layers": 2, "num_decoder_layers": 2, "hidden_size": 128, "num_heads": 4,
+                                        "ffn_size": 512})
 
+
+def test_train_translate_and_cli(slice_files, tmp_path, capsys, monkeypatch):
+    from ctxkit.cli import main
+    from ctxkit.models.seq2seq import SEQ2SEQ_PRESETS
+
+    name, shape = SMALL_PRESET
+    monkeypatch.setitem(SEQ2SEQ_PRESETS, name, SEQ2SEQ_PRESETS["transformer_3_256_8"].replace(**shape))
     rc = main(["translate-train", "--train-src", str(slice_files / "train.de"), "--train-tgt", str(slice_files / "train.en"),
                "--valid-src", str(slice_files / "val.de"), "--valid-tgt", str(slice_files / "val.en"), "--out", str(tmp_path / "run"),
-               "--preset", "transformer_3_256_8", "--vocab-size", "800", "--epochs", "1", "--batch-size", "32", "--device", "cpu",
+               "--preset", name, "--vocab-size", "800", "--epochs", "1", "--batch-size", "32", "--device", "cpu",
                "--no-progress", "--max-length", "48"])
     assert rc == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["train_pairs"] == 600 and summary["best_epoch"] == 0 and summary["valid_bleu"] is not None
     model, tok = load_translator(tmp_path / "run")
     assert [tok.token_to_id(t) for t in ("<pad>", "<s>", "</s>")] == [0, 1, 2] and tok.vocab_size == 800
+    assert (model.config.num_decoder_layers, model.config.hidden_size) == (2, 128)  # the preset asked for
     sources = [s for s, _ in read_parallel(slice_files / "val.de", slice_files / "val.en")][:5]
     greedy = translate(model, tok, sources, num_beams=1, device="cpu")
     assert len(greedy) == 5 and all(isinstance(h, str) for h in greedy)

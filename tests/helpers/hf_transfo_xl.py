@@ -59,16 +59,19 @@ def main(out: str, div_val: int = 2, untie_r: bool = True) -> None:
     # The sinusoid frequencies are a float32 buffer (rounded at ~6e-8): give the float64 run
     # the exact ones, as the float64 run of ctxkit gets an exact position table.
     exact.transformer.pos_emb.inv_freq = 1 / (10000 ** (torch.arange(0.0, config.d_model, 2.0, dtype=torch.float64) / config.d_model))
-    for suffix, run in (("", model), ("64", exact)):
-        mems = None
-        torch.Tensor.float = _float_keeping_float64 if suffix == "64" else _float
-        with torch.no_grad():
-            for s, segment in enumerate(ids.split(7, dim=1)):
-                body = run.transformer(segment, mems)  # by position: (input_ids, mems) in transformers' order
-                head = run(segment, mems)
-                result[f"hidden{suffix}_{s}"] = body.last_hidden_state.contiguous()
-                result[f"log_probs{suffix}_{s}"] = head.prediction_scores.contiguous()
-                mems = body.mems
+    try:
+        for suffix, run in (("", model), ("64", exact)):
+            mems = None
+            torch.Tensor.float = _float_keeping_float64 if suffix == "64" else _float
+            with torch.no_grad():
+                for s, segment in enumerate(ids.split(7, dim=1)):
+                    body = run.transformer(segment, mems)  # by position: (input_ids, mems) in transformers' order
+                    head = run(segment, mems)
+                    result[f"hidden{suffix}_{s}"] = body.last_hidden_state.contiguous()
+                    result[f"log_probs{suffix}_{s}"] = head.prediction_scores.contiguous()
+                    mems = body.mems
+    finally:
+        torch.Tensor.float = _float  # the next model of this process is built and run as in a fresh one
     save_file(result, str(Path(out) / "reference.safetensors"))
     # The names transformers' forwards take by position, for the calling-convention test.
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -78,4 +81,10 @@ def main(out: str, div_val: int = 2, untie_r: bool = True) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *(int(a) for a in sys.argv[2:]))
+    if len(sys.argv) <= 4:
+        main(sys.argv[1], *(int(a) for a in sys.argv[2:]))
+    else:  # OUT_DIR div_val untie_r, repeated
+        args = sys.argv[1:]
+        assert len(args) % 3 == 0, "several outputs: OUT_DIR div_val untie_r triples"
+        for i in range(0, len(args), 3):
+            main(args[i], int(args[i + 1]), int(args[i + 2]))
