@@ -235,6 +235,18 @@ def history_page() -> str:
                    "GELU epilogue: ~8 %; not done. (Since then: fp8 for the norm-fed products only, with the "
                    "quantisation inside the norm's kernel and the bias and GELU in a Triton epilogue, is 1.145x faster "
                    "than exact bf16: `GPUEncoder(fp8=\"norm_inputs\")`, in the hardware-floor section below.)")
+    older = [r for r in _load("serve_generate.json") if "benchmark" in r and "served in bf16" not in r["case"]]
+    if older:
+        out.append("\n## The generation server's first GPU run (issue 40)\n")
+        out.append("`benchmarks/serve_generate.py --requests 256 --peer-requests 24`: the server in fp32, without CUDA "
+                   "graphs, every step running all 64 slots (the performance page has the run since: bf16, a graph per "
+                   "batch width, chunked prefill, 512 requests).\n")
+        out.append("| case | metric | ctxkit | peer | peer figure | speedup | device | date |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for r in older:
+            out.append(f"| {r['case']} | {r['metric']} | {_fmt(r['ctxkit'])} {r['unit']} | {r.get('peer_name') or ''} | "
+                       f"{_fmt(r['peer'])} | {_fmt(r['speedup'])} | {r['device']} | {r['date']} |")
+        out.append("\nCommand: `" + older[0]["command"] + "`.")
     out.extend(xl_performance_section())
     out.extend(sparse_attention_section())
     out.extend(floor_section())
