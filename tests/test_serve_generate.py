@@ -7,6 +7,7 @@ client that goes away frees its slot, a full queue answers 429, and the routes s
 bookkeeping runs through a stand-in capture."""
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import random
@@ -181,6 +182,46 @@ def test_a_decoding_step_runs_between_two_chunks_of_a_long_prompt():
     at_chunk = [seen[i] for i in chunks]
     assert at_chunk == sorted(set(at_chunk))  # a new token for it before every next chunk
 
+
+
+def test_prompt_chunks_run_without_cudnn_attention_which_plans_every_new_shape(monkeypatch):
+    """cuDNN's attention builds a plan per (query, key) shape: every prompt chunk of a server
+    is a new one (~100 ms of host time each on an H200, 91 % of the decoding thread). Chunks
+    run in varying_shape_attention(device): on CUDA flash, memory-efficient and math only;
+    the decoding steps (fixed shapes, CUDA graphs) keep the defaults."""
+    from ctxkit.fast import varying_shape_attention
+
+    backends = torch.backends.cuda
+    before = (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled(), backends.mem_efficient_sdp_enabled())
+    with varying_shape_attention(torch.device("cuda")):
+        assert (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled(), backends.mem_efficient_sdp_enabled(),
+                backends.math_sdp_enabled()) == (False, True, True, True)
+    assert (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled(), backends.mem_efficient_sdp_enabled()) == before
+    with varying_shape_attention(torch.device("cpu")):  # nothing to change on a CPU
+        assert backends.cudnn_sdp_enabled() == before[0]
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(num_layers=1, hidden_size=32, num_heads=2, vocab_size=64, max_position=96, ffn_size=64)).eval()
+    inside, passes, forward = [], [], model.transformer.forward
+
+    @contextlib.contextmanager
+    def spy_context(device):
+        inside.append(device)
+        yield
+        inside.pop()
+
+    def spy(input_ids, cache=None, **kwargs):
+        passes.append(("step" if cache.is_static else "chunk", bool(inside)))
+        return forward(input_ids, cache=cache, **kwargs)
+
+    monkeypatch.setattr(continuous, "varying_shape_attention", spy_context)
+    model.transformer.forward = spy
+    batcher = ContinuousBatcher(model, slots=2, prefill_chunk=8, plan="reference")
+    batcher.submit(Request(list(range(1, 21)), GenerationConfig(max_new_tokens=3), lambda t, why: None))
+    while batcher.step():
+        pass
+    assert ("chunk", True) in passes and ("step", False) in passes
+    assert all(within == (kind == "chunk") for kind, within in passes)
 
 def test_bucket_widths_and_the_plan_turns_cuda_graphs_on_only_on_a_gpu(tiny):
     assert [bucket_width(r, 64) for r in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64]
@@ -415,7 +456,7 @@ def test_ctxkit_serve_on_a_gpt2_folder_streams_and_frees_the_slot_of_a_client_th
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     src = Path(__file__).resolve().parents[1] / "src"
-    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(src), os.environ.get("PYTHONPATH")) if p), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "ctxkit", "serve", str(folder), "--port", str(port), "--device", "cpu",
                              "--max-batch", "2", "--prefill-chunk", "4"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     base = f"http://127.0.0.1:{port}"

@@ -104,6 +104,38 @@ def test_curve_is_redrawn_at_most_every_curve_every_s_and_after_the_last_epoch(t
     assert drawn == [1, 2, 3, 4]  # no minimum interval: a drawing at every epoch end
 
 
+def test_with_background_saves_the_curve_is_redrawn_on_a_thread_and_finally_in_the_run(tmp_path, monkeypatch):
+    """Where checkpoints go on a thread (the GPU default) the redraws between epochs go on one
+    too (the device keeps stepping); the last drawing waits for them and is the run's own."""
+    import threading
+
+    from ctxkit.core import plots
+    from ctxkit.training import trainer as trainer_module
+
+    drawn, release = [], threading.Event()
+
+    def draw(points, history, *a, **k):
+        if threading.current_thread() is not threading.main_thread():
+            release.wait(120)  # a slow drawing: the next epoch's redraw is skipped, not queued
+        drawn.append((threading.current_thread().name, len(history), len(points)))
+
+    monkeypatch.setattr(plots, "plot_training_curve", draw)
+    monkeypatch.setattr(trainer_module, "CURVE_EVERY_S", 0.0)
+    feats = _toy_features(64)
+    cfg = TrainConfig(epochs=4, batch_size=16, lr=1e-3, device="cpu", progress=False, background_saves=True)
+    evaluations = []
+
+    def evaluate(model):
+        evaluations.append(1)
+        if len(evaluations) == 4:  # the last epoch's: the first drawing may finish now
+            release.set()
+        return _accuracy(model, feats)
+
+    Trainer(_model(), feats, cfg, tmp_path / "a", evaluate, "accuracy").train()
+    # The first epoch's redraw ran on the thread and held it while epochs 2 and 3 ended (their
+    # redraws skipped); the final drawing waited for it, in the training thread, with all 16 steps.
+    assert drawn == [("ctxkit-curve", 1, 4), ("MainThread", 4, 16)]
+
 def test_gradient_accumulation_matches_large_batch(tmp_path):
     feats = _toy_features(64)
     cfg = dict(epochs=1, lr=1e-3, device="cpu", progress=False, seed=3)

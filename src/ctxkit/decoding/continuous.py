@@ -54,7 +54,7 @@ from torch import Tensor
 from .generate import GenerationConfig
 from .sampling import choose_rows
 from ..core.errors import UserError
-from ..fast import FastPlan, GraphCache, capture_graph, fuse_qkv, prepare_inference, resolve
+from ..fast import FastPlan, GraphCache, capture_graph, fuse_qkv, prepare_inference, resolve, varying_shape_attention
 
 __all__ = ["BatcherFailed", "ContinuousBatcher", "Request", "QueueFull", "bucket_width", "bucket_widths", "graphs_wanted"]
 
@@ -385,7 +385,8 @@ class ContinuousBatcher:
             # Only the last chunk needs logits (of its last position): the others run the
             # body alone for their keys and values, skipping the vocabulary-wide head.
             body = self.model if last else getattr(self.model, "transformer", self.model)
-            out = body(ids, cache=self._own, attention_mask=None, position_ids=positions)
+            with varying_shape_attention(self.device):  # every chunk a new (query, key) shape
+                out = body(ids, cache=self._own, attention_mask=None, position_ids=positions)
             request.prefilled = end
             spent += end - start
             ran = True

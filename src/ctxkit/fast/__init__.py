@@ -41,7 +41,7 @@ twice is the same as once. See docs/fast_paths.md.
 from __future__ import annotations
 
 from .apply import apply, enable_activation_checkpointing
-from .attention import FusedQKVAttention, fuse_qkv, prepare_inference
+from .attention import FusedQKVAttention, fuse_qkv, prepare_inference, varying_shape_attention
 from .decode_layer import (FusedDecodeLayer, decode_kernels_available, fuse_decode_layers, unfuse_decode_layers,
                            why_not_fused)
 from .dropout import MaskDropout, dropout_keep_mask, fast_dropout, unfast_dropout
@@ -108,6 +108,7 @@ __all__ = [
     "unfuse_decode_layers",
     "unfuse_gelu_gemm",
     "unpack_qkv_grad",
+    "varying_shape_attention",
     "why_not_fused",
 ]
 

@@ -11,11 +11,13 @@ parameters stay separate, so checkpoints keep their per-role layout.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..layers.attention import MultiHeadAttention
 from ._swap import swap
@@ -157,3 +159,18 @@ def prepare_inference(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FusedQKVAttention):
             module.prepare_inference()
+
+
+def varying_shape_attention(device: torch.device):
+    """A context in which ``F.scaled_dot_product_attention`` on ``device`` uses only kernels
+    that need no per-shape set-up: on CUDA, flash, memory-efficient and math, not cuDNN.
+
+    cuDNN's attention builds an execution plan for every new (batch, heads, query, key) shape
+    and caches it: free for training's fixed shapes, ~100 ms of host time for each prompt
+    chunk of a generation server, whose query and key lengths change with every request
+    (issue 40: 91 % of the decoding thread's time went there on an H200). Elsewhere: no-op.
+    """
+    if torch.device(device).type != "cuda":
+        return contextlib.nullcontext()
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    return sdpa_kernel(backends)

@@ -467,6 +467,7 @@ def serve(run_dir, host: str = "127.0.0.1", port: int = 8000, graceful_timeout: 
     Raises:
         UserError: a bad option, before the run is loaded.
     """
+    require_all(SERVE_NEEDS, "ctxkit serve")  # one line naming the extra, before the model loads
     import uvicorn  # lazy: the serve extra, imported when a server starts
 
     limits = ConnectionLimits(header_timeout, body_timeout, keep_alive_timeout, max_header_bytes, max_connections)
