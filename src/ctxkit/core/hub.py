@@ -34,11 +34,9 @@ import urllib.parse
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+# The rest of huggingface_hub (its HTTP client stack: ~1 s of imports) is imported by the
+# functions that talk to the Hub: every `ctxkit` command imports this module, few download.
 from huggingface_hub import constants as hf_constants
-from huggingface_hub import HfApi, snapshot_download
-from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
-                                    OfflineModeIsEnabled,
-                                    RepositoryNotFoundError, RevisionNotFoundError)
 from tqdm.auto import tqdm
 
 from .diskspace import DiskFullError, free_bytes, is_out_of_space
@@ -107,6 +105,8 @@ def _snapshot(repo_id: str, revision: Optional[str], patterns: Sequence[str], lo
     kwargs = dict(revision=revision, allow_patterns=list(patterns), local_files_only=local_only, cache_dir=hub_cache_dir())
     if not progress:
         kwargs["tqdm_class"] = _Silent
+    from huggingface_hub import snapshot_download  # lazy: the HTTP stack, only when the Hub is asked
+
     return Path(snapshot_download(repo_id, **kwargs))
 
 
@@ -116,6 +116,9 @@ def cached_snapshot(repo_id: str, revision: Optional[str] = None) -> Optional[Pa
     # One weight format at a time, as hub_snapshot downloads them: huggingface_hub checks a cached
     # snapshot against the file listing it cached, and a repository with both formats never has
     # its pickles fetched, so asking for both would call every such snapshot incomplete.
+    from huggingface_hub.errors import (EntryNotFoundError, LocalEntryNotFoundError, OfflineModeIsEnabled,  # lazy: as above
+                                        RevisionNotFoundError)
+
     for rev in ([revision] if revision else []) + [None]:
         for weights in (SAFETENSORS, PICKLES):
             try:
@@ -161,6 +164,8 @@ def hub_snapshot(repo_id: str, revision: Optional[str] = None, progress: bool = 
     if why is not None:  # no network: say so at once, instead of huggingface_hub's minute of retries
         raise HubNotCachedError(f"{repo_id} {where}is not in the Hugging Face cache ({hub_cache_dir()}) and the Hub cannot be "
                                 f"reached ({why}): {advice}; HF_HUB_OFFLINE=1 says so without trying")
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError  # lazy: as above
+
     try:
         folder = _snapshot(repo_id, revision, CONFIG_AND_VOCAB + SAFETENSORS, local_only=False, progress=progress)
         if not _has_weights(folder):  # an older repository: PyTorch pickles only (read with weights_only=True)
@@ -290,6 +295,9 @@ def push_folder(folder: Path, repo_id: str, *, private: Optional[bool] = None, c
         raise UserError(f"{repo_id!r} is not a Hub repository id (org/name)")
     if is_offline():
         raise UserError(f"cannot push to {repo_id}: HF_HUB_OFFLINE is set")
+    from huggingface_hub import HfApi  # lazy: as above
+    from huggingface_hub.errors import HfHubHTTPError
+
     api = HfApi(token=token)
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)

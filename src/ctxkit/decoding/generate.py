@@ -19,7 +19,7 @@ from .cpu_gemv import cpu_decoding_context
 from .sampling import apply_repetition_penalty, filter_logits, next_tokens
 from .static_decode import static_decoding_unsupported, static_generate
 from ..core.errors import UserError
-from ..fast import fuse_qkv, resolve
+from ..fast import fuse_qkv, resolve, varying_shape_attention
 
 __all__ = ["GenerationConfig", "generate", "filter_logits", "apply_repetition_penalty", "left_pad"]
 
@@ -164,7 +164,8 @@ def _sample_loop(model, input_ids: Tensor, attention_mask: Optional[Tensor], con
     # single new query may see every cached key, so each step skips building masks.
     padded = not bool(mask.all())
     cache = model.new_cache(batch, prompt_len + config.max_new_tokens)
-    logits = model(input_ids, cache=cache, attention_mask=mask if padded else None, position_ids=positions)[:, -1].float()
+    with varying_shape_attention(device):  # a prompt's length is a new shape (no per-shape attention plans)
+        logits = model(input_ids, cache=cache, attention_mask=mask if padded else None, position_ids=positions)[:, -1].float()
     next_position = positions[:, -1:] + 1
     tokens = input_ids
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -199,7 +200,8 @@ def _beam_search(model, input_ids: Tensor, attention_mask: Optional[Tensor], con
     mask = mask.repeat_interleave(beams, dim=0)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = model.new_cache(batch * beams, prompt_len + config.max_new_tokens)
-    logits = model(ids, cache=cache, attention_mask=mask, position_ids=positions)[:, -1].float()
+    with varying_shape_attention(device):
+        logits = model(ids, cache=cache, attention_mask=mask, position_ids=positions)[:, -1].float()
     next_position = positions[:, -1:] + 1
     scores = torch.zeros(batch, beams, device=device)
     scores[:, 1:] = float("-inf")  # all beams start equal: expand the first one only

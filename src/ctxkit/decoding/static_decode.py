@@ -34,7 +34,8 @@ from torch import Tensor
 
 from .sampling import apply_repetition_penalty, filter_logits
 from ..core.errors import UserError
-from ..fast import GraphCache, capture_graph, fuse_decode_layers, fuse_qkv, one_row_linears, resolve, unfuse_decode_layers
+from ..fast import (GraphCache, capture_graph, fuse_decode_layers, fuse_qkv, one_row_linears, resolve, unfuse_decode_layers,
+                    varying_shape_attention)
 
 __all__ = ["StaticDecoder", "chunked_argmax", "static_decoding_unsupported", "static_generate"]
 
@@ -184,7 +185,8 @@ class StaticDecoder:
         it costs ~5 ms of launches for GPT-2 small, 3-4 % of a 256-token answer."""
         self.cache.length = 0
         if self.graph is None:
-            return self.model(input_ids, cache=self.cache, attention_mask=mask, position_ids=positions)[:, -1].float()
+            with varying_shape_attention(input_ids.device):  # each prompt length a new shape: no per-shape attention plans
+                return self.model(input_ids, cache=self.cache, attention_mask=mask, position_ids=positions)[:, -1].float()
         key = (input_ids.size(1), mask is not None)
         entry = self._prefills.get(key)
         if entry is None:
@@ -192,7 +194,8 @@ class StaticDecoder:
 
             def run() -> Tensor:
                 self.cache.length = 0
-                return self.model(inputs[0], cache=self.cache, attention_mask=inputs[1], position_ids=inputs[2])[:, -1].float()
+                with varying_shape_attention(inputs[0].device):
+                    return self.model(inputs[0], cache=self.cache, attention_mask=inputs[1], position_ids=inputs[2])[:, -1].float()
 
             graph, logits = capture_graph(run, warmup=1)
             entry = self._prefills.put(key, (graph, inputs, logits))

@@ -39,6 +39,7 @@ from ..layers import (
 )
 from .common import IndexableOutput, Preset, PretrainedHabits, Replaceable
 from ..core.errors import UnknownNameError, UserError, quote
+from ..core.meta_build import meta_device
 
 __all__ = [
     "BertConfig",
@@ -629,7 +630,7 @@ def load_bert(directory: os.PathLike, config: Optional[BertConfig] = None, with_
     config = ckpt_config if config is None else config.with_checkpoint(ckpt_config)
     # Built on the meta device: random initialisation would be overwritten anyway and
     # costs seconds for large vocabularies.
-    with torch.device("meta"):
+    with meta_device():
         model: nn.Module = BertForPreTraining(config) if with_heads else BertModel(config)
     state, unknown = _from_hf_state(hf_state, config, with_heads, str(directory), heads_used)
     if unknown:

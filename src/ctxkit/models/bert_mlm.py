@@ -17,7 +17,6 @@ import os
 from pathlib import Path
 from typing import Optional, Set, Tuple
 
-import torch
 from torch import Tensor, nn
 
 from ..core.checkpoint import (
@@ -30,6 +29,7 @@ from ..core.checkpoint import (
     save_weights,
     write_json,
 )
+from ..core.meta_build import meta_device
 from .bert import HF_KEYS, BertConfig, BertMLMHead, BertModel, config_from_hf, config_to_hf, load_bert
 from .common import PretrainedHabits
 
@@ -135,7 +135,7 @@ def load_bert_masked_lm(directory: os.PathLike, config: Optional[BertConfig] = N
         raise CheckpointError(f"{directory}: no masked-LM head in the weights ({_HEAD_NAMES[family]}): an encoder "
                               "without pretraining heads")
     encoder = load_bert(directory, config=config, heads_used=True)  # the head tensors are read above
-    with torch.device("meta"):  # no memory and no random initialisation for what is replaced at once
+    with meta_device():  # no memory and no random initialisation for what is replaced at once
         model = BertForMaskedLM(encoder.config)
     model.bert = encoder
     load_state_dict_strict(model.mlm, head, source=str(directory), assign=True)

@@ -29,6 +29,7 @@ from ..core.checkpoint import (CheckpointError, KeyMap, check_config_against_wei
 from ..layers import KVCache, TransformerEncoder, causal_mask, padding_mask
 from .common import PretrainedHabits, Replaceable
 from ..core.errors import UserError
+from ..core.meta_build import meta_device
 
 __all__ = ["GPT2Config", "GPT2_PRESETS", "GPT2Model", "GPT2LMHeadModel", "load_gpt2", "save_gpt2", "gpt2_config_from_hf"]
 
@@ -333,7 +334,7 @@ def load_gpt2(directory: os.PathLike) -> GPT2LMHeadModel:
     if "lm_head.weight" in hf_state and "transformer.wte.weight" in hf_state:
         if not torch.equal(hf_state["lm_head.weight"], hf_state["transformer.wte.weight"]):
             raise CheckpointError(f"{directory}: lm_head.weight differs from the token embeddings; ctxkit's GPT-2 ties them")
-    with torch.device("meta"):
+    with meta_device():
         model = GPT2LMHeadModel(config)
     load_state_dict_strict(model, _from_hf_state(hf_state), source=str(directory), assign=True)
     return model.eval()
