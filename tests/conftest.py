@@ -37,20 +37,19 @@ def pytest_configure(config):
     torch.set_num_threads(share)
 
 
-# Seconds each of the longest test files took on one worker (2-core machine, 2026-11-29, --durations=0). With
-# ``--dist loadfile`` and ``--no-loadscope-reorder`` (pyproject), files are handed to the
-# workers in collection order as they free up: the longest first, so no long file starts last
-# and leaves the other worker idle (the suite's tail was ~3 minutes of one busy worker).
-# Later the same day (issue 39 item 1) distill, transformer_xl_hf, finetune_reliability,
-# lean_install and translation were trimmed: their figures are the earlier ones scaled by
-# the file's time after / before the change, measured back to back with -n 0.
+# Seconds each of the longest test files took on one worker (2-core machine, 2026-11-29, the sum of
+# --durations over 1.5 s, after the day's trims). With ``--dist loadfile`` and
+# ``--no-loadscope-reorder`` (pyproject), files are handed to the workers in collection order as
+# they free up: the longest first, so no long file starts last and leaves the other worker idle
+# (the suite's tail was ~3 minutes of one busy worker).
 LONG_FILES = {
-    "test_finetune_e2e.py": 110, "test_tutorials_second_half.py": 92, "test_tutorials.py": 83, "test_distill.py": 80,
-    "test_pretrain.py": 79, "test_tokenizer.py": 55, "test_serve.py": 44, "test_distributed.py": 42,
-    "test_fast_paths.py": 41, "test_training_signals.py": 36, "test_seq2seq.py": 33, "test_docs_site.py": 33,
-    "test_finetune_reliability.py": 31, "test_export.py": 31, "test_run_folder.py": 26, "test_layers.py": 23,
-    "test_serve_generate_bench.py": 23, "test_lean_install.py": 20, "test_serve_fuzz.py": 20, "test_transformer_xl.py": 19,
-    "test_durable.py": 18, "test_translation.py": 17, "test_startup.py": 17, "test_transformer_xl_hf.py": 12,
+    "test_finetune_e2e.py": 117, "test_distill.py": 84, "test_pretrain.py": 65, "test_tutorials_second_half.py": 58,
+    "test_tutorials.py": 50, "test_fast_paths.py": 48, "test_serve.py": 48, "test_distributed.py": 42,
+    "test_tokenizer.py": 37, "test_seq2seq.py": 34, "test_training_signals.py": 32, "test_docs_site.py": 32,
+    "test_run_folder.py": 26, "test_export.py": 26, "test_serve_generate_bench.py": 25, "test_layers.py": 20,
+    "test_transformer_xl.py": 19, "test_lean_install.py": 19, "test_serve_fuzz.py": 19, "test_serve_conn.py": 18,
+    "test_translation.py": 18, "test_resume_world_size.py": 18, "test_durable.py": 17, "test_lm.py": 15,
+    "test_startup.py": 14, "test_finetune_reliability.py": 13, "test_serve_embed.py": 12, "test_trainer.py": 12,
 }
 
 

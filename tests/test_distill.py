@@ -189,7 +189,10 @@ def test_task_agnostic_distillation_fits_the_missing_head_then_trains_a_student(
     teacher = minilm_layers(4)
     # A few steps of each phase: what is checked is the mechanics (a step with every loss, the
     # body frozen while the head fits, a loadable student), not what the student learns.
-    cfg = TrainConfig(batch_size=8, lr=5e-4, max_steps=3, progress=False, log_every=1, eval_each_epoch=False, warmup_ratio=0.0)
+    # No resumable checkpoints (the objective's weights and the optimiser state, written twice
+    # and read by nothing here: ~1 s of CPU); test_distill_pretrain_cli runs with them.
+    cfg = TrainConfig(batch_size=8, lr=5e-4, max_steps=3, progress=False, log_every=1, eval_each_epoch=False, warmup_ratio=0.0,
+                      save_checkpoints=False)
     summary = distill_pretrain(wiki_shards, str(teacher), tmp_path / "run", cfg, student_layers=2, head_steps=2)
     assert summary["head_fitted"] and summary["teacher_layers_kept"] == [0, 2] and summary["steps"] == 3
     fitted = load_bert(tmp_path / "run" / "teacher_head" / "final", with_heads=True)

@@ -8,8 +8,11 @@ tests/test_resume_world_size.py.)
 
 Every 2-process run of this module comes from one torchrun launch of this very file (its
 ``__main__`` below), made once by the ``runs`` fixture: starting torchrun and two workers
-that import torch costs more than all the toy runs together. The single-process
-references run in the pytest process itself, on one thread like every torchrun rank.
+that import torch costs more than all the toy runs together. That launch is the multi-node
+recipe of docs/scaling.md in miniature (two torchrun "nodes" on this host, one process each,
+meeting through a c10d rendezvous on a loopback port), so one launch also checks that
+recipe. The single-process references run in the pytest process itself, on one thread like
+every torchrun rank.
 """
 
 import importlib
@@ -37,16 +40,43 @@ MOMENTS = 1e-6
 
 
 def _launch(script: Path, args: list, nproc: int) -> None:
+    """``script ARGS`` on ``nproc`` ranks on this host, started as ``torchrun --standalone``
+    starts them (its environment variables) but without torchrun's agent, a further process
+    importing torch. This process hosts the rendezvous store, as the agent does: bound to
+    port 0 by the store itself, so no other process of the suite can take the port between
+    pick and bind."""
     cmd = [sys.executable, str(script), *map(str, args)]
-    if nproc > 1:
-        # --standalone: torchrun's rendezvous store binds a free port itself, so no other
-        # process of the suite (a test server on port 0) can take it between pick and bind.
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] + cmd[1:]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    # the first rank's own lines first (its error is the root cause), then the tail
-    first = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank0]"))[-2000:]
-    assert proc.returncode == 0, first + "\n...\n" + proc.stderr[-3000:]
+    store = None
+    if nproc > 1:
+        store = torch.distributed.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
+                   TORCHELASTIC_USE_AGENT_STORE="True")
+    ranks = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(nproc)]
+    errors = [rank.communicate(timeout=300)[1] for rank in ranks]
+    del store
+    # the first rank's error first (the root cause, usually), then the others'
+    for rank, err in zip(ranks, errors):
+        assert rank.returncode == 0, "\n...\n".join(e[-2500:] for e in errors)
+
+
+def _launch_two_nodes(script: Path, args: list) -> None:
+    """``script ARGS`` as two torchrun "nodes" of one process each on this host, meeting
+    through a c10d rendezvous on a loopback port (gloo): world size 2."""
+    import socket
+
+    with socket.socket() as probe:  # a free port for the rendezvous (the first node to come hosts its store)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "ctxkit-two-nodes", str(script), *map(str, args)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    for node, (_, err) in zip(nodes, outputs):
+        first = "\n".join(line for line in err.splitlines() if line.startswith("[rank0]"))[-2000:]
+        assert node.returncode == 0, first + "\n...\n" + err[-3000:]
 
 
 def _losses(run: Path) -> list:
@@ -88,7 +118,11 @@ def _skip_curves(patch) -> None:
 def _two_process_runs(out: Path, single_toy: Path, shards: Path) -> int:
     """What every torchrun rank runs (collectives: all ranks, same order): ``ddp1``/``ddp2``
     (DDP, grad_accum 1 and 2), ``toy`` (helpers/fsdp_train.py's FSDP runs, ``cross``
-    resuming ``single_toy/cut3``) and ``pretrain`` (``ctxkit pretrain`` with ddp and fsdp)."""
+    resuming ``single_toy/cut3``) and ``pretrain`` (``ctxkit pretrain`` with ddp and fsdp).
+    Each rank also writes ``node.rank<R>.json``: where torchrun placed it."""
+    placed = {key: int(os.environ[key]) for key in ("RANK", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE")}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"node.rank{placed['RANK']}.json").write_text(json.dumps(placed))
     for grad_accum in (1, 2):
         _ddp_run(out / f"ddp{grad_accum}", grad_accum)
     fsdp_train = _fsdp_train()
@@ -112,7 +146,7 @@ def runs(tmp_path_factory):
             _fsdp_train().toy(one / "toy")  # before the launch: its cut3 is what two/toy/cross resumes
     finally:
         torch.set_num_threads(before)
-    _launch(Path(__file__), [two, one / "toy", shards], 2)
+    _launch_two_nodes(Path(__file__), [two, one / "toy", shards])
     return one, two
 
 
@@ -288,23 +322,15 @@ def test_each_pretraining_rank_reads_only_its_rows_of_the_shards(runs):
             assert mine == [batch[0::2], batch[1::2]], (parallel, s)
 
 
-def test_two_nodes_over_loopback_equal_one_process(runs, tmp_path):
+def test_two_nodes_over_loopback_equal_one_process(runs):
     """The multi-node recipe of docs/scaling.md in miniature: two torchrun "nodes" on this host,
     one process each, meeting through a c10d rendezvous on a loopback port (gloo), train the
-    toy classifier exactly like one process (as the 2-process DDP run does)."""
-    import socket
-
-    with socket.socket() as probe:  # a free port for the rendezvous (the first node to come hosts its store)
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "ctxkit-two-nodes", str(Path(__file__)), "--ddp-only", str(tmp_path)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
-    outputs = [node.communicate(timeout=300) for node in nodes]
-    for node, (_, err) in zip(nodes, outputs):
-        assert node.returncode == 0, err[-3000:]
-    single_run, two_nodes = runs[0] / "ddp1", tmp_path / "ddp1"
+    toy classifier exactly like one process. The ``runs`` launch is that recipe: each rank
+    was the only process of its own node."""
+    placed = sorted((json.loads((runs[1] / f"node.rank{r}.json").read_text()) for r in (0, 1)), key=lambda p: p["RANK"])
+    assert [p["RANK"] for p in placed] == [0, 1] and sorted(p["GROUP_RANK"] for p in placed) == [0, 1]
+    assert all((p["LOCAL_RANK"], p["LOCAL_WORLD_SIZE"], p["WORLD_SIZE"]) == (0, 1, 2) for p in placed)
+    single_run, two_nodes = runs[0] / "ddp1", runs[1] / "ddp1"
     assert _result(single_run)["world"] == 1 and _result(two_nodes)["world"] == 2
     assert len(_losses(two_nodes)) == len(_losses(single_run)) == 8
     assert _losses(two_nodes) == pytest.approx(_losses(single_run), abs=TRAJECTORY)
@@ -313,9 +339,6 @@ def test_two_nodes_over_loopback_equal_one_process(runs, tmp_path):
         assert [x for row in _result(two_nodes)["weights"][key] for x in row] == pytest.approx(flat, abs=TRAJECTORY)
 
 
-if __name__ == "__main__":  # torchrun launches: OUT SINGLE_TOY SHARDS (the runs fixture), or --ddp-only OUT (two nodes)
+if __name__ == "__main__":  # torchrun launches: OUT SINGLE_TOY SHARDS (the runs fixture)
     _skip_curves(pytest.MonkeyPatch())
-    if sys.argv[1] == "--ddp-only":
-        _ddp_run(Path(sys.argv[2]) / "ddp1", 1)
-        sys.exit(0)
     sys.exit(_two_process_runs(*map(Path, sys.argv[1:4])))

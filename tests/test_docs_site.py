@@ -11,7 +11,9 @@ no current outputs exist), made cheap for the suite:
   fixture has put, for each real tutorial, a notebook stamped with the script's SHA-256 (as
   ``tutorials/build.py`` stamps a smoke run) with a marker output and a small PNG; so the
   build reuses those (no kernel) and executes only ``00_docs_check.py``, for real, in smoke
-  mode (a kernel, ~5 s), caching it.
+  mode (a kernel, ~5 s), caching it;
+* the search plugin is left out (``BUILD_WITHOUT_SEARCH``): no check reads its index, and
+  it was about a tenth of the build's CPU.
 
 The checks: the API reference carries the docstrings' tensor shapes, the results,
 performance and performance-history pages are rendered from ``benchmarks/results/*.json``,
@@ -21,9 +23,10 @@ stylesheet), every tutorial has a page with its outputs, figures as ``<img>`` an
 label; the hook's choice of outputs (current / stale / full / none) is checked in-process.
 ``--strict`` turns every warning into a failure: a broken link or ``#anchor`` in docs/*.md,
 a docstring mkdocstrings cannot parse, a tutorial showing an error output or failing.
-About 43 s of CPU for the module on the 2-core development machine, of which the tiny
-tutorial's kernel is ~4 s (the same build without any outputs took ~36 s: mkdocstrings over
-the whole package, the search index, eleven notebook pages, `ctxkit list-models`).
+About 43 s of CPU for the module on the 2-core development machine with the search index,
+of which the tiny tutorial's kernel is ~4 s (the same build without any outputs took ~36 s:
+mkdocstrings over the whole package, the search index, eleven notebook pages, `ctxkit
+list-models`); leaving the search plugin out took 3-5 s off that.
 
 The whole site with every real tutorial executed (what the README's ``mkdocs build`` does,
 minutes on a cold cache) is ``test_full_build_shows_every_tutorial_with_outputs``, skipped
@@ -91,6 +94,31 @@ plt.show()
 """
 
 
+# ``mkdocs build`` (its command line, logging and --strict) with mkdocs.yml's plugins minus
+# ``search``: no check reads the search index, and building it (Material's HTML parser over
+# every page, the API reference's large ones above all) was about a tenth of the build's CPU.
+BUILD_WITHOUT_SEARCH = """
+import sys
+
+import yaml
+from mkdocs import config
+from mkdocs.__main__ import cli
+
+load_config = config.load_config
+
+
+def without_search(config_file=None, **options):
+    with open(config_file.name, encoding="utf-8") as f:
+        plugins = yaml.safe_load(f)["plugins"]
+    options["plugins"] = [p for p in plugins if "search" not in (p if isinstance(p, dict) else {p: None})]
+    return load_config(config_file=config_file, **options)
+
+
+config.load_config = without_search
+cli(sys.argv[1:])
+"""
+
+
 def _load(name: str, path: Path):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -149,7 +177,7 @@ def site(tmp_path_factory, runner):
     env.update(CTXKIT_DOCS_TUTORIALS=str(folder), CTXKIT_DOCS_CACHE=str(cache))
     env["NO_MKDOCS_2_WARNING"] = "1"  # Material's end-of-life banner, printed on every build
     out = tmp / "site"
-    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(REPO / "mkdocs.yml"),
+    command = [sys.executable, "-c", BUILD_WITHOUT_SEARCH, "build", "--strict", "--config-file", str(REPO / "mkdocs.yml"),
                "--site-dir", str(out)]
     proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     problems = "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("INFO"))

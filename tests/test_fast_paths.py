@@ -164,17 +164,15 @@ def test_activation_checkpointing_gives_the_same_gradients_with_dropout():
 
 def test_flat_and_overlapped_gradient_all_reduce_equal_ddp(tmp_path):
     import json
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
+
+    from test_distributed import _launch
 
     script = Path(__file__).resolve().parent / "helpers" / "grad_sync.py"
     out = tmp_path / "sync.json"
-    # --standalone: torchrun binds a free port itself (no window for another process to take it)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # The two ranks as torchrun --standalone starts them, without its agent process
+    # (tests/test_distributed.py's _launch).
+    _launch(script, [out], 2)
     result = json.loads(out.read_text())
     assert result["world"] == 2 and result["same_weights"]
     assert result["local_differs"]  # the ranks' own gradients really differed before the average
@@ -291,7 +289,7 @@ def test_next_epochs_loader_started_early_gives_the_same_run(minilm_dir, shared_
     work between them give the losses of the inline loader, bit for bit."""
     from shards import wiki_shards_of
 
-    few = wiki_shards_of(12, shared_data, minilm_dir, tmp_path_factory)
+    few = wiki_shards_of(6, shared_data, minilm_dir, tmp_path_factory)  # 33 instances: 5 steps of 8 an epoch, the last short
     from ctxkit.training.trainer import Trainer
 
     events, collated, end_epoch = [], Trainer._collated, Trainer._end_epoch

@@ -14,17 +14,21 @@ from ctxkit.core.meta_build import meta_device
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def test_a_loaded_checkpoint_never_imports_the_compiler(minilm_dir):
+def test_loading_a_checkpoint_and_eager_inference_never_import_the_compiler(minilm_dir):
     """``nn.init.normal_`` on a meta tensor went through torch._refs, whose wrapper imports
-    torch._dynamo: 2.8 s of every predict/serve process's start, for nothing."""
-    code = ("import sys; from ctxkit.models.bert import load_bert; from ctxkit.models.bert_mlm import load_bert_masked_lm; "
-            f"m = load_bert({str(minilm_dir)!r}); "
-            "print(sum(p.numel() for p in m.parameters()), all(not p.is_meta for p in m.parameters()), "
+    torch._dynamo: 2.8 s of every predict/serve process's start, for nothing; and the fused
+    q/k/v cache marked its matrices static for the compiler, which cost a server's first
+    request the same 2.8 s (3.0 s -> 0.06 s for ctxkit serve's first /classify on a CPU)."""
+    code = ("import sys, torch; from ctxkit.models.bert import load_bert; from ctxkit.models.bert_mlm import load_bert_masked_lm; "
+            "from ctxkit.fast import fuse_qkv; "
+            f"m = load_bert({str(minilm_dir)!r}); loaded = 'torch._dynamo' in sys.modules; fused = fuse_qkv(m); "
+            "torch.inference_mode().__enter__(); m(torch.ones(1, 8, dtype=torch.long)); m(torch.ones(2, 5, dtype=torch.long)); "
+            "print(sum(p.numel() for p in m.parameters()), all(not p.is_meta for p in m.parameters()), fused, loaded, "
             "'torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["22713216", "True", "False"]  # MiniLM's 22.7M real weights, no compiler
+    assert out.stdout.split() == ["22713216", "True", "6", "False", "False"]  # 22.7M real weights, 6 layers fused, no compiler
 
 
 def test_the_skeleton_is_the_one_torch_builds_and_real_tensors_are_still_initialised():

@@ -24,6 +24,18 @@ def _cfg(**kw):
     return TrainConfig(**{**base, **kw})
 
 
+def _one_layer(monkeypatch):
+    """``bert_2_128_2`` cut to one layer for the compile tests: tracing (and guarding) every
+    layer is what they pay for, and a second layer adds another copy of the same graph, not
+    another shape or code path."""
+    import dataclasses
+
+    from ctxkit.models import presets
+
+    base = presets.get_preset("bert_2_128_2")
+    monkeypatch.setitem(presets.PRESETS, "bert_2_128_2", dataclasses.replace(base, config=base.config.replace(num_layers=1)))
+
+
 def _losses(run):
     return [r["loss"] for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r.get("event") == "train"]
 
@@ -120,6 +132,7 @@ def test_compile_warm_up_leaves_training_as_it_was(shards, tmp_path, monkeypatch
 
     compile_module = torch.nn.Module.compile
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compile_module(self, backend="eager", dynamic=kw.get("dynamic")))
+    _one_layer(monkeypatch)
     cfg = _cfg(batch_size=8, max_steps=4, log_every=1, fast="compile+qkv")
 
     def losses(out):
@@ -152,6 +165,7 @@ def test_no_recompilation_after_warm_up_on_real_shards(mixed_shards, tmp_path, m
 
     compile_module = torch.nn.Module.compile
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compile_module(self, backend="eager", dynamic=kw.get("dynamic")))
+    _one_layer(monkeypatch)
     cfg = _cfg(batch_size=16, epochs=2, log_every=1, fast="compile+qkv")
 
     def compiles(out):

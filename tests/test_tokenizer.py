@@ -100,6 +100,13 @@ def uncased():
     return WordPieceTokenizer.from_vocab(VOCAB)
 
 
+@pytest.fixture(scope="module")
+def uncased_singles(uncased, corpus):
+    """Every single text encoded whole by the uncased tokenizer: checked against the reference
+    once (test_singles_match_reference), its lengths used by the truncation test."""
+    return uncased.encode_batch(corpus["singles"], truncation=None, max_length=100_000, padding=None)
+
+
 def _ref_rows(ref, a, b=None, **kw):
     out = ref(a, b, return_offsets_mapping=True, **kw)
     return [
@@ -121,10 +128,13 @@ def _assert_rows_equal(ours, refs, inputs):
         assert o == r, f"mismatch on example {i}: {inputs[i]!r}"
 
 
-def test_singles_match_reference(pair_of_tokenizers, corpus):
+def test_singles_match_reference(pair_of_tokenizers, corpus, request):
     name, tok, ref = pair_of_tokenizers
     texts = corpus["singles"]
-    ours = tok.encode_batch(texts, truncation=None, max_length=100_000, padding=None)
+    if name == "uncased":  # the same configuration as the module's uncased tokenizer: its encodings, shared
+        ours = request.getfixturevalue("uncased_singles")
+    else:
+        ours = tok.encode_batch(texts, truncation=None, max_length=100_000, padding=None)
     _assert_rows_equal([_our_row(e) for e in ours], _ref_rows(ref, texts, truncation=False), texts)
     assert all(e.num_truncated == 0 and not e.truncated for e in ours)
     if name == "uncased":
@@ -171,15 +181,14 @@ def test_pair_truncation_matches_reference(cfg_name, strategy, corpus):
         assert refused > 0  # the impossible case is exercised too
 
 
-def test_single_truncation_matches_reference(corpus):
+def test_single_truncation_matches_reference(corpus, uncased_singles):
     tok, ref = WordPieceTokenizer.from_vocab(VOCAB), _reference(CONFIGS["uncased"])
     texts = corpus["singles"]
     for strategy, subset in (("only_first", texts[:1500]), ("longest_first", texts)):
         ours = tok.encode_batch(subset, max_length=16, truncation=strategy, padding=None)
         _assert_rows_equal([_our_row(e) for e in ours],
                            _ref_rows(ref, subset, truncation=strategy, max_length=16), subset)
-    full = tok.encode_batch(texts, truncation=None, max_length=100_000, padding=None)
-    assert [e.num_truncated for e in ours] == [max(0, len(f) - 16) for f in full]
+    assert [e.num_truncated for e in ours] == [max(0, len(f) - 16) for f in uncased_singles]
     assert sum(e.truncated for e in ours) > 1000
 
 
@@ -221,10 +230,10 @@ def test_save_and_reload_round_trip(cfg_name, corpus, tmp_path):
     again = WordPieceTokenizer.from_dir(tmp_path)
     assert (again.lowercase, again.max_length, again.vocab_size) == (tok.lowercase, 256, 30522)
     texts = corpus["singles"][::3]
-    assert again.encode_batch(texts, padding=None) == tok.encode_batch(texts, padding=None)
+    before = tok.encode_batch(texts, padding=None)  # the tokenizer that was saved, compared twice below
+    assert again.encode_batch(texts, padding=None) == before
     hf = BertTokenizerFast.from_pretrained(str(tmp_path))
-    assert hf(texts, truncation=True, max_length=256)["input_ids"] == [
-        e.input_ids for e in tok.encode_batch(texts, padding=None)]
+    assert hf(texts, truncation=True, max_length=256)["input_ids"] == [e.input_ids for e in before]
     # tokenizer.json alone must also load, ignoring HF-stored truncation/padding.
     json_only = tmp_path / "json_only"
     json_only.mkdir()

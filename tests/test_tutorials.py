@@ -6,7 +6,10 @@
 * ``test_tutorial_runs_in_smoke_mode``: each tutorial executed as a notebook with nbclient,
   in a fresh kernel on this very interpreter (``tutorials/build.py`` writes a kernel spec whose
   argv is ``sys.executable``; a probe cell appended to the run reports the kernel's
-  ``sys.executable``, threads, cwd and settings, and the test compares them), with
+  ``sys.executable``, threads, cwd and settings, and the test compares them). The kernels are
+  forked by ``run_tutorial(preload=True)``'s server, which has imported numpy, torch and
+  IPython once (``build.PRELOAD``: third-party modules only, not ctxkit nor matplotlib), so
+  each kernel is a new process that ran no notebook code yet skips ~7 s of imports; with
   ``CTXKIT_TUTORIAL_SMOKE=1``, ``CTXKIT_DATA`` from the ``shared_data`` fixture, one thread,
   cwd ``tutorials/``. A failing cell fails the test with the cell's source and traceback; the
   wall time is recorded (``record_property("wall_s")``, printed) and must stay within
@@ -69,6 +72,8 @@ def build():
     """``tutorials/build.py`` as a module: the one place that knows how to run a tutorial."""
     for name in ("jupytext", "nbclient", "nbformat", "ipykernel"):
         pytest.importorskip(name, reason="the tutorials need jupytext, nbclient, nbformat and ipykernel")
+    if "ctxkit_tutorials_build" in sys.modules:  # both halves share it, and its preloading kernel server
+        return sys.modules["ctxkit_tutorials_build"]
     spec = importlib.util.spec_from_file_location("ctxkit_tutorials_build", TUTORIALS / "build.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
@@ -105,7 +110,7 @@ def test_tutorial_runs_in_smoke_mode(path, build, shared_data, minilm_dir, recor
     try:
         # TMPDIR = tmp_path: the run folders a tutorial makes with tempfile go with pytest's cleanup
         result = build.run_tutorial(path, smoke=True, data=shared_data, threads=1, total_timeout=SMOKE_BUDGET_S,
-                                    cell_timeout=CELL_TIMEOUT_S, probe=True, tmpdir=tmp_path)
+                                    cell_timeout=CELL_TIMEOUT_S, probe=True, tmpdir=tmp_path, preload=True)
     except build.TutorialError as err:
         record_property("wall_s", round(err.seconds, 1))
         pytest.fail(str(err), pytrace=False)

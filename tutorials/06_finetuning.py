@@ -45,9 +45,9 @@ BATCH = 8 if SMOKE else 16
 # Per task: training examples, evaluation examples, peak learning rate (one epoch each).
 # The sizes fit a CPU budget (smoke mode: one optimiser step per task); the learning rates were
 # picked on these slices over seeds 0-5.
-SST2 = dict(train=8 if SMOKE else 2000, dev=8 if SMOKE else 872, lr=1e-4)
-MRPC = dict(train=8 if SMOKE else 800, dev=8 if SMOKE else 408, lr=2e-4)
-NER = dict(train=8 if SMOKE else 1000, dev=8 if SMOKE else 500, lr=3e-4)
+SST2 = dict(train=4 if SMOKE else 2000, dev=4 if SMOKE else 872, lr=1e-4)
+MRPC = dict(train=4 if SMOKE else 800, dev=4 if SMOKE else 408, lr=2e-4)
+NER = dict(train=4 if SMOKE else 1000, dev=4 if SMOKE else 500, lr=3e-4)
 QA = dict(train=4 if SMOKE else 1600, dev=4 if SMOKE else 200, lr=3e-4)
 QA_WINDOW = 96  # tokens per question + context window (SQuAD's usual 384 costs 4x more per step)
 

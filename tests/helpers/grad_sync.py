@@ -1,6 +1,7 @@
-"""Run under torchrun (gloo): the hand-written gradient average equals DDP's.
+"""Run on 2 ranks (gloo): the hand-written gradient average equals DDP's.
 
 Usage: python -m torch.distributed.run --nproc_per_node 2 grad_sync.py OUT.json
+(tests/test_fast_paths.py starts the two ranks itself, with torchrun's environment variables.)
 """
 
 import gc

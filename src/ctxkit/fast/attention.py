@@ -12,6 +12,7 @@ parameters stay separate, so checkpoints keep their per-role layout.
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Optional, Tuple
 
 import torch
@@ -108,16 +109,21 @@ class FusedQKVAttention(MultiHeadAttention):
             if getattr(self, "_fused_cache", None) is not None:
                 self._fused_cache = None
         else:
-            key = tuple((id(p), p._version, p.device, p.dtype) for p in params)
+            # Whether the compiler is loaded is part of the key: matrices cached before it
+            # was (an eager server's first request) were not marked static below, so a
+            # compiled graph must not take them as inputs.
+            key = tuple((id(p), p._version, p.device, p.dtype) for p in params) + ("torch._dynamo" in sys.modules,)
             cached = caches.get(which)
             if cached is not None and cached[0] == key:
                 return cached[1]
         weight = torch.cat([p.weight for p in projs])
         bias = torch.cat([p.bias for p in projs]) if projs[0].bias is not None else None
         if not torch.is_grad_enabled():
-            if not torch.compiler.is_compiling():
+            if not torch.compiler.is_compiling() and key[-1]:
                 # A graph compiled with dynamic shapes would otherwise treat the cached
-                # matrices' sizes as symbols (and fail to split the result by them).
+                # matrices' sizes as symbols (and fail to split the result by them). Only
+                # once the compiler is loaded: importing it costs 2.8 s, which eager
+                # inference (ctxkit serve's first request) would pay for nothing.
                 for t in (weight, bias):
                     if t is not None:
                         torch._dynamo.mark_static(t)
