@@ -477,9 +477,10 @@ READER_SECTIONS = [
       "prefilled in chunks of 256 tokens, tokens streamed as server-sent events) under a mix of prompts of 16-512 and "
       "outputs of 16-256 tokens (GPT-2 small, random weights, sampled), against the same server with one slot and against "
       "transformers' `generate` with its static cache behind the same HTTP front (`benchmarks/serve_generate.py`). One "
-      "request at a time ctxkit is 2.2x the peer (0.94 ms per token against 2.91). Target at concurrency 64: 5x the "
-      "one-at-a-time throughput with a p99 inter-token latency at most 3x its: not met (1.18x; a step of 59 rows takes "
-      "~40-80 ms of host time, [notes](notes/gpu-serving.md))."),
+      "request at a time ctxkit is 3.7x the peer (a token every 0.79 ms against 2.57, median). Target at concurrency 64: "
+      "5x the one-at-a-time throughput (met: 5.09x) with a p99 inter-token latency at most 3x its (not met: 31.8 ms "
+      "against 1.15; the median gap there, one step of 43 rows, is already 4.4 ms of mostly host work per row; "
+      "[notes](notes/gpu-serving.md))."),
      [SERVE_GENERATE]),
     ("## Other models",
      ("The systems beside BERT and GPT-2, each against the closest thing it replaces."), []),
