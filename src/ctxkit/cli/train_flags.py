@@ -116,6 +116,7 @@ HELP: Dict[str, str] = {
     "log_every": "log the mean training loss every N steps to log.jsonl",
     "peak_tflops": "device bf16 peak for MFU in the log (e.g. 811 measured on H100)",
     "seed": "random seed",
+    "data_workers": "processes that collate (and mask) batches ahead of the model, 0 = in this process",
     "device": "auto, cpu, cuda, cuda:1 ...",
     "precision": "auto = bf16 on GPU, fp32 on CPU",
     "progress": "hide progress bars",
@@ -146,31 +147,31 @@ class VerbFlags:
 VERBS: Dict[str, VerbFlags] = {
     "finetune": VerbFlags(
         include=("epochs", "lr", "batch_size", "eval_batch_size", "grad_accum", "warmup_ratio", "weight_decay", "max_grad_norm",
-                 "seed", "precision", "device", "fast", "max_steps", "save_every", "log_every", "progress"),
+                 "seed", "precision", "device", "data_workers", "fast", "max_steps", "save_every", "log_every", "progress"),
         defer=True, legacy=("compile",)),
     "distill": VerbFlags(  # a student run: the same flags and defaults as finetune
         include=("epochs", "lr", "batch_size", "eval_batch_size", "grad_accum", "warmup_ratio", "weight_decay", "max_grad_norm",
-                 "seed", "precision", "device", "fast", "max_steps", "save_every", "log_every", "progress"),
+                 "seed", "precision", "device", "data_workers", "fast", "max_steps", "save_every", "log_every", "progress"),
         defer=True, legacy=("compile",)),
     "translate-train": VerbFlags(
         include=("epochs", "max_steps", "max_minutes", "batch_size", "lr", "warmup_ratio", "weight_decay", "schedule",
-                 "log_every", "seed", "device", "fast", "progress"),
+                 "log_every", "seed", "device", "data_workers", "fast", "progress"),
         defaults={"epochs": 10.0, "batch_size": 128, "lr": 1e-3, "warmup_ratio": 0.05, "weight_decay": 0.0,
                   "schedule": "inverse_sqrt"}),
     "pretrain": VerbFlags(
         include=("epochs", "max_steps", "max_minutes", "batch_size", "grad_accum", "lr", "warmup_ratio", "weight_decay",
                  "optimizer", "schedule", "schedule_power", "fast", "parallel", "keep_last", "group_factor", "save_every",
-                 "log_every", "peak_tflops", "seed", "device", "precision", "progress"),
+                 "log_every", "peak_tflops", "seed", "device", "data_workers", "precision", "progress"),
         defaults={"epochs": 1.0, "batch_size": 256, "lr": None, "warmup_ratio": 0.06, "group_factor": 50},
         choices={"schedule": ("linear", "polynomial")},
         legacy=("compile", "activation_checkpointing", "bf16_residual", "grad_reduce_dtype", "overlap_grad_reduce")),
     "lm-train": VerbFlags(
         include=("epochs", "max_steps", "max_minutes", "batch_size", "lr", "warmup_ratio", "weight_decay", "fast",
-                 "log_every", "seed", "device", "progress"),
+                 "log_every", "seed", "device", "data_workers", "progress"),
         defaults={"epochs": 1.0, "batch_size": 64, "lr": 1e-3, "warmup_ratio": 0.05}, legacy=("compile",)),
     "pretrain-xlnet": VerbFlags(
         include=("epochs", "max_steps", "batch_size", "grad_accum", "lr", "warmup_ratio", "weight_decay", "save_every",
-                 "log_every", "seed", "device", "precision", "fast", "progress"),
+                 "log_every", "seed", "device", "data_workers", "precision", "fast", "progress"),
         defaults={"epochs": 1.0, "lr": 1e-4, "warmup_ratio": 0.06}),
 }
 
@@ -185,8 +186,12 @@ def _field_type(name: str):
     return args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
 
 
-def _default_text(value: Any) -> str:
-    return "off" if value is None else str(value)
+# What a None default means where it is not "off".
+_NONE_MEANS = {"data_workers": "0 on a CPU, up to 4 per GPU"}
+
+
+def _default_text(value: Any, name: str = "") -> str:
+    return _NONE_MEANS.get(name, "off") if value is None else str(value)
 
 
 def flag_specs(verb: str, include: Optional[Sequence[str]] = None,
@@ -221,7 +226,7 @@ def flag_specs(verb: str, include: Optional[Sequence[str]] = None,
             if choices:
                 kw["choices"] = choices
             kw["default"] = None if table.defer else default
-            kw["help"] = f"{HELP[name]} (default: {_default_text(default)})"
+            kw["help"] = f"{HELP[name]} (default: {_default_text(default, name)})"
         specs.append(((flag,), kw))
     return specs
 

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from .errors import UserError
 from .run_state import has_checkpoint
 
-__all__ = ["StopSignals", "resume_or_start"]
+__all__ = ["StopSignals", "leave_stop_signals_to_parent", "resume_or_start"]
 
 logger = logging.getLogger("ctxkit")
 
@@ -67,6 +67,20 @@ class StopSignals:
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def leave_stop_signals_to_parent(worker_id: int = 0) -> None:
+    """In a data-loader worker process: ignore SIGTERM and SIGUSR1.
+
+    Schedulers and ``timeout`` signal the whole process group, workers included. A worker
+    killed by the signal makes torch raise in the training process ("DataLoader worker ...
+    is killed by signal: Terminated") while it is stopping gracefully; ignoring it leaves the
+    stop to :class:`StopSignals` in the parent, which shuts its loaders down as it ends (a
+    worker also exits by itself when its parent is gone). SIGKILL still ends a worker.
+    """
+    for name in StopSignals.NAMES:
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
 def resume_or_start(checkpoint: os.PathLike, finished: Sequence[os.PathLike] = (), legacy: Optional[os.PathLike] = None,

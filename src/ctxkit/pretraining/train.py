@@ -14,7 +14,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -121,6 +121,11 @@ def training_flops_per_token(config: BertConfig, seq_len: float, masked_fraction
     return 6 * dense + 12 * layers * h * seq_len + 6 * h * config.vocab_size * masked_fraction
 
 
+#: collated held-out batches kept between evaluations up to this many bytes (a larger held-out
+#: set is collated again each time)
+EVAL_CACHE_BYTES = 512 << 20
+
+
 def held_out_evaluation(data: PretrainDataset, collator: MLMCollator, batch_size: int, device: torch.device, precision: str):
     """An ``evaluate(model)`` for the Trainer: MLM loss and accuracy and NSP accuracy on
     held-out shards, with the same masks at every evaluation (keyed batches), so the
@@ -131,14 +136,36 @@ def held_out_evaluation(data: PretrainDataset, collator: MLMCollator, batch_size
     mode would compile new ones, seconds each, in the middle of the run.
     """
 
+    kept: List[Dict[str, torch.Tensor]] = []
+    complete = [False]
+
+    def batches() -> Iterator[Dict[str, torch.Tensor]]:
+        # The masks are the same at every evaluation, so the collated batches are kept (up to
+        # EVAL_CACHE_BYTES; pinned on a GPU, so the copies are asynchronous): an evaluation at
+        # every epoch boundary then does not collate on the host while the GPU waits.
+        if complete[0]:
+            yield from kept
+            return
+        keep, total = True, 0
+        kept.clear()
+        for j, start in enumerate(range(0, len(data), batch_size)):
+            batch = collator([data[i] for i in range(start, min(start + batch_size, len(data)))], key=(0, j))
+            if device.type == "cuda":
+                batch = {k: v.pin_memory() for k, v in batch.items()}
+            if keep:
+                total += sum(v.numel() * v.element_size() for v in batch.values())
+                keep = total <= EVAL_CACHE_BYTES
+                kept.append(batch) if keep else kept.clear()
+            yield batch
+        complete[0] = keep
+
     def evaluate(model: nn.Module) -> Dict[str, float]:
         stance = getattr(torch.compiler, "set_stance", None)
         eager = stance("force_eager") if stance is not None else contextlib.nullcontext()
         model.eval()
         sums = torch.zeros(5, dtype=torch.float64, device=device)  # mlm loss*n, mlm right, mlm n, nsp right, nsp n
         with torch.no_grad(), eager, autocast(device, precision):
-            for j, start in enumerate(range(0, len(data), batch_size)):
-                batch = collator([data[i] for i in range(start, min(start + batch_size, len(data)))], key=(0, j))
+            for batch in batches():
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
                 out = model(**batch)
                 masked = (batch["masked_labels"] != IGNORE_INDEX).sum()

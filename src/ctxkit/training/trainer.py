@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from ..core.deps import missing
 from ..core.diskspace import tensor_bytes
 from ..core.durable import write_folder
-from ..core.interrupts import StopSignals, resume_or_start
+from ..core.interrupts import StopSignals, leave_stop_signals_to_parent, resume_or_start
 from ..core.run_folder import hold_run_folder
 from ..core.run_state import BackgroundSaver, HostSnapshot, autocast, diverged, intact_note, resolve_device, set_seed
 from .callbacks import Callback, CallbackList, JsonlWriter
@@ -143,6 +143,8 @@ class Trainer(CheckpointIO):
             raise UserError("no training examples")
         if config.parallel not in ("ddp", "fsdp"):
             raise UserError(f"parallel must be 'ddp' or 'fsdp', got {config.parallel!r}")
+        if config.data_workers is not None and config.data_workers < 0:
+            raise UserError(f"data_workers must be >= 0 (0: collate in this process), got {config.data_workers}")
         if config.batch_size % config.grad_accum:
             raise UserError(f"batch_size {config.batch_size} is not divisible by grad_accum {config.grad_accum}")
         self.config = config
@@ -448,7 +450,10 @@ class Trainer(CheckpointIO):
                                              num_workers=workers, prefetch_factor=4, pin_memory=self.device.type == "cuda",
                                              # its own generator: worker seeding must not draw from the global
                                              # RNG, which drives dropout (and resume restores)
-                                             generator=torch.Generator().manual_seed(0))
+                                             generator=torch.Generator().manual_seed(0),
+                                             # a scheduler's SIGTERM reaches the whole process group: the
+                                             # workers leave it to this process, which stops after its step
+                                             worker_init_fn=leave_stop_signals_to_parent)
         return iter(loader)
 
     def _throughput(self, seqs: int, tokens: int, seconds: float) -> dict:
