@@ -1,6 +1,7 @@
 """The package layout holds: imports point downwards (import-linter contracts in
 pyproject.toml, imports inside functions included) and nothing but ``__init__``,
-``__main__`` and ``zoo`` sits at the top of the package."""
+``__main__`` and ``zoo`` sits at the top of the package. docs/architecture.md is the map:
+its module list, its contracts and its figures are checked against the code here."""
 
 import os
 import shutil
@@ -85,3 +86,88 @@ def test_version_in_one_place():
     # [project] is the first table with a version key (tomllib is Python >= 3.11 only)
     declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M).group(1)
     assert __version__ == core_version == declared
+
+
+# ---- docs/architecture.md against the code (issue 41 item 4: the map cannot go stale)
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def _documented_modules() -> set:
+    """The ``pkg/module.py`` paths of the module tree in docs/architecture.md."""
+    import re
+
+    block = ARCHITECTURE.read_text(encoding="utf-8").split("```\nsrc/ctxkit/\n", 1)[1].split("```", 1)[0]
+    listed, package = set(), ""
+    for line in block.splitlines():
+        top = re.match(r"^  (\S+)(\s|$)", line)
+        if top:  # a package ("core/") or a top-level module ("zoo.py")
+            package = top.group(1) if top.group(1).endswith("/") else ""
+            if not package:
+                listed.add(top.group(1))
+            continue
+        inner = re.match(r"^    (\S+\.py)(\s|$)", line)
+        if inner:
+            listed.add(package + inner.group(1))
+    return listed
+
+
+def test_architecture_page_lists_every_module_and_no_other():
+    actual = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+    documented = _documented_modules()
+    # A package's __init__.py is listed only when it holds more than re-exports (cli's parser tree).
+    missing = sorted(m for m in actual - documented if not m.endswith("/__init__.py"))
+    stale = sorted(documented - actual)
+    assert not missing and not stale, f"docs/architecture.md: modules not listed {missing}; listed but gone {stale}"
+
+
+def _contracts() -> list:
+    """The import-linter contracts of pyproject.toml as dicts (name, type, layers...). A small
+    reader of the ``[[tool.importlinter.contracts]]`` tables, for Python < 3.11 without tomllib."""
+    import ast
+    import re
+
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    contracts = []
+    for table in text.split("[[tool.importlinter.contracts]]")[1:]:
+        table = table.split("\n[", 1)[0]  # up to the next table
+        fields = {}
+        for key, value in re.findall(r'^(\w+) = (.+?)(?=^\w+ = |\Z)', table, re.M | re.S):
+            value = re.sub(r"\s+#[^\n\"]*$", "", value.strip(), flags=re.M)  # trailing comments
+            fields[key] = ast.literal_eval(value.replace("true", "True").replace("false", "False"))
+        contracts.append(fields)
+    return contracts
+
+
+def test_architecture_page_states_the_contracts():
+    contracts = _contracts()
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    layers = next(c for c in contracts if c["type"] == "layers")
+    order = " > ".join(" | ".join(part.split(".")[-1] for part in layer.split(" | ")) for layer in layers["layers"])
+    assert order.replace("ctxkit.", "") in text, f"docs/architecture.md does not give the layers as the contract does: {order}"
+    assert layers["name"] == "Layers: " + order  # the contract's name says what it checks
+    forbidden = [c["name"] for c in contracts if c["type"] == "forbidden"]
+    listed = [line[2:] for line in text.split("## The allowed arrows", 1)[1].split("\n## ", 1)[0].splitlines() if line.startswith("* ")]
+    assert sorted(listed) == sorted(forbidden)
+
+
+def test_architecture_page_figures_are_the_code_s():
+    """The rooms (top-level packages and modules) and the arrows between them (grimp's graph,
+    which import-linter checks) that the page states."""
+    import re
+
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("ctxkit", include_external_packages=False)
+    rooms, arrows = set(), set()
+    for module in graph.modules:
+        parts = module.split(".")
+        if len(parts) < 2:
+            continue
+        rooms.add(parts[1])
+        for other in graph.find_modules_directly_imported_by(module):
+            there = other.split(".")
+            if len(there) > 1 and there[1] != parts[1]:
+                arrows.add((parts[1], there[1]))
+    stated = re.search(r"\*\*(\d+) rooms\*\*.*?\*\*(\d+) arrows\*\*", ARCHITECTURE.read_text(encoding="utf-8"), re.S)
+    assert stated, "docs/architecture.md: the '**N rooms** ... **M arrows**' sentence is gone"
+    assert (int(stated.group(1)), int(stated.group(2))) == (len(rooms), len(arrows)), sorted(arrows)
