@@ -167,6 +167,10 @@ class MasterAdamW(torch.optim.Optimizer):
         return torch.stack([lr, lr / bias1, torch.rsqrt(bias2), clip]).to(torch.float32)
 
     @torch.no_grad()
+    def clip_and_step(self, max_grad_norm: float) -> None:
+        """:func:`~ctxkit.training.optim.clipped_step`'s way in: the clipping rides in the update."""
+        self.step(max_grad_norm=max_grad_norm)
+
     def step(self, closure=None, max_grad_norm: float = 0.0):
         """One update; with ``max_grad_norm > 0`` the gradients' global 2-norm is clipped to it
         (``torch.nn.utils.clip_grad_norm_``'s factor ``min(1, max / (norm + 1e-6))``, applied

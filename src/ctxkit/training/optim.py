@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -10,7 +11,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from ..core.errors import UserError
 
-__all__ = ["Lamb", "build_adamw", "build_lamb", "clipped_step", "linear_warmup_decay", "polynomial_warmup_decay"]
+__all__ = ["ClipsInItsUpdate", "Lamb", "build_adamw", "build_lamb", "clipped_step", "linear_warmup_decay", "polynomial_warmup_decay"]
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list:
@@ -59,18 +60,26 @@ def _fused_adam(optimizer: torch.optim.Optimizer) -> bool:
     return type(optimizer) in (torch.optim.Adam, torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
 
 
+@runtime_checkable
+class ClipsInItsUpdate(Protocol):
+    """An optimiser that clips the gradients' global norm inside its own update (e.g.
+    :class:`~ctxkit.training.master.MasterAdamW`, in its kernel): :func:`clipped_step` hands
+    it the limit instead of clipping first."""
+
+    def clip_and_step(self, max_grad_norm: float) -> None: ...
+
+
 def clipped_step(optimizer: torch.optim.Optimizer, parameters, max_grad_norm: float) -> None:
     """Clip the gradients' global 2-norm to ``max_grad_norm`` (0: no clipping), then step.
 
-    The factor is ``torch.nn.utils.clip_grad_norm_``'s, ``min(1, max / (norm + 1e-6))``. A
-    :class:`~ctxkit.training.master.MasterAdamW` applies it inside its update kernel; a fused
-    torch Adam(W) receives it as ``grad_scale`` (the unscaling input it has for AMP), which
-    saves a pass that multiplies every gradient; other optimisers get ``clip_grad_norm_``.
+    The factor is ``torch.nn.utils.clip_grad_norm_``'s, ``min(1, max / (norm + 1e-6))``. An
+    optimiser that clips in its update (:class:`ClipsInItsUpdate`, the master-weight AdamW)
+    gets the limit; a fused torch Adam(W) receives the factor as ``grad_scale`` (the
+    unscaling input it has for AMP), which saves a pass that multiplies every gradient;
+    other optimisers get ``clip_grad_norm_``.
     """
-    from .master import MasterAdamW  # lazy: master imports this module
-
-    if isinstance(optimizer, MasterAdamW):
-        optimizer.step(max_grad_norm=max_grad_norm)
+    if isinstance(optimizer, ClipsInItsUpdate):
+        optimizer.clip_and_step(max_grad_norm)
         return
     parameters = list(parameters)
     grads = [p.grad for p in parameters if p.grad is not None]
