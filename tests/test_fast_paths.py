@@ -357,14 +357,16 @@ def test_segmented_compile_equals_eager_and_hands_upper_gradients_over_first(mon
 
     monkeypatch.setattr(torch, "compile", aot_eager_compile)
     torch.manual_seed(0)
-    config = get_preset("bert_4_256_4").config.replace(vocab_size=300, max_position=64, dropout=0.0, attention_dropout=0.0)
+    # Two layers, two segments of one layer each: the smallest model with a graph break
+    # between layers (what is checked is the hand-over between graphs, not their depth).
+    config = get_preset("bert_2_128_2").config.replace(vocab_size=300, max_position=64, dropout=0.0, attention_dropout=0.0)
     eager = BertForPreTraining(config).train()
     compiled = BertForPreTraining(config).train()
     compiled.load_state_dict(eager.state_dict())
     compile_model(compiled, segments=2)
     assert backends == ["inductor"]  # compile_model compiled the model once, with the default backend
     encoder = compiled.bert.encoder
-    assert isinstance(encoder, SegmentedEncoder) and encoder.compile_breaks == {1}  # layers 0-1 | 2-3
+    assert isinstance(encoder, SegmentedEncoder) and encoder.compile_breaks == {0}  # layer 0 | layer 1
     ids = torch.randint(5, 300, (3, 12))
     positions = torch.tensor([[1, 4, 7], [2, 3, 10], [5, 6, 11]])
     labels = ids.gather(1, positions)
@@ -392,7 +394,7 @@ def test_segmented_compile_equals_eager_and_hands_upper_gradients_over_first(mon
 
     torch._dynamo.reset()
     torch.testing.assert_close(step(compiled), step(eager), atol=1e-5, rtol=1e-5)
-    # Several graphs (embeddings, layers 0-1, layers 2-3, heads), so several backward
+    # Several graphs (embeddings, layer 0, layer 1, heads), so several backward
     # nodes: the upper segment's gradients are complete (and their hooks fire) before the
     # lower segment's backward runs, which is what lets an all-reduce of the upper buckets
     # overlap it. One whole-model graph has a single node.

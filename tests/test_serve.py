@@ -47,8 +47,10 @@ from servers import running  # noqa: E402
 
 LAYERS = 2  # of all-MiniLM-L6-v2's 6, for every run but the load test's
 CONLL_TAGS = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
-# Concurrent requests in the load test (32 at a time; the durability issue's 8,000-request run is by hand).
-N_REQUESTS = 600  # at concurrency 32: batching, ordering and stats under load, in ~15 s on 2 cores
+# Concurrent requests in the load test (32 at a time; the durability issue's 8,000-request run is by hand,
+# benchmarks/serve_load.py measures 2,000). Ten times the concurrency: batching, ordering and stats under
+# a steady load, in ~10 s on 2 cores.
+N_REQUESTS = 320
 # One unit in the last of the 4 decimals predict_lines rounds probabilities and scores to.
 ROUNDING = 1.01e-4
 
@@ -211,7 +213,7 @@ async def _drive(base: str, jobs, concurrency: int, bad_cases):
     return answers, latencies, wall[0], bad, health
 
 
-def test_600_concurrent_requests_match_offline_predictions_next_to_malformed_ones(cls_loaded_6_layers, sentences, caplog):
+def test_320_concurrent_requests_match_offline_predictions_next_to_malformed_ones(cls_loaded_6_layers, sentences, caplog):
     task, model, tokenizer, _ = loaded = cls_loaded_6_layers
     n = len(sentences)
     jobs, lines = [], []
@@ -221,7 +223,7 @@ def test_600_concurrent_requests_match_offline_predictions_next_to_malformed_one
             texts = [sentences[(7 * i + k) % n] for k in range(3)]
             jobs.append(("/classify", {"texts": texts}))
             lines.append(texts)
-        elif i % 10 == 5:  # a sentence pair (40 different ones)
+        elif i % 10 == 5:  # a sentence pair (one of 40)
             s, pair = sentences[(i // 10) % 40], sentences[(i // 10) % 40 + 40]
             jobs.append(("/classify", {"text": s, "pair": pair}))
             lines.append([f"{s}\t{pair}"])

@@ -1,7 +1,7 @@
 """``ctxkit serve`` fuzzed from its own OpenAPI schema (schemathesis) and from raw bytes.
 
-For a classification, an NER and a QA run (the real packaged checkpoint with a seeded
-head, no training), schemathesis loads ``/openapi.json`` from the app and, for every
+For a classification, an NER and a QA run (the real packaged checkpoint cut to 2 layers,
+with a seeded head, no training), schemathesis loads ``/openapi.json`` from the app and, for every
 operation, sends bodies generated from the schema (positive mode: they must be answered)
 and bodies that violate it (negative mode: they must be refused). Every answer must be a
 JSON answer, never a 5xx, that conforms to the schema (status code, content type, body);
@@ -60,15 +60,16 @@ TASKS = {"classify": lambda: get_task("table", labels=["negative", "positive"], 
 
 
 @pytest.fixture(scope="module")
-def encoder(minilm_dir, one_thread):
-    """The real checkpoint, loaded once; the three runs share it (read-only). One torch
+def encoder(minilm_layers, one_thread):
+    """The real checkpoint's first 2 layers (its depth plays no part in what the server
+    answers; as in test_serve.py), loaded once; the three runs share it (read-only). One torch
     thread: the requests are one to four short texts, and on a shared 2-core machine a
     second thread makes each forward pass wait for a busy core (~50x slower)."""
-    return get_model(str(minilm_dir))
+    return get_model(str(minilm_layers(2)))
 
 
 @pytest.fixture(scope="module", params=sorted(TASKS))
-def served(request, encoder, minilm_dir):
+def served(request, encoder, minilm_layers):
     """``(kind, app, schema)``: the app of a ``kind`` run and its schema, loaded from it.
 
     The run is what ``load_run`` returns for a folder from ``test_serve._make_run`` (a
@@ -81,7 +82,7 @@ def served(request, encoder, minilm_dir):
     with torch.no_grad():
         for p in model.head.parameters():
             p.normal_(0.0, 0.5)
-    loaded = (task, model.eval(), encoder[1], {"task": task.name, "options": task.options(), "model": str(minilm_dir)})
+    loaded = (task, model.eval(), encoder[1], {"task": task.name, "options": task.options(), "model": str(minilm_layers(2))})
     app = create_app(loaded, max_wait_ms=0, max_items=MAX_ITEMS, max_text_chars=MAX_TEXT_CHARS)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=CONFIG)
     yield kind, app, schema
