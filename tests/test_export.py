@@ -104,12 +104,12 @@ def test_token_and_span_heads_export_with_per_token_outputs(minilm_layers, tmp_p
             assert_paths_agree(a, b, scale=scale, name=f"{name} ONNX vs PyTorch output {i}", **HEAD)
 
 
-def test_torch_ao_dynamic_int8_runs_the_fused_projection_model(minilm_dir):
+def test_torch_ao_dynamic_int8_runs_the_fused_projection_model(minilm_layers):
     """torch.ao's dynamic int8 Linear has no weight tensor: attention falls back to
     separate q/k/v products, and the int8 model stays close to fp32."""
     from ctxkit.models.bert import load_bert
 
-    model = get_task("sst-2").build_model(load_bert(minilm_dir)).eval()
+    model = get_task("sst-2").build_model(load_bert(minilm_layers(LAYERS))).eval()
     int8 = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
     ids = torch.randint(1000, 5000, (4, 21))
     with torch.no_grad():
@@ -118,8 +118,9 @@ def test_torch_ao_dynamic_int8_runs_the_fused_projection_model(minilm_dir):
         ha = model.encoder(ids).last_hidden_state
         hb = int8.encoder(ids).last_hidden_state
     assert not torch.equal(a, b)  # really quantised
-    # Measured 0.89 on random ids (MiniLM has outlier features that per-tensor int8 rounds coarsely).
-    assert torch.nn.functional.cosine_similarity(ha.flatten(1), hb.flatten(1)).min() > 0.85
+    # Measured 0.95 with LAYERS = 2 on random ids (0.89 with all 6 layers: MiniLM has outlier
+    # features that per-tensor int8 rounds coarsely, and each layer adds its rounding).
+    assert torch.nn.functional.cosine_similarity(ha.flatten(1), hb.flatten(1)).min() > 0.9
 
 
 @pytest.mark.parametrize("name", ["conll2003", "sst-2"])

@@ -40,18 +40,46 @@ def _block(monkeypatch, *names):
             monkeypatch.setitem(sys.modules, loaded, None)
 
 
-def test_importing_every_module_loads_no_optional_package():
-    # ctxkit.core.plots exists to draw with matplotlib, ctxkit.fast.decode_kernels, gemm_kernels, dropout_kernels, adamw_kernels and qkv_kernels to hold Triton
-    # kernels; every other module must import without extras.
+# ctxkit.core.plots exists to draw with matplotlib, ctxkit.fast.decode_kernels, gemm_kernels, dropout_kernels, adamw_kernels and qkv_kernels to hold Triton
+# kernels; every other module must import without extras.
+NOT_WALKED = ('ctxkit.core.plots', 'ctxkit.fast.decode_kernels', 'ctxkit.fast.gemm_kernels', 'ctxkit.fast.dropout_kernels',
+              'ctxkit.fast.adamw_kernels', 'ctxkit.fast.qkv_kernels')
+# Before this line on stderr: the walk; after it: the demo's (see fresh_interpreter).
+DEMO_STARTS = "--- demo without matplotlib ---"
+
+
+@pytest.fixture(scope="module")
+def fresh_interpreter(tmp_path_factory, shared_data):
+    """One fresh interpreter answers both fresh-interpreter tests below (each start costs ~4 s
+    of torch import): first it imports every module (nothing blocked) and prints which
+    optional packages that loaded; then, with matplotlib and ctxkit.core.plots still never
+    imported (printed too), it makes matplotlib unimportable and runs the demo, after a marker
+    line on stderr. Returns (process, walk result, the demo's stderr, the demo's tmp folder)."""
+    tmp = tmp_path_factory.mktemp("fresh")
+    argv, block, _ = FRESH_INTERPRETER_CASE
+    argv = [a.format(data=shared_data, tmp=tmp) for a in argv]
     code = (
-        "import pkgutil, ctxkit\n"
+        "import json, pkgutil, ctxkit\n"
         "for m in pkgutil.walk_packages(ctxkit.__path__, 'ctxkit.'):\n"
-        "    if m.name not in ('ctxkit.core.plots', 'ctxkit.fast.decode_kernels', 'ctxkit.fast.gemm_kernels', 'ctxkit.fast.dropout_kernels', 'ctxkit.fast.adamw_kernels', 'ctxkit.fast.qkv_kernels'): __import__(m.name)\n"
-        f"print(sorted(m for m in {OPTIONAL!r} if m in sys.modules))"
+        f"    if m.name not in {NOT_WALKED!r}: __import__(m.name)\n"
+        f"loaded = sorted(m for m in {OPTIONAL!r} if m in sys.modules)\n"
+        f"untouched = not any(m in sys.modules for m in ['ctxkit.core.plots', *{block!r}])\n"
+        "print(json.dumps({'loaded': loaded, 'untouched': untouched}), flush=True)\n"
+        f"for m in {list(block)!r}:\n"
+        "    sys.modules[m] = None\n"
+        f"print({DEMO_STARTS!r}, file=sys.stderr, flush=True)\n"
+        "from ctxkit.cli import main\n"
+        f"sys.exit(main({argv!r}))\n"
     )
-    done = _run(code)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "[]"
+    done = _run(code, timeout=240)  # the two processes' 120 s each
+    assert DEMO_STARTS in done.stderr, done.stderr[-3000:]
+    walk = json.loads(next(line for line in done.stdout.splitlines() if line.startswith('{"loaded": ')))
+    return done, walk, done.stderr.split(DEMO_STARTS + "\n", 1)[1], tmp
+
+
+def test_importing_every_module_loads_no_optional_package(fresh_interpreter):
+    _, walk, _, _ = fresh_interpreter
+    assert walk["loaded"] == []
 
 
 def test_require_names_the_extra_and_keeps_real_import_errors(monkeypatch, tmp_path):
@@ -115,11 +143,11 @@ def test_a_missing_extra_is_one_line_before_any_work(argv, block, extra, tmp_pat
     _assert_one_line_before_any_work(code, capsys.readouterr().err, extra, tmp_path)
 
 
-def test_a_missing_extra_is_one_line_in_a_fresh_interpreter(tmp_path, shared_data):
-    argv, block, extra = FRESH_INTERPRETER_CASE
-    argv = [a.format(data=shared_data, tmp=tmp_path) for a in argv]
-    done = _run(f"from ctxkit.cli import main\nsys.exit(main({argv!r}))", block=block)
-    _assert_one_line_before_any_work(done.returncode, done.stderr, extra, tmp_path)
+def test_a_missing_extra_is_one_line_in_a_fresh_interpreter(fresh_interpreter):
+    done, walk, demo_stderr, tmp = fresh_interpreter
+    assert walk["untouched"]  # neither matplotlib nor ctxkit.core.plots was imported before the demo
+    _, _, extra = FRESH_INTERPRETER_CASE
+    _assert_one_line_before_any_work(done.returncode, demo_stderr, extra, tmp)
 
 
 def test_auto_backend_without_onnxruntime_keeps_pytorch_and_says_why(monkeypatch, minilm_layers):

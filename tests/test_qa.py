@@ -392,11 +392,13 @@ def test_parity_with_transformers_bert_for_question_answering(tmp_path, caplog):
     assert_same_function(o["loss"], r.loss, r64.loss, name="loss", **loss)
 
 
-def test_real_model_trains_on_collated_features_and_postprocesses(minilm_dir, tok, squad, feats):
+def test_real_model_trains_on_collated_features_and_postprocesses(minilm_layers, tok, squad, feats):
     from ctxkit.data.batching import collate
     from ctxkit.models import load_bert
 
-    model = SpanQAModel(load_bert(minilm_dir))
+    # MiniLM's real weights cut to 2 layers (the tokenizer's vocabulary and embeddings whole):
+    # what is checked (shapes, a finite loss, gradients, spans of the context) is not the depth.
+    model = SpanQAModel(load_bert(minilm_layers(2)))
     chosen = feats[:12]
     batch = collate([f.as_inputs() for f in chosen])
     assert batch["input_ids"].shape == (12, max(len(f) for f in chosen))

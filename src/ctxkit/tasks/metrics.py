@@ -256,20 +256,29 @@ def ner_f1(true_tag_seqs: Sequence[Sequence[str]], pred_tag_seqs: Sequence[Seque
 
 # ------------------------------------------------------------------------ SQuAD v1.1
 # The functions below follow the official evaluate-v1.1.py line by line; keep them that way.
+# (One exception: remove_punc deletes the official set of characters with str.translate, the
+# same result for every str as its per-character loop, checked on all SQuAD v1.1 dev texts.)
+
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 
 def normalize_answer(s: str) -> str:
-    """Lower text and remove punctuation, articles and extra whitespace (official order)."""
+    """Lower text and remove punctuation, articles and extra whitespace (official order).
+
+    The official script's steps; its per-character test against ``set(string.punctuation)``
+    is done by one ``str.translate`` that deletes the same characters (a SQuAD evaluation
+    normalises every gold answer several times, and this was most of its time)."""
 
     def remove_articles(text: str) -> str:
-        return re.sub(r"\b(a|an|the)\b", " ", text)
+        return _ARTICLES.sub(" ", text)
 
     def white_space_fix(text: str) -> str:
         return " ".join(text.split())
 
     def remove_punc(text: str) -> str:
-        exclude = set(string.punctuation)
-        return "".join(ch for ch in text if ch not in exclude)
+        return text.translate(_NO_PUNCTUATION)
 
     return white_space_fix(remove_articles(remove_punc(s.lower())))
 
