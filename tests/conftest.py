@@ -41,19 +41,18 @@ def pytest_configure(config):
     torch.set_num_threads(share)
 
 
-# Seconds each of the longest test files took on one worker (2-core machine, 2026-11-29, the sum of
-# --durations over 1.5 s, after the day's trims). With ``--dist loadfile`` and
+# Seconds each of the longest test files took on one worker (2-core machine, 2026-11-29 15:00 UTC,
+# the sum of --durations over 1.5 s, quiet machine). With ``--dist loadfile`` and
 # ``--no-loadscope-reorder`` (pyproject), files are handed to the workers in collection order as
 # they free up: the longest first, so no long file starts last and leaves the other worker idle
 # (the suite's tail was ~3 minutes of one busy worker).
 LONG_FILES = {
-    "test_finetune_e2e.py": 117, "test_distill.py": 84, "test_pretrain.py": 65, "test_tutorials_second_half.py": 58,
-    "test_tutorials.py": 50, "test_fast_paths.py": 48, "test_serve.py": 48, "test_distributed.py": 42,
-    "test_tokenizer.py": 37, "test_seq2seq.py": 34, "test_training_signals.py": 32, "test_docs_site.py": 32,
-    "test_run_folder.py": 26, "test_export.py": 26, "test_serve_generate_bench.py": 25, "test_layers.py": 20,
-    "test_transformer_xl.py": 19, "test_lean_install.py": 19, "test_serve_fuzz.py": 19, "test_serve_conn.py": 18,
-    "test_translation.py": 18, "test_resume_world_size.py": 18, "test_durable.py": 17, "test_lm.py": 15,
-    "test_startup.py": 14, "test_finetune_reliability.py": 13, "test_serve_embed.py": 12, "test_trainer.py": 12,
+    "test_finetune_e2e.py": 116, "test_distill.py": 86, "test_tutorials.py": 56, "test_tutorials_second_half.py": 55,
+    "test_pretrain.py": 52, "test_distributed.py": 43, "test_fast_paths.py": 43, "test_serve.py": 38, "test_docs_site.py": 35,
+    "test_export.py": 33, "test_seq2seq.py": 32, "test_training_signals.py": 31, "test_transformer_xl.py": 23,
+    "test_run_folder.py": 22, "test_layers.py": 21, "test_durable.py": 20, "test_lm.py": 20, "test_finetune_reliability.py": 20,
+    "test_serve_generate_bench.py": 19, "test_translation.py": 18, "test_resume_world_size.py": 17, "test_lean_install.py": 15,
+    "test_serve_fuzz.py": 14, "test_transformer_xl_hf.py": 14,
 }
 
 
