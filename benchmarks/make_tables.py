@@ -437,7 +437,10 @@ READER_SECTIONS = [
       "pretrain_real.py`, BERT-base, batch 256, sequences of at most 128 tokens): real tokens per second after warm-up "
       "against the synthetic figure of the same plan (fixed 128-token rows, target 0.9) and against transformers' "
       "`Trainer` (bf16, `torch_compile`, padded to 128, 4 loader workers) on the same sequences, target 2x "
-      "([notes](notes/fast-plan.md), [profile](notes/pretrain-profile.md))."), [REAL]),
+      "([notes](notes/fast-plan.md), [profile](notes/pretrain-profile.md)). The plan's `pack` puts each batch's "
+      "sequences one after another in one row (no padding; batches dealt to equal token counts): one shape, so one "
+      "compile (~40 s cold on the H200) and one CUDA graph; without it (`--fast auto-pack`) batches are padded to "
+      "two length buckets (two compiles, 0.862x of synthetic in the record before)."), [REAL]),
     ("### Eight minutes on real text",
      ("The same command for 8 minutes over the whole Wikipedia extract (`benchmarks/pretrain_long.py`): tokens per "
       "second over the run after its first minute, checkpoints every 1,000 steps, an epoch boundary with a held-out "

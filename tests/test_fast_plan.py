@@ -55,9 +55,9 @@ def no_triton(monkeypatch):
     ("reference", "reference"),
     ("auto", "auto"),
     ("auto-compile+ckpt", "auto-compile+ckpt"),
-    ("pretrain", "graphs+compile+normsplit64+qkv+qkvpack+gelugemm+maskdrop+bf16res+master"),
-    ("pretrain-compile", "graphs+qkv+qkvpack+gelugemm+maskdrop+bf16res+master"),  # normsplit goes with compile
-    ("pretrain-qkv", "graphs+compile+normsplit64+gelugemm+maskdrop+bf16res+master"),  # qkvpack goes with qkv
+    ("pretrain", "graphs+compile+normsplit64+qkv+qkvpack+gelugemm+maskdrop+bf16res+master+pack"),
+    ("pretrain-compile", "graphs+qkv+qkvpack+gelugemm+maskdrop+bf16res+master+pack"),  # normsplit goes with compile
+    ("pretrain-qkv", "graphs+compile+normsplit64+gelugemm+maskdrop+bf16res+master+pack"),  # qkvpack goes with qkv
     ("qkvpack", "qkv+qkvpack"),  # qkvpack implies qkv
     ("graphs+qkv", "graphs+qkv"),
     ("infer+fp8norm", "graphs+compile+qkv+gelugemm+fp8norm"),
@@ -187,7 +187,7 @@ def test_auto_leaves_out_what_a_gpu_cannot_run_and_says_why(triton_installed):
     fp32 = resolve("auto", use="pretrain", device=H100, precision="fp32")
     assert not {"bf16res", "master", "gelugemm", "qkvpack"} & set(fp32.tokens())
     ddp = resolve("auto", use="pretrain", device=H100, world_size=2)
-    assert "master" not in ddp.tokens() and "master: runs in one process" in ddp.describe()
+    assert "master" not in ddp.tokens() and "pack" not in ddp.tokens() and "master, pack: runs in one process" in ddp.describe()
     fsdp = resolve("auto", use="pretrain", device=H100, world_size=2, parallel="fsdp")
     assert "graphs" not in fsdp.tokens() and "no CUDA graphs under FSDP" in fsdp.describe()
     accum = resolve("auto", use="train", device=H100, grad_accum=4)
@@ -225,7 +225,7 @@ def test_a_recorded_plan_is_a_ceiling(triton_installed):
     recorded = dataclasses.replace(FastPlan.parse("pretrain+ckpt"), lenient=True)
     on_cpu = resolve(recorded, use="infer", device="cpu")
     assert str(on_cpu) == "qkv" and "recorded plan" in on_cpu.describe()
-    assert str(resolve(recorded, use="pretrain", device=H100)) == "graphs+compile+normsplit64+qkv+qkvpack+gelugemm+maskdrop+bf16res+master+ckpt"
+    assert str(resolve(recorded, use="pretrain", device=H100)) == "graphs+compile+normsplit64+qkv+qkvpack+gelugemm+maskdrop+bf16res+master+pack+ckpt"
     with pytest.raises(UserError):  # the same plan asked for now must run
         resolve("pretrain+ckpt", use="infer", device="cpu")
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["collate", "length_grouped_batches", "sequential_batches", "PAD_VALUES"]
+__all__ = ["balanced_batches", "collate", "length_grouped_batches", "sequential_batches", "PAD_VALUES"]
 
 # Padding value per sequence field; labels use -100, which cross-entropy ignores.
 PAD_VALUES = {"input_ids": 0, "token_type_ids": 0, "attention_mask": 0, "labels": -100}
@@ -96,6 +96,50 @@ def length_grouped_batches(lengths: Sequence[int], batch_size: int, seed: int, e
         batches.extend(chunk[b : b + batch_size] for b in range(0, len(chunk), batch_size))
     rng.shuffle(batches)
     return batches
+
+
+def balanced_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int) -> List[List[int]]:
+    """A shuffled epoch of batches that all hold about the same number of tokens.
+
+    For packed training (every batch's tokens in one row of a fixed width): the examples,
+    shuffled, are sorted by length (ties keep the shuffled order) and dealt to the batches
+    like cards in a snake draft (batch 0, 1, ..., n-1, then n-1, ..., 0, ...), so each batch
+    gets one example of every rank of length and every batch's total is within about one
+    example's length of the others'. The totals depend only on the lengths (the same every
+    epoch), so one row width serves the whole run (:func:`balanced_batch_tokens`); which
+    examples of equal length share a batch, and the batch order, change every epoch. Batches
+    hold ``batch_size`` examples, or one fewer when the data does not divide evenly.
+
+    Returns:
+        List of index lists, a pure function of ``(seed, epoch)``.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    if n == 0:
+        return []
+    n_batches = -(-n // batch_size)
+    rng = np.random.default_rng([seed, epoch])
+    shuffled = rng.permutation(n)
+    order = shuffled[np.argsort(-lengths[shuffled], kind="stable")]
+    deal, pos = np.divmod(np.arange(n), n_batches)
+    target = np.where(deal % 2 == 0, pos, n_batches - 1 - pos)
+    by_batch = order[np.argsort(target, kind="stable")]
+    batches = np.split(by_batch, np.cumsum(np.bincount(target, minlength=n_batches))[:-1])
+    return [batches[b].tolist() for b in rng.permutation(n_batches)]
+
+
+def balanced_batch_tokens(lengths: Sequence[int], batch_size: int) -> Tuple[int, int]:
+    """The most and the fewest tokens a batch of :func:`balanced_batches` holds (the same
+    every epoch), counting a short batch filled up to ``batch_size`` with copies of its
+    shortest example."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if not len(lengths):
+        return 0, 0
+    totals = []
+    for batch in balanced_batches(lengths, batch_size, 0, 0):
+        sizes = lengths[batch]
+        totals.append(int(sizes.sum()) + (batch_size - len(batch)) * int(sizes.min()))
+    return max(totals), min(totals)
 
 
 def sequential_batches(lengths: Sequence[int], batch_size: int, sort: bool = True) -> Iterator[List[int]]:

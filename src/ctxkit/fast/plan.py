@@ -109,6 +109,8 @@ OPTIONS: Tuple[Option, ...] = (
            "keep the residual stream in bf16 under bf16 autocast"),
     Option("master", "master_weights", True, "exact", _TRAIN,
            "Linear weights in bf16 with fp32 masters in one flat AdamW update (one process)"),
+    Option("pack", "pack_sequences", True, "stream", ("pretrain",),
+           "pretraining: each batch's sequences one after another in one row (no padding), batches of equal token counts"),
     Option("fp8", "fp8", "all", "declared", ("infer",), "every Transformer-layer product as a float8 GEMM"),
     Option("fp8norm", "fp8", "norm_inputs", "declared", ("infer",),
            "q/k/v and fc1 as float8 GEMMs with scales, bias and GELU in the epilogue (Hopper)"),
@@ -130,7 +132,7 @@ _NUMBERED = re.compile(r"^(seg|normsplit)(\d+)$")
 PRESETS: Dict[str, str] = {
     "reference": "",
     "train": "graphs+qkv",
-    "pretrain": "graphs+compile+normsplit64+qkv+qkvpack+gelugemm+maskdrop+bf16res+master",
+    "pretrain": "graphs+compile+normsplit64+qkv+qkvpack+gelugemm+maskdrop+bf16res+master+pack",
     "infer": "graphs+compile+qkv+gelugemm",
     "decode": "graphs+compile+qkv+decodelayers+rows",
 }
@@ -157,6 +159,8 @@ class FastPlan:
         dropout_masks: packed-bit dropout masks outside compiled graphs (training).
         residual: dtype of the residual stream under autocast: ``"float32"`` or ``"bfloat16"``.
         master_weights: bf16 weights with fp32 masters (training, one process).
+        pack_sequences: pretraining batches packed into one row each (no padding), formed
+            by :func:`~ctxkit.data.batching.balanced_batches` (one process).
         fp8: ``"off"``, ``"all"`` / ``"norm_inputs"`` (inference) or ``"rowwise"`` (training).
         recompute: activation checkpointing (training).
         decode_layers: Triton decoding layers (batch-1 decoding).
@@ -183,6 +187,7 @@ class FastPlan:
     dropout_masks: bool = False
     residual: str = "float32"
     master_weights: bool = False
+    pack_sequences: bool = False
     fp8: str = "off"
     recompute: bool = False
     decode_layers: bool = False
@@ -321,6 +326,11 @@ class FastPlan:
                    else f"{world_size} ranks (master weights run in one process)" if world_size > 1 else None)
             if why:
                 out.append(f"master: {why}")
+        if use in (None, "pretrain") and self.pack_sequences:
+            if world_size > 1:
+                out.append(f"pack: runs in one process ({world_size} ranks)")
+            if grad_accum != 1:
+                out.append(f"pack needs grad_accum 1 (it is {grad_accum})")
         kernel_of = {"gelugemm": ("gelu_gemm", dtype), "qkvpack": ("qkv_grad", dtype), "decodelayers": ("decode_layers", None),
                      "fp8norm": ("scaled_mm", None), "fp8": ("scaled_mm", None), "fp8train": ("fp8_training", None)}
         for token, (kernel, kdtype) in kernel_of.items():
@@ -444,6 +454,13 @@ def _auto_off(token: str, use: str, info: DeviceInfo, world: int, precision: str
         return "pays only in compiled graphs"
     if name == "normsplit" and not hasattr(torch._inductor.config.triton, "mix_order_reduction_split_size"):
         return f"torch {torch.__version__.split('+')[0]} has no mix-order split (torch >= 2.10)"
+    if name == "pack":
+        if not cuda or dtype not in (torch.bfloat16, torch.float16):
+            return "needs a CUDA GPU in bf16 (flash attention's variable-length kernel)"
+        if world > 1:
+            return "runs in one process"
+        if grad_accum != 1:
+            return "needs grad_accum 1"
     if name in ("bf16res", "master") and dtype != torch.bfloat16:
         return "for bf16 training"
     if name == "master":

@@ -22,8 +22,9 @@ are modules of their own in :mod:`ctxkit.fast`, swapped into a built model there
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -96,7 +97,14 @@ class PackedSequences:
         cu_seqlens: ``(batch + 1,)`` int32 offsets of each sequence in the packed row.
         lengths: the lengths on the host (a list of ints).
         max_len: the longest length (int).
+        cu_seqlens_q, max_len_q: when queries run at a subset of each sequence's
+            positions (the last layer of a pretraining step, see :meth:`from_offsets`):
+            their offsets per sequence and the most per sequence; else None.
     """
+
+    lengths: Optional[List[int]] = None
+    cu_seqlens_q: Optional[Tensor] = None
+    max_len_q: Optional[int] = None
 
     def __init__(self, attention_mask: Tensor):
         if attention_mask.dim() != 2:
@@ -113,6 +121,27 @@ class PackedSequences:
         self.index = mask.flatten().nonzero().squeeze(1)
         self.cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
         self.total = len(self.index)
+
+    @classmethod
+    def from_offsets(cls, cu_seqlens: Tensor, max_len: int, cu_seqlens_q: Optional[Tensor] = None,
+                     max_len_q: Optional[int] = None) -> "PackedSequences":
+        """Sequences already packed one after another in a row (a packed pretraining batch).
+
+        Args:
+            cu_seqlens: ``(segments + 1,)`` int32 offsets; the row's tail of padding is a
+                segment (or several) of its own, and empty segments are allowed, so the size
+                can stay fixed from batch to batch (one CUDA graph).
+            max_len: a bound on every segment's length (a Python int: kernels are sized by it).
+            cu_seqlens_q, max_len_q: queries at a subset of positions, per segment (see
+                :class:`~ctxkit.layers.transformer.TransformerEncoderLayer`'s ``query_index``).
+
+        Nothing is read back from the device: host lengths, which only the reference path
+        (CPU) uses, are read when it needs them.
+        """
+        packed = object.__new__(cls)
+        packed.cu_seqlens, packed.max_len = cu_seqlens, int(max_len)
+        packed.cu_seqlens_q, packed.max_len_q = cu_seqlens_q, max_len_q
+        return packed
 
     def to(self, device) -> "PackedSequences":
         """A copy whose index tensors live on ``device`` (build it from the host mask, then
@@ -137,35 +166,51 @@ class PackedSequences:
         return (self.index % self.seq)[None]
 
 
-def varlen_attention(query: Tensor, key: Tensor, value: Tensor, packed: PackedSequences, scale: Optional[float] = None) -> Tensor:
+def varlen_attention(query: Tensor, key: Tensor, value: Tensor, packed: PackedSequences, scale: Optional[float] = None,
+                     dropout_p: float = 0.0, subset: bool = False) -> Tensor:
     """Attention within each packed sequence.
 
     Args:
-        query, key, value: ``(total, heads, head_dim)``.
+        query: ``(total, heads, head_dim)``; with ``subset``, ``(queries, heads, head_dim)``
+            segmented by ``packed.cu_seqlens_q``.
+        key, value: ``(total, heads, head_dim)``.
         packed: the sequence boundaries.
+        dropout_p: dropout on the attention weights (training).
+        subset: the queries are a subset of each sequence's positions.
 
     Returns:
-        ``(total, heads, head_dim)``.
+        Shaped like ``query``.
     """
+    cu_k, max_k = packed.cu_seqlens, packed.max_len
+    cu_q, max_q = (packed.cu_seqlens_q, packed.max_len_q) if subset else (cu_k, max_k)
+    if subset and cu_q is None:
+        raise ValueError("queries at a subset of positions need PackedSequences.from_offsets(..., cu_seqlens_q, max_len_q)")
     if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
-        try:
-            from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10: flash attention 2, varlen
-        except ImportError:
-            varlen_attn = None
-        cu = packed.cu_seqlens.to(query.device)
-        if varlen_attn is not None:
-            return varlen_attn(query, key, value, cu, cu, packed.max_len, packed.max_len, scale=scale)
-        out = torch.ops.aten._flash_attention_forward(query, key, value, cu, cu, packed.max_len, packed.max_len, 0.0, False, False,
+        cu_q, cu_k = cu_q.to(query.device), cu_k.to(query.device)
+        if not dropout_p:
+            try:
+                from torch.nn.attention.varlen import varlen_attn  # torch >= 2.10: flash attention 2, varlen
+            except ImportError:
+                varlen_attn = None
+            if varlen_attn is not None:
+                return varlen_attn(query, key, value, cu_q, cu_k, max_q, max_k, scale=scale)
+        # Flash attention's own entry: it takes a dropout rate (and has a backward that
+        # redraws the same mask from the random state it returns).
+        out = torch.ops.aten._flash_attention_forward(query, key, value, cu_q, cu_k, max_q, max_k, float(dropout_p), False, False,
                                                       scale=scale)
         return out[0]
     # Reference path (CPU, fp32): one SDPA call per sequence.
-    outs = []
-    start = 0
-    for n in packed.lengths:
-        q, k, v = (t[start:start + n].transpose(0, 1) for t in (query, key, value))
-        outs.append(F.scaled_dot_product_attention(q, k, v, scale=scale).transpose(0, 1))
-        start += n
-    return torch.cat(outs) if outs else query.new_zeros(query.shape)
+    out = query.new_zeros(query.shape)
+    q_at = cu_q.tolist() if subset else None
+    k_at = cu_k.tolist() if packed.lengths is None else [0] + list(itertools.accumulate(packed.lengths))
+    for i in range(len(k_at) - 1):
+        q0, q1 = (q_at[i], q_at[i + 1]) if subset else (k_at[i], k_at[i + 1])
+        if q1 == q0:
+            continue
+        q = query[q0:q1].transpose(0, 1)
+        k, v = (t[k_at[i]:k_at[i + 1]].transpose(0, 1) for t in (key, value))
+        out[q0:q1] = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale).transpose(0, 1)
+    return out
 
 
 def masked_softmax(scores: Tensor, mask: Optional[Tensor]) -> Tensor:
@@ -379,10 +424,13 @@ class MultiHeadAttention(nn.Module):
             ``(output (batch, query_len, embed_dim), weights (batch, heads, query_len, key_len) or None)``.
         """
         if isinstance(mask, PackedSequences):
-            if need_weights or cache is not None or static_kv is not None or key is not None or self.training and self.dropout:
-                raise ValueError("packed sequences support plain self-attention only (no weights, cache, memory or attention dropout)")
-            q, k, v = (t[0].transpose(0, 1) for t in self._project(query, None, None))  # (total, heads, head_dim)
-            out = varlen_attention(q, k, v, mask)
+            # Self-attention within each sequence; a ``key`` is the same packed row when the
+            # queries run at a subset of its positions (``mask.cu_seqlens_q``).
+            if need_weights or cache is not None or static_kv is not None or value is not None or (key is not None and mask.cu_seqlens_q is None):
+                raise ValueError("packed sequences support self-attention (queries at all positions, or at a subset given by "
+                                 "cu_seqlens_q) only: no weights, cache or memory")
+            q, k, v = (t[0].transpose(0, 1) for t in self._project(query, key, None))  # (total, heads, head_dim)
+            out = varlen_attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0, subset=key is not None)
             return self.out_proj(out.reshape(query.shape[:2] + (self.embed_dim,))), None
         if getattr(mask, "attend", None) is not None:  # a structured pattern with its own kernel (layers/sparse_attention.py)
             if need_weights or cache is not None or static_kv is not None or key is not None:

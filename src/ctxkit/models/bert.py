@@ -411,6 +411,38 @@ class BertForPreTraining(PretrainedHabits, nn.Module):
             hidden = out.last_hidden_state[:, 1:]
         return self.mlm(hidden, self.bert.embeddings.word_embeddings.weight), self.nsp(out.pooler_output)
 
+    def forward_packed(self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor, cu_seqlens: Tensor, max_len: int,
+                       seq_starts: Tensor, masked_positions: Tensor):
+        """``(mlm_logits, nsp_logits)`` of sequences packed one after another in one row (no
+        padding between them: a packed pretraining batch, see
+        :class:`~ctxkit.pretraining.masking.MLMCollator`).
+
+        Args:
+            input_ids, token_type_ids, position_ids: ``(1, width)``; positions restart at 0
+                with each sequence.
+            cu_seqlens: ``(segments + 1,)`` int32 offsets of the sequences, then of the
+                padding at the row's end (:meth:`PackedSequences.from_offsets`).
+            max_len: a bound on every segment's length.
+            seq_starts: ``(batch,)`` where each sequence begins (its [CLS]).
+            masked_positions: ``(batch, n_masked)`` positions within each sequence (padded with 0).
+
+        Returns:
+            ``(batch, n_masked, vocab)`` and ``(batch, 2)``: what :meth:`forward` returns for
+            the same sequences padded, within rounding (attention never crosses a sequence).
+        """
+        batch, n_masked = masked_positions.shape
+        # The last layer runs at each sequence's [CLS] and masked positions only, as in forward:
+        # (1 + n_masked) queries per sequence, none for the padding's segments.
+        queries = torch.cat([seq_starts[:, None], seq_starts[:, None] + masked_positions], dim=1)  # (batch, 1 + n_masked)
+        per = n_masked + 1
+        cu_q = (torch.arange(cu_seqlens.numel(), device=cu_seqlens.device, dtype=torch.int32) * per).clamp_(max=batch * per)
+        packed = PackedSequences.from_offsets(cu_seqlens, max_len, cu_q, per)
+        x = self.bert.embeddings(input_ids, token_type_ids, position_ids)
+        hidden = self.bert.encoder(x, mask=packed, output_positions=queries.reshape(1, -1)).last_hidden_state
+        hidden = hidden.reshape(batch, per, hidden.size(-1))
+        pooled = self.bert.pooler(hidden)  # reads [:, 0], each sequence's [CLS]
+        return self.mlm(hidden[:, 1:], self.bert.embeddings.word_embeddings.weight), self.nsp(pooled)
+
 
 # ---------------------------------------------------------------------------------
 # Hugging Face checkpoint layout

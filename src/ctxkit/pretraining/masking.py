@@ -315,15 +315,32 @@ class MLMCollator:
         rows: fill a batch of fewer features up to this many rows with copies of its own
             rows whose targets are ignored (-100): an epoch's last, short batch keeps the
             shape of the others and trains on its real rows only.
+        pack_width: pack the batch's sequences one after another into one row of this many
+            tokens (no padding between them; the rest of the row is padding): every batch
+            has the same shape whatever its lengths, and no compute goes to padding. Use
+            with batches of about equal total length
+            (:func:`~ctxkit.data.batching.balanced_batches`); a longer batch is an error.
+        pack_max_len: the longest sequence (the row's padding is cut into segments no
+            longer, so one bound sizes the attention kernel).
+        pack_segments: how many segments the row's padding is cut into (empty ones at the
+            end keep the count fixed; default: as many as the whole row could need). Each is
+            a little work for the attention kernel, so a caller who knows the fewest tokens
+            a batch holds gives the fewest that serve.
 
     Returns (on call):
         Dict of tensors: ``input_ids`` (masked), ``token_type_ids``, ``attention_mask``
         (left out when the batch has no padding, unless ``lengths`` is set), ``labels`` ``(batch, seq)``, ``masked_positions``, ``masked_labels``
-        ``(batch, max_masked)``, ``next_sentence_label`` ``(batch,)``.
+        ``(batch, max_masked)``, ``next_sentence_label`` ``(batch,)``. Packed
+        (``pack_width``): ``input_ids``, ``token_type_ids`` and ``position_ids`` ``(1,
+        pack_width)``, ``cu_seqlens`` (int32, the sequences' offsets then the padding's
+        segments; ``batch + pack_segments + 1`` of them), ``seq_starts``
+        ``(batch,)``, and the per-sequence ``masked_positions``, ``masked_labels`` and
+        ``next_sentence_label`` as above (positions within each sequence).
     """
 
     def __init__(self, tokenizer_or_ids, config: MaskingConfig = MaskingConfig(), seed: int = 0, multiple_of: int = 1,
-                 lengths: Optional[Sequence[int]] = None, rows: Optional[int] = None):
+                 lengths: Optional[Sequence[int]] = None, rows: Optional[int] = None, pack_width: Optional[int] = None,
+                 pack_max_len: int = 512, pack_segments: Optional[int] = None):
         ids = tokenizer_or_ids if isinstance(tokenizer_or_ids, MaskingIds) else MaskingIds.from_tokenizer(tokenizer_or_ids)
         if config.whole_word and ids.continuation is None:
             raise UserError("whole_word masking needs MaskingIds.continuation (the '##' table)")
@@ -332,6 +349,7 @@ class MLMCollator:
         self.multiple_of = multiple_of
         self.lengths = tuple(sorted(lengths)) if lengths else None
         self.rows = rows
+        self.pack_width, self.pack_max_len, self.pack_segments = pack_width, pack_max_len, pack_segments
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
 
@@ -340,7 +358,11 @@ class MLMCollator:
     def __call__(self, features: Sequence[Mapping], key: Optional[Sequence[int]] = None) -> Dict[str, Tensor]:
         real = len(features)
         if self.rows is not None and 0 < real < self.rows:
-            features = list(features) + [features[i % real] for i in range(self.rows - real)]
+            if self.pack_width:  # the fillers take room in the packed row: the shortest row's copies
+                shortest = min(features, key=lambda f: len(f["input_ids"]))
+                features = list(features) + [shortest] * (self.rows - real)
+            else:
+                features = list(features) + [features[i % real] for i in range(self.rows - real)]
         batch = collate(features, pad_values={"input_ids": self.ids.pad_id}, multiple_of=self.multiple_of)
         if self.lengths is not None:
             batch = self._pad_to_bucket(batch)
@@ -357,6 +379,8 @@ class MLMCollator:
             for name in ("labels", "masked_labels", "next_sentence_label"):
                 if name in batch:
                     batch[name][real:] = IGNORE_INDEX
+        if self.pack_width:
+            return self._packed(batch)
         if self.lengths is None and bool(batch["attention_mask"].all()):
             # No padding: without a mask SDPA may pick the flash kernel (a boolean mask
             # rules it out), and the model attends everywhere exactly as the mask says.
@@ -365,6 +389,34 @@ class MLMCollator:
             # BERT-base costs ~25 s on a GPU host; the mask, ~2 % of a step).
             del batch["attention_mask"]
         return batch
+
+    def _packed(self, batch: Dict[str, Tensor]) -> Dict[str, Tensor]:
+        """The padded, masked batch as one packed row (see ``pack_width``)."""
+        width, real = self.pack_width, batch["attention_mask"].bool()
+        lengths = real.sum(1)
+        total = int(lengths.sum())
+        if total > width:
+            raise UserError(f"a batch of {len(lengths)} sequences holds {total} tokens, more than the packed row's {width}")
+        keep = real.flatten().nonzero().squeeze(1)
+
+        def row(values: Tensor, pad: int) -> Tensor:
+            out = values.new_full((1, width), pad)
+            out[0, :total] = values.flatten()[keep]
+            return out
+
+        positions = torch.arange(real.size(1)).expand_as(real)
+        # The padding after the sequences: segments of at most pack_max_len tokens (empty
+        # ones at the end keep the count fixed), each attending only within itself.
+        chunks = self.pack_segments or -(-width // self.pack_max_len)
+        if (width - total) > chunks * self.pack_max_len:
+            raise UserError(f"a batch of {total} tokens leaves {width - total} of the packed row's {width} as padding, more than "
+                            f"{chunks} segments of {self.pack_max_len} hold")
+        pad_ends = total + (torch.arange(1, chunks + 1) * self.pack_max_len).clamp(max=width - total)
+        cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0), pad_ends]).to(torch.int32)
+        return {"input_ids": row(batch["input_ids"], self.ids.pad_id), "token_type_ids": row(batch["token_type_ids"], 0),
+                "position_ids": row(positions, 0), "cu_seqlens": cu_seqlens, "seq_starts": cu_seqlens[:len(lengths)].to(torch.long),
+                "masked_positions": batch["masked_positions"], "masked_labels": batch["masked_labels"],
+                "next_sentence_label": batch["next_sentence_label"]}
 
     def _pad_to_bucket(self, batch: Dict[str, Tensor]) -> Dict[str, Tensor]:
         width = batch["input_ids"].shape[1]

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from ..models.bert import BertForPreTraining, save_bert
 from ..models.presets import BertConfig, get_preset
 from ..core.device import autocast, resolve_device
+from ..data.batching import balanced_batch_tokens, balanced_batches
 from ..training import TrainConfig, Trainer, set_seed
 from ..training.callbacks import Callback
 from .masking import IGNORE_INDEX, MaskingConfig, MLMCollator
@@ -44,26 +45,37 @@ class PretrainingModel(nn.Module):
         config: the architecture.
     """
 
-    def __init__(self, config: BertConfig):
+    def __init__(self, config: BertConfig, max_seq_len: int = 512):
         super().__init__()
         self.config = config
         self.bert = BertForPreTraining(config)
+        # Bounds every sequence of a packed batch (the attention kernel is sized by it).
+        self.max_seq_len = max_seq_len
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor, masked_positions: Tensor, masked_labels: Tensor,
-                next_sentence_label: Tensor, attention_mask: Optional[Tensor] = None, **_) -> dict:
-        """Losses for one batch.
+                next_sentence_label: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
+                cu_seqlens: Optional[Tensor] = None, seq_starts: Optional[Tensor] = None, **_) -> dict:
+        """Losses for one batch, padded or packed.
 
         Args:
-            input_ids, token_type_ids: ``(batch, seq)``, masked inputs.
+            input_ids, token_type_ids: ``(batch, seq)``, masked inputs; packed: ``(1, width)``.
             attention_mask: ``(batch, seq)``, 1 for real tokens; None when nothing is padded.
-            masked_positions: ``(batch, n_masked)`` positions to predict (padded with 0).
+            masked_positions: ``(batch, n_masked)`` positions to predict (padded with 0),
+                within each sequence.
             masked_labels: ``(batch, n_masked)`` original ids, -100 on padding.
             next_sentence_label: ``(batch,)``, 0 = B follows A, 1 = random B.
+            position_ids, cu_seqlens, seq_starts: a packed batch's positions ``(1, width)``,
+                segment offsets and where each sequence starts ``(batch,)``
+                (:class:`~ctxkit.pretraining.masking.MLMCollator` with ``pack_width``).
 
         Returns:
             ``loss`` (MLM + NSP), ``mlm_loss``, ``nsp_loss``, ``mlm_acc``, ``nsp_acc``.
         """
-        mlm_logits, nsp_logits = self.bert(input_ids, attention_mask, token_type_ids=token_type_ids, masked_positions=masked_positions)
+        if cu_seqlens is not None:
+            mlm_logits, nsp_logits = self.bert.forward_packed(input_ids, token_type_ids, position_ids, cu_seqlens, self.max_seq_len,
+                                                              seq_starts, masked_positions)
+        else:
+            mlm_logits, nsp_logits = self.bert(input_ids, attention_mask, token_type_ids=token_type_ids, masked_positions=masked_positions)
         mlm_loss = F.cross_entropy(mlm_logits.float().flatten(0, 1), masked_labels.flatten(), ignore_index=IGNORE_INDEX)
         nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label)
         valid = masked_labels != IGNORE_INDEX
@@ -213,7 +225,7 @@ def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: Tra
         raise UserError(f"{tok_dir}: not the vocabulary the shards in {shards} were built with (SHA-256 differs)")
     arch = get_preset(preset).config.replace(vocab_size=tokenizer.vocab_size, max_position=max(512, data.meta["max_seq_len"]))
     set_seed(config.seed)  # the initial weights depend on the seed alone
-    model = PretrainingModel(arch)
+    model = PretrainingModel(arch, max_seq_len=data.meta["max_seq_len"])
     collator = MLMCollator(tokenizer, masking, seed=config.seed, multiple_of=max(config.pad_multiple, 1))
     evaluate = None
     if eval_data is not None:
@@ -225,7 +237,18 @@ def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: Tra
     trainer = Trainer(model, data, config, out_dir, collate_fn=collator, evaluate=evaluate, main_metric="mlm_acc" if evaluate else None,
                       flops_per_token=lambda seq: training_flops_per_token(arch, seq, masking.mask_prob), callbacks=callbacks,
                       use="pretrain")
-    if trainer.plan.compile != "off" or trainer.plan.cuda_graphs:
+    if trainer.plan.pack_sequences:
+        # Every batch one row of the same width (the most tokens a balanced batch holds,
+        # rounded up): one shape, one compile, one CUDA graph, and no step spent on padding.
+        rows, max_len = trainer.micro_batch, data.meta["max_seq_len"]
+        most, fewest = balanced_batch_tokens(data.lengths, rows)
+        collator.pack_width = -(-most // 64) * 64
+        collator.pack_max_len, collator.rows = max_len, rows
+        collator.pack_segments = -(-(collator.pack_width - fewest) // max_len) + 1
+        trainer.batch_former = balanced_batches
+        first = balanced_batches(data.lengths, rows, config.seed, 0)[0]
+        trainer.warm_batches = [collator([data[i] for i in first], key=(2**32 - 1, 0))]  # a key no training batch uses
+    elif trainer.plan.compile != "off" or trainer.plan.cuda_graphs:
         # A fixed set of shapes whatever the length mix of the shards: each shape is a compile and
         # a CUDA graph, so half and full length (short pairs are BERT's 10 % of short targets) and
         # every batch at full rows (the epoch's last one filled with ignored copies).

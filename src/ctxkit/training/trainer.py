@@ -13,6 +13,7 @@ The model is any module whose ``forward(**batch)`` returns a dict with ``"loss"`
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -89,6 +90,18 @@ def _compiled_graphs() -> int:
 
 def _to(batch: Dict[str, torch.Tensor], device: torch.device) -> Dict[str, torch.Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def _rows_and_tokens(cpu_batch: Dict[str, torch.Tensor]):
+    """``(sequences, real tokens)`` of a collated batch: rows of ``input_ids`` and the
+    attention mask's ones (every token without a mask); a packed batch (one row holding
+    its sequences one after another: ``seq_starts`` and ``cu_seqlens``, as
+    :class:`~ctxkit.pretraining.masking.MLMCollator` packs them) counts its sequences."""
+    if "seq_starts" in cpu_batch:
+        rows = cpu_batch["seq_starts"].numel()
+        return rows, int(cpu_batch["cu_seqlens"][rows])
+    rows = cpu_batch["input_ids"].shape[0]
+    return rows, int(cpu_batch["attention_mask"].sum()) if "attention_mask" in cpu_batch else cpu_batch["input_ids"].numel()
 
 
 class Trainer(CheckpointIO):
@@ -226,6 +239,9 @@ class Trainer(CheckpointIO):
         # One collated batch per shape the run will meet (pretrain sets them when it pads to
         # length buckets): compiled before step 1, so no compile stalls the measured steps.
         self.warm_batches: List[Dict[str, torch.Tensor]] = []
+        # Forms each epoch's global batches instead of length grouping (pretrain sets
+        # data.batching.balanced_batches when it packs sequences): (lengths, batch, seed, epoch) -> ids.
+        self.batch_former: Optional[Callable] = None
         background = config.background_saves if config.background_saves is not None else self.device.type == "cuda"
         self._saver = BackgroundSaver() if background and config.save_checkpoints else None
         self._snapshot = HostSnapshot()
@@ -326,12 +342,12 @@ class Trainer(CheckpointIO):
                 self._note_shape(group[0], bar)
                 if self.graphed is not None:
                     cpu_batch = group[0]
-                    seen += cpu_batch["input_ids"].shape[0]
-                    tokens += int(cpu_batch["attention_mask"].sum()) if "attention_mask" in cpu_batch else cpu_batch["input_ids"].numel()
+                    rows, n_tok = _rows_and_tokens(cpu_batch)
+                    seen, tokens = seen + rows, tokens + n_tok
                     batch = _to(cpu_batch, self.device)
                     # A full batch replays its graph; so does a short one that the collator filled
                     # up to the full row count (rows with ignored targets, e.g. pretraining's).
-                    full = cpu_batch["input_ids"].shape[0] * self.world == self.micro_batch
+                    full = rows * self.world == self.micro_batch
                     scalars = self.graphed(batch) if full else self.graphed.eager(batch)
                     self.scheduler.step()
                 else:
@@ -454,7 +470,15 @@ class Trainer(CheckpointIO):
                                              # a scheduler's SIGTERM reaches the whole process group: the
                                              # workers leave it to this process, which stops after its step
                                              worker_init_fn=leave_stop_signals_to_parent)
-        return iter(loader)
+        # The workers are forked: garbage of this process that holds CUDA tensors (an earlier
+        # run's, in a notebook or a benchmark) must not be collected there, where freeing it
+        # touches CUDA and aborts the worker. Frozen objects are never collected in the fork
+        # (and here again as usual once unfrozen); freezing costs no traversal.
+        gc.freeze()
+        try:
+            return iter(loader)  # forks the workers
+        finally:
+            gc.unfreeze()
 
     def _throughput(self, seqs: int, tokens: int, seconds: float) -> dict:
         """Sequences/s, tokens/s and (when FLOPs and peak are known) MFU over a log interval."""
@@ -476,11 +500,11 @@ class Trainer(CheckpointIO):
         model outputs, averaged over the micro-batches by their sizes.
         """
         cfg = self.config
-        n_examples = sum(g["input_ids"].shape[0] for g, w in zip(group, weights) if w)
+        n_examples = sum(_rows_and_tokens(g)[0] for g, w in zip(group, weights) if w)
         sums: Dict[str, torch.Tensor] = {}
         n_tokens = 0
         for j, cpu_batch in enumerate(group):
-            n_tokens += int(cpu_batch["attention_mask"].sum()) if "attention_mask" in cpu_batch else cpu_batch["input_ids"].numel()
+            n_tokens += _rows_and_tokens(cpu_batch)[1]
             batch = _to(cpu_batch, self.device)
             # DDP / FSDP: all-reduce (reduce-scatter) gradients only after the last micro-batch.
             no_sync = getattr(self.forward, "no_sync", None)

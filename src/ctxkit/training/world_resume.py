@@ -43,7 +43,7 @@ import logging
 import math
 import warnings
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -113,13 +113,15 @@ class EpochOrder:
     """
 
     def __init__(self, lengths: Sequence[int], batch_size: int, grad_accum: int, seed: int, epoch: int, group_factor: int,
-                 rank: int = 0, world: int = 1, whole: bool = False, legacy: bool = False):
+                 rank: int = 0, world: int = 1, whole: bool = False, legacy: bool = False, former: Optional[Callable] = None):
         self.name = LEGACY_ORDER if legacy else DATA_ORDER
         self.grad_accum = grad_accum
         if legacy:
             micro = length_grouped_batches(lengths, batch_size // grad_accum, seed, epoch, group_factor=group_factor)
             usable = len(micro) - len(micro) % grad_accum if len(micro) >= grad_accum else len(micro)
             steps = [micro[b:b + grad_accum] for b in range(0, usable, grad_accum)]
+        elif former is not None:
+            steps = [[b] for b in former(lengths, batch_size, seed, epoch)]
         else:
             steps = [[b] for b in length_grouped_batches(lengths, batch_size, seed, epoch, group_factor=group_factor)]
         # (one global batch a step shares its list: an epoch of pretraining holds ~1e8 ids)
@@ -485,5 +487,5 @@ class CheckpointIO:
         legacy = resuming and state.get("data_order", LEGACY_ORDER) == LEGACY_ORDER and accum > 1
         order = EpochOrder(self.lengths, cfg.batch_size, accum if legacy else cfg.grad_accum, cfg.seed, epoch,
                            50 if cfg.group_factor is None else cfg.group_factor, self.rank, self.world,
-                           whole=self.graphed is not None, legacy=legacy)
+                           whole=self.graphed is not None, legacy=legacy, former=self.batch_former)
         return order, order.start(state, cfg.batch_size) if resuming else 0
