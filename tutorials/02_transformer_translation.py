@@ -36,10 +36,10 @@ from pathlib import Path
 SMOKE = os.environ.get("CTXKIT_TUTORIAL_SMOKE") == "1"
 DATA = Path(os.environ.get("CTXKIT_DATA", "../../shared/data"))
 MAX_WORDS = 10  # keep sentence pairs of at most this many words per side: short pairs learn fastest
-N_TRAIN = 500 if SMOKE else 10000  # training pairs (Multi30k has 29k)
-N_VALID = 20 if SMOKE else 200  # validation pairs for BLEU
-STEPS = 8 if SMOKE else 300  # optimiser steps of BATCH_SIZE pairs
-BATCH_SIZE = 32 if SMOKE else 64
+N_TRAIN = 200 if SMOKE else 10000  # training pairs (Multi30k has 29k)
+N_VALID = 8 if SMOKE else 200  # validation pairs for BLEU
+STEPS = 4 if SMOKE else 300  # optimiser steps of BATCH_SIZE pairs
+BATCH_SIZE = 16 if SMOKE else 64
 VOCAB_SIZE = 400 if SMOKE else 1000  # joint byte-level BPE vocabulary
 HIDDEN = 128  # model width; 4 heads, FFN 4 x HIDDEN, 2 encoder + 2 decoder layers
 LR = 3e-3
@@ -112,7 +112,7 @@ for de, en in train_pairs[:3]:
 config = TrainConfig(
     epochs=STEPS * BATCH_SIZE / len(train_pairs), max_steps=STEPS,  # the schedule spans (about) STEPS steps
     batch_size=BATCH_SIZE, lr=LR, warmup_ratio=0.05, schedule="linear", seed=SEED, device=DEVICE,
-    log_every=4 if SMOKE else 10, progress=False,
+    log_every=2 if SMOKE else 10, progress=False,
     eval_each_epoch=False, save_checkpoints=False,  # no per-epoch BLEU or resumable checkpoints: we score once, below
 )
 summary = train_translation(

@@ -37,7 +37,7 @@ from pathlib import Path
 
 SMOKE = os.environ.get("CTXKIT_TUTORIAL_SMOKE") == "1"
 DATA = Path(os.environ.get("CTXKIT_DATA", "../../shared/data"))
-N_SENTENCES = 3000 if SMOKE else None  # PTB training sentences (None: all 42k, 0.9M tokens)
+N_SENTENCES = 1500 if SMOKE else None  # PTB training sentences (None: all 42k, 0.9M tokens)
 EPOCHS = 1 if SMOKE else 3  # word2vec passes over the corpus
 FT_EPOCHS = 1 if SMOKE else 2  # fastText passes (each costs about twice a word2vec pass)
 DIM = 50 if SMOKE else 100  # vector size

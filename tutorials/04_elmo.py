@@ -39,13 +39,13 @@ from pathlib import Path
 
 SMOKE = os.environ.get("CTXKIT_TUTORIAL_SMOKE") == "1"
 DATA = Path(os.environ.get("CTXKIT_DATA", "../../shared/data"))
-TRAIN_DOCS = 10 if SMOKE else 300  # Wikipedia articles for biLM training (300: ~80k words)
+TRAIN_DOCS = 4 if SMOKE else 300  # Wikipedia articles for biLM training (300: ~80k words)
 VALID_DOCS = 0 if SMOKE else 30  # articles for validation perplexity (0: none)
 BILM_STEPS = 6 if SMOKE else 200  # optimiser steps of BATCH x UNROLL tokens
-BATCH, UNROLL = 32, 20
+BATCH, UNROLL = (16, 10) if SMOKE else (32, 20)
 CELL, PROJ = 256, 64  # LSTM cell size and projection (representations are 2 x PROJ wide)
 PROBE_TRAIN, PROBE_DEV = (60, 30) if SMOKE else (1000, 300)  # CoNLL-2003 sentences for the chunking probe
-PROBE_EPOCHS = 60  # full-batch steps of the probe (cheap: the features are computed once)
+PROBE_EPOCHS = 30 if SMOKE else 60  # full-batch steps of the probe (cheap: the features are computed once)
 SEED = 0
 
 # %%

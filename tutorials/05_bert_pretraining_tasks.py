@@ -39,10 +39,10 @@ from pathlib import Path
 
 SMOKE = os.environ.get("CTXKIT_TUTORIAL_SMOKE") == "1"
 DATA = Path(os.environ.get("CTXKIT_DATA", "../../shared/data"))
-N_DOCS = 100 if SMOKE else 600  # Wikipedia articles (wiki_00 holds 620 non-empty ones)
+N_DOCS = 50 if SMOKE else 600  # Wikipedia articles (wiki_00 holds 620 non-empty ones)
 MAX_SEQ_LEN = 64  # tokens per pair, [CLS] and both [SEP] included (BERT: 128, then 512)
-MASK_BATCHES = 10 if SMOKE else 100  # batches of 32 pairs masked afresh, for the 80/10/10 counts
-NSP_PAIRS = 40 if SMOKE else 300  # pairs embedded with MiniLM
+MASK_BATCHES = 4 if SMOKE else 100  # batches of 32 pairs masked afresh, for the 80/10/10 counts
+NSP_PAIRS = 24 if SMOKE else 300  # pairs embedded with MiniLM
 SEED = 0
 CHECKPOINT = "all_minilm_l6_v2"
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 SMOKE = os.environ.get("CTXKIT_TUTORIAL_SMOKE") == "1"
 DATA = Path(os.environ.get("CTXKIT_DATA", "../../shared/data"))
-N_SENTENCES = 40 if SMOKE else 2000  # the lecture's batch_1 = df[:2000] (smoke: 20 of each label)
+N_SENTENCES = 20 if SMOKE else 2000  # the lecture's batch_1 = df[:2000] (smoke: 10 of each label)
 CHECKPOINT = "all_minilm_l6_v2"  # the packaged real checkpoint (ctxkit download all_minilm_l6_v2)
 SEED = 0
 

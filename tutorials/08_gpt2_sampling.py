@@ -39,10 +39,10 @@ SMOKE = os.environ.get("CTXKIT_TUTORIAL_SMOKE") == "1"
 DATA = Path(os.environ.get("CTXKIT_DATA", "../../shared/data"))
 SEED = 0
 PRESET = "gpt2_2_128_2"  # 2 layers, width 128, 2 heads
-VOCAB_SIZE = 1000 if SMOKE else 4000  # byte-level BPE learned on the training text
+VOCAB_SIZE = 500 if SMOKE else 4000  # byte-level BPE learned on the training text
 BLOCK = 64  # training length = context length, in tokens
-PARAGRAPHS = 100 if SMOKE else None  # training paragraphs of Emma (None: all but the validation ones)
-VALID_PARAGRAPHS = 20 if SMOKE else None  # validation paragraphs used (None: all of the last 5 %)
+PARAGRAPHS = 40 if SMOKE else None  # training paragraphs of Emma (None: all but the validation ones)
+VALID_PARAGRAPHS = 8 if SMOKE else None  # validation paragraphs used (None: all of the last 5 %)
 EPOCHS = 1 if SMOKE else 2
 PROMPT = "Emma was"
 NEW_TOKENS = 12 if SMOKE else 40
@@ -57,7 +57,6 @@ import tempfile
 import time
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 import torch
 
