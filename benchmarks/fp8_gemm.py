@@ -22,7 +22,7 @@ from ffn_epilogue import kernel_table, time_ms  # per-call median and profiler t
 
 from ctxkit.inference.gpu import GPUEncoder
 from ctxkit.models.bert import BertModel
-from ctxkit.models.presets import PRESETS
+from ctxkit.zoo.presets import PRESETS
 
 SHAPES = {"q/k/v": (768, 2304), "attention output": (768, 768), "fc1": (768, 3072), "fc2": (3072, 768)}
 

@@ -32,7 +32,7 @@ from harness import command_line, device_name, speed_record, write_records
 
 from ctxkit.decoding import GenerationConfig, generate
 from ctxkit.models.gpt2 import GPT2LMHeadModel, save_gpt2
-from ctxkit.models.presets import GPT2_PRESETS
+from ctxkit.zoo.presets import GPT2_PRESETS
 
 
 def timed(fn, device: str) -> tuple:

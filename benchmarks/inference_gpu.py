@@ -36,7 +36,7 @@ from ctxkit.core.timing import median_latency_ms
 from ctxkit.cli.bench import _glue_batches, bench_infer
 from ctxkit.fast import FastPlan
 from ctxkit.models.bert import BertModel, save_bert
-from ctxkit.models.presets import PRESETS
+from ctxkit.zoo.presets import PRESETS
 from ctxkit.tasks import get_task
 
 DECLARED = {"fp8": "fp8 matrix products (declared precision; peers bf16)", "fp8norm": "fp8 q/k/v and fc1 (declared precision; peers bf16)",

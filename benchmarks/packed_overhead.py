@@ -23,7 +23,7 @@ from ctxkit.cli.bench import _glue_batches
 from ctxkit.inference.gpu import GPUEncoder
 from ctxkit.layers.attention import PackedSequences
 from ctxkit.models.bert import BertModel
-from ctxkit.models.presets import PRESETS
+from ctxkit.zoo.presets import PRESETS
 
 
 def main(argv=None) -> int:

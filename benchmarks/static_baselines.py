@@ -36,8 +36,9 @@ import torch
 
 from harness import command_line, write_records
 
-from ctxkit.models.bag_of_embeddings import train_bag_classifier
-from ctxkit.models.static import WordVectors, train_word2vec
+from ctxkit.models.static import WordVectors
+from ctxkit.pretraining.word2vec import train_word2vec
+from ctxkit.tasks.bag_classifier import train_bag_classifier
 from ctxkit.data.glue import read_sst2
 
 REPO = Path(__file__).resolve().parents[1]

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from harness import RESULTS, command_line
 
-from ctxkit.models.presets import XLNET_PRESETS
+from ctxkit.zoo.presets import XLNET_PRESETS
 from ctxkit.pretraining import MaskingConfig
 from ctxkit.pretraining.train import pretrain
 from ctxkit.pretraining.xlnet_pretrain import pretrain_xlnet

@@ -183,7 +183,7 @@ def tiny_bert_dir(shared_data, tmp_path_factory) -> Path:
     import csv
 
     from ctxkit.models.bert import BertModel, save_bert
-    from ctxkit.models.presets import BertConfig
+    from ctxkit.zoo.presets import BertConfig
     from ctxkit.tokenizers import WordPieceTokenizer
 
     with open(shared_data / "glue" / "SST-2" / "train.tsv", encoding="utf-8") as f:

@@ -19,7 +19,7 @@ from ctxkit.models.bert import BertModel, save_bert
 from ctxkit.models.char_lm import CharLSTMConfig, CharTransformerConfig, build_char_lm, save_char_lm
 from ctxkit.models.elmo import ElmoConfig, ElmoLanguageModel
 from ctxkit.models.elmo_io import load_bilm, save_elmo_lm
-from ctxkit.models.presets import BertConfig
+from ctxkit.zoo.presets import BertConfig
 from ctxkit.models.seq2seq import RNNSeq2Seq, RNNSeq2SeqConfig, Seq2SeqConfig, TransformerSeq2Seq, save_seq2seq
 from ctxkit.models.transformer_xl import TransformerXLConfig, TransformerXLLMHeadModel
 from ctxkit.models.transformer_xl_io import save_transformer_xl_lm

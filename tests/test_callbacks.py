@@ -104,7 +104,7 @@ def test_transformer_xl_cli_logs_to_tensorboard(tmp_path):
 
 
 def test_word2vec_reports_each_chunk_and_the_epoch_losses():
-    from ctxkit.models.static import train_word2vec
+    from ctxkit.pretraining.word2vec import train_word2vec
 
     class Recorder(Callback):
         def __init__(self):

@@ -136,7 +136,7 @@ def test_compiled_cpu_backend_equals_eager_with_length_padding(name, monkeypatch
     """
     from ctxkit.inference.cpu_compile import CompiledCPUModel
     from ctxkit.models.bert import BertModel
-    from ctxkit.models.presets import BertConfig
+    from ctxkit.zoo.presets import BertConfig
 
     if name == "sst-2":
         real_compile = torch.compile

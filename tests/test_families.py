@@ -1,4 +1,4 @@
-"""The family registry (ctxkit.models.families): one record per family, round trips, exclusive
+"""The family registry (ctxkit.zoo.families): one record per family, round trips, exclusive
 detection, list-models generated from it, common config names."""
 
 import dataclasses
@@ -10,12 +10,12 @@ import torch
 from ctxkit import zoo
 from ctxkit.cli import main
 from ctxkit.core.errors import UnknownNameError, UserError
-from ctxkit.models import families
+from ctxkit.zoo import families
 from ctxkit.models.bert import BertConfig
 from ctxkit.models.char_lm import CHAR_PRESETS
 from ctxkit.models.common import Preset
 from ctxkit.models.elmo import ElmoConfig
-from ctxkit.models.families import FAMILIES, Family, family_of, find_family, get_family
+from ctxkit.zoo.families import FAMILIES, Family, family_of, find_family, get_family
 from ctxkit.models.gpt2 import GPT2Config
 from ctxkit.models.seq2seq import RNNSeq2SeqConfig, Seq2SeqConfig
 from ctxkit.models.static import WordVectors

@@ -224,7 +224,7 @@ def _pretrain_steps(shards_dir, out, **config):
 
 
 def test_compiled_layers_and_checkpointing_train_like_eager(wiki_shards, tmp_path, monkeypatch):
-    from ctxkit.models import presets
+    from ctxkit.zoo import presets
 
     # No dropout, so the compiled kernels (with their own RNG) must give the eager losses.
     # One layer: Inductor's C++ kernels (forward and backward, compiled cold in CI) are what

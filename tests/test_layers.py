@@ -243,7 +243,7 @@ def test_compiled_inference_reuses_the_right_fused_projection_per_set():
     from ctxkit.heads.classification import EncoderWithHead, SequenceClassificationHead
     from ctxkit.layers.attention import PackedSequences
     from ctxkit.models.bert import BertModel
-    from ctxkit.models.presets import get_preset
+    from ctxkit.zoo.presets import get_preset
 
     torch.manual_seed(0)
     config = get_preset("bert_2_128_2").config.replace(vocab_size=300, dropout=0.0, attention_dropout=0.0)
@@ -274,7 +274,7 @@ def test_bucketed_packed_batch_gives_the_real_rows_their_own_outputs():
     from ctxkit.inference.gpu import GPUEncoder, bucket_batch, token_bucket
     from ctxkit.layers.attention import PackedSequences
     from ctxkit.models.bert import BertModel
-    from ctxkit.models.presets import get_preset
+    from ctxkit.zoo.presets import get_preset
 
     assert [token_bucket(n) for n in (1, 256, 257, 4096, 4097, 6446)] == [256, 256, 512, 4096, 4608, 6656]
     torch.manual_seed(0)

@@ -118,7 +118,7 @@ def test_packed_pretraining_resumes_exactly(wiki_shards, tmp_path):
     losses as an uninterrupted one, bit for bit."""
     import dataclasses
 
-    from ctxkit.models import presets
+    from ctxkit.zoo import presets
 
     base = presets.get_preset("bert_2_128_2")
     one_layer = dataclasses.replace(base, config=base.config.replace(num_layers=1))

@@ -320,7 +320,7 @@ def test_stream_true_yields_the_continuation_in_pieces(tmp_path):
 def _translator(tmp_path):
     """A tiny random Transformer translator saved as a ``translate-train`` run (``RUN/best/``):
     a joint byte-level BPE with the translation specials, the model from a preset, shrunk."""
-    from ctxkit.models.presets import SEQ2SEQ_PRESETS
+    from ctxkit.zoo.presets import SEQ2SEQ_PRESETS
     from ctxkit.models.seq2seq import TransformerSeq2Seq, save_seq2seq
     from ctxkit.tasks.translation import SPECIALS
     from ctxkit.tokenizers import ByteLevelBPETokenizer

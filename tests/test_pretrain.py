@@ -30,7 +30,7 @@ def _one_layer(monkeypatch):
     code path; the resume and learning tests check what does not depend on the depth."""
     import dataclasses
 
-    from ctxkit.models import presets
+    from ctxkit.zoo import presets
 
     base = presets.get_preset("bert_2_128_2")
     monkeypatch.setitem(presets.PRESETS, "bert_2_128_2", dataclasses.replace(base, config=base.config.replace(num_layers=1)))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ctxkit.decoding import GenerationConfig, generate
-from ctxkit.models.presets import Seq2SeqConfig
+from ctxkit.zoo.presets import Seq2SeqConfig
 from ctxkit.models.seq2seq import TransformerSeq2Seq
 from tolerance import assert_paths_agree
 
@@ -116,7 +116,7 @@ def test_label_smoothing_and_schedule():
 
 
 def test_rnn_attention_baseline_learns_copy_and_caches(tmp_path):
-    from ctxkit.models.presets import RNNSeq2SeqConfig
+    from ctxkit.zoo.presets import RNNSeq2SeqConfig
     from ctxkit.models.seq2seq import RNNSeq2Seq, load_seq2seq, save_seq2seq
 
     torch.manual_seed(0)

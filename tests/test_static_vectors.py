@@ -9,22 +9,19 @@ import numpy as np
 import pytest
 import torch
 
-from ctxkit.models.bag_of_embeddings import BagOfEmbeddingsClassifier, train_bag_classifier
-from ctxkit.models.static import (
+from ctxkit.models.bag_of_embeddings import BagOfEmbeddingsClassifier
+from ctxkit.models.static import WordVectors, char_ngrams, fasttext_hash, ngram_buckets
+from ctxkit.models.static_io import guess_format, read_corpus, read_vectors, write_vectors
+from ctxkit.pretraining.word2vec import (
     NegativeSamplingModel,
     UnigramSampler,
-    WordVectors,
     _cbow_examples,
     _skipgram_examples,
     build_vocab,
-    char_ngrams,
-    fasttext_hash,
     keep_probabilities,
-    ngram_buckets,
-    read_corpus,
     train_word2vec,
 )
-from ctxkit.models.static_io import guess_format, read_vectors, write_vectors
+from ctxkit.tasks.bag_classifier import train_bag_classifier
 from ctxkit.cli.static import add_static_parsers
 from ctxkit.data.glue import read_sst2
 from tolerance import assert_close_to_reference, assert_paths_agree

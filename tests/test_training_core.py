@@ -12,7 +12,7 @@ from ctxkit.core.errors import MissingFileError, UserError
 from ctxkit.core.run_state import (capture_rng, load_checkpoint, resolve_precision, restore_rng, save_checkpoint)
 from ctxkit.heads.classification import EncoderWithHead, SequenceClassificationHead
 from ctxkit.models import BertModel, get_preset
-from ctxkit.models.static import train_word2vec
+from ctxkit.pretraining.word2vec import train_word2vec
 from ctxkit.training import predict
 from tolerance import assert_close_to_reference, through_linear
 

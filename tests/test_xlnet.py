@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ctxkit.core.checkpoint import CheckpointMismatchError
-from ctxkit.models.presets import XLNET_PRESETS, XLNetConfig
+from ctxkit.zoo.presets import XLNET_PRESETS, XLNetConfig
 from ctxkit.models.xlnet import (
     XLNetLMHeadModel,
     XLNetModel,

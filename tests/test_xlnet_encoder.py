@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from ctxkit.models.presets import XLNET_PRESETS
+from ctxkit.zoo.presets import XLNET_PRESETS
 from ctxkit.models.xlnet import XLNetModel
 from ctxkit.models.xlnet_encoder import XLNetEncoder
 from ctxkit.tasks import get_task
@@ -80,7 +80,7 @@ def test_bert_layout_is_run_in_xlnet_layout_and_mapped_back():
 
 
 def test_save_and_load_keep_body_pooler_and_lm_bias(tmp_path):
-    from ctxkit.models.encoders import encoder_family, load_encoder, save_encoder
+    from ctxkit.zoo.encoders import encoder_family, load_encoder, save_encoder
     from ctxkit.models.xlnet import load_xlnet
 
     enc = _encoder()

@@ -14,7 +14,7 @@ import ctxkit
 from ctxkit import zoo
 from ctxkit.core.errors import UnknownNameError, UserError
 from ctxkit.core.hub import HubNotCachedError
-from ctxkit.models.catalog import GLUON_NAMES, HUB_MODELS, NO_COPY, hub_model
+from ctxkit.core.catalog import GLUON_NAMES, HUB_MODELS, NO_COPY, hub_model
 from ctxkit.tokenizers import ByteLevelBPETokenizer
 from tolerance import assert_same_function, float64
 
@@ -175,7 +175,7 @@ def test_gluonnlp_names(hf_cache, tmp_path, minilm_dir):
         if g.relation == NO_COPY:
             assert g.target is None
         else:
-            assert hub_model(g.target) is not None or g.target in ctxkit.models.catalog.URL_MODELS, g
+            assert hub_model(g.target) is not None or g.target in ctxkit.core.catalog.URL_MODELS, g
 
 
 # ---------------------------------------------------------------------------- released ELMo by URL
@@ -209,7 +209,7 @@ def elmo_server(tmp_path):
 
 
 def _url_model(base, options_sha, weights_sha):
-    from ctxkit.models.catalog import UrlModel
+    from ctxkit.core.catalog import UrlModel
 
     return UrlModel(name="elmo_tiny_test", family="elmo", preset="elmo_2x1024_128_2048cnn_1xhighway", description="test",
                     files={"options.json": (f"{base}/o.json", options_sha), "weights.hdf5": (f"{base}/w.hdf5", weights_sha)})
@@ -218,7 +218,7 @@ def _url_model(base, options_sha, weights_sha):
 def test_released_elmo_by_url_is_sha256_checked(elmo_server, tmp_path, monkeypatch):
     import hashlib
 
-    from ctxkit.models import catalog
+    from ctxkit.core import catalog
 
     root, base, model = elmo_server
     monkeypatch.setenv("CTXKIT_HOME", str(tmp_path / "home"))
@@ -239,7 +239,7 @@ def test_released_elmo_by_url_is_sha256_checked(elmo_server, tmp_path, monkeypat
 
 def test_released_elmo_without_a_published_checksum_is_recorded_then_checked(elmo_server, tmp_path, monkeypatch):
     from ctxkit.core.fetch import RECORD
-    from ctxkit.models import catalog
+    from ctxkit.core import catalog
 
     root, base, _ = elmo_server
     monkeypatch.setenv("CTXKIT_HOME", str(tmp_path / "home"))

@@ -52,7 +52,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import ctxkit
-from ctxkit.models.static import train_word2vec
+from ctxkit.pretraining.word2vec import train_word2vec
 from ctxkit.tokenizers import read_lines
 
 # %% [markdown]

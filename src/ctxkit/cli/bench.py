@@ -35,7 +35,8 @@ from ..data.batching import collate
 from ..decoding import GenerationConfig, generate
 from ..fast import resolve
 from ..inference.gpu import GPUEncoder
-from ..models import GPT2_PRESETS, BertModel, GPT2LMHeadModel, get_preset
+from ..zoo.families import build_model
+from ..zoo.presets import GPT2_PRESETS, get_preset
 from ..pretraining.masking import MaskingConfig, MaskingIds, MLMCollator
 from ..pretraining.train import PretrainingModel, training_flops_per_token
 from ..tasks import get_task
@@ -142,7 +143,7 @@ def bench_infer(preset: str = "bert_12_768_12", task: str = "sst-2", batch: int 
         ``seq_per_s`` (sentences/s), ``ms_per_batch``, ``latency_ms`` (batch 1) and the resolved ``fast`` plan.
     """
     torch.manual_seed(0)
-    model = get_task(task).build_model(BertModel(get_preset(preset).config)).eval()
+    model = get_task(task).build_model(build_model(get_preset(preset).config)).eval()
     encoder = GPUEncoder(model, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32, plan=fast)
     out = {"bench": "infer", "asked": str(fast), "preset": preset, "task": task, "batch": batch, "dtype": dtype}
     if data is None:
@@ -188,7 +189,7 @@ def bench_decode(preset: str = "gpt2_117m", batch: int = 1, prompt: int = 32, ne
     """
     dev = resolve_device(device)
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2_PRESETS[preset].replace(dropout=0.0, attention_dropout=0.0)).eval()
+    model = build_model(GPT2_PRESETS[preset].replace(dropout=0.0, attention_dropout=0.0)).eval()
     model = model.to(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32)
     plan = resolve(fast, use="decode", device=dev)
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt), generator=torch.Generator().manual_seed(1)).to(dev)

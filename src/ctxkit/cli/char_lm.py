@@ -9,7 +9,7 @@ import logging
 
 from ..core.errors import UserError
 from ..data.errors import check_input
-from ..models.char_lm import CHAR_PRESETS
+from ..zoo.presets import CHAR_PRESETS
 from ..pretraining.char_corpus import build_char_corpus
 from ..pretraining.char_lm import train_char_lm
 from ..training.callbacks import make_callbacks

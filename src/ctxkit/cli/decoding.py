@@ -11,7 +11,7 @@ import argparse
 import json
 import logging
 import sys
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -24,8 +24,9 @@ from ..decoding.generate import GenerationConfig, generate
 from ..decoding.streamers import StopStringText
 from ..fast import resolve
 from ..zoo import checkpoint_folder
-from ..models.gpt2 import GPT2_PRESETS, GPT2LMHeadModel, load_gpt2
 from ..tasks.translation import alignment, bleu, load_translator, read_parallel, train_translation, translate
+from ..zoo.families import build_model, load_model
+from ..zoo.presets import GPT2_PRESETS
 from ..tokenizers import ByteLevelBPETokenizer
 from ..training import resolve_device
 
@@ -70,7 +71,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             raise UserError(f"{args.model} is a preset (an architecture, no weights): add --random-init to sample from "
                             "random weights, or name a checkpoint (gpt2, distilgpt2, a folder)")
         folder = checkpoint_folder(args.model)  # a folder, a run folder (its best/), a checkpoint name or a Hub id such as gpt2
-        model = load_gpt2(folder).to(device).eval()
+        model, _ = load_model(folder, family="gpt2")
+        model = model.to(device).eval()
         tokenizer = ByteLevelBPETokenizer.from_dir(folder)
     config = GenerationConfig(max_new_tokens=args.max_new_tokens, do_sample=not args.greedy and args.num_beams == 1,
                               temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -117,7 +119,7 @@ def _random_gpt2(preset: str, seed: Optional[int]):
     config = GPT2_PRESETS[preset].replace(vocab_size=tokenizer.vocab_size)
     torch.manual_seed(0 if seed is None else seed)
     logger.warning("%s: random weights (--random-init): the text will be noise", preset)
-    return GPT2LMHeadModel(config), tokenizer
+    return build_model(config), tokenizer
 
 
 def _stdin_prompts():

@@ -20,15 +20,13 @@ import numpy as np
 import torch
 
 from ctxkit.core.errors import UserError
-from ctxkit.features.embed import embed
+from ctxkit.features.embed import elmo_lm_vectors, embed
 from .. import zoo
 from ..features.senses import DEMO_WORDS, SENTENCES
 from ..features.senses import cosine_matrix as _cosine_matrix
 from ..features.senses import mean_sims as _mean_sims
 from ..features.senses import static_vector as _static_vector
 from ..layers.position import sinusoidal_table
-from ..models.elmo import elmo_embed
-from ..models.elmo_io import load_elmo_lm
 
 INSTALL_HINT = "ctxkit download all_minilm_l6_v2"
 
@@ -102,9 +100,7 @@ def _elmo_vectors(folder: str, sentences: List[List[str]]) -> List[np.ndarray]:
     """Per sentence ``(n_words, dim)`` ELMo vectors (equal-weight mix of all layers) from a
     ``ctxkit pretrain-elmo`` folder, for the words the BERT embedder split the text into."""
 
-    lm, _ = load_elmo_lm(folder)
-    out = elmo_embed(lm.bilm, sentences)
-    return [out.sentence(i)[1].numpy() for i in range(len(sentences))]
+    return elmo_lm_vectors(folder, sentences)
 
 
 def run_demo(

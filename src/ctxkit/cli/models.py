@@ -21,7 +21,7 @@ from ..data.errors import check_input
 from ..data.lines import decode_lines, read_lines
 from ..features.embed import LAYER_CHOICES, LONG_INPUT_CHOICES, POOLING_CHOICES, SUBWORD_POOLING_CHOICES, embed
 from ..tokenizers import WordPieceTokenizer
-from ..models.catalog import GLUON_NAMES, HUB_MODELS, URL_MODELS
+from ..core.catalog import GLUON_NAMES, HUB_MODELS, URL_MODELS
 from ..zoo import download_checkpoint, get_tokenizer, installed_path, list_models
 from .demo import run_demo
 

@@ -14,24 +14,20 @@ import math
 from pathlib import Path
 
 from ..core.checkpoint import atomic_write
-from ..core.device import resolve_device
-from ..models.elmo import ELMO_PRESETS
-from ..models.presets import XLNET_PRESETS
-from ..models.transformer_xl import TRANSFO_XL_PRESETS
-from ..pretraining.bilm import BiLMTrainConfig, char_table, corpus_stream, evaluate_bilm, train_bilm
+from ..pretraining.bilm import BiLMTrainConfig, evaluate_final, train_bilm
 from ..pretraining.corpus import FORMATS
 from ..pretraining.distill import distill_pretrain
 from ..pretraining.xl_lm import XLTrainConfig, _write_text, evaluate_xl_lm, load_xl_lm, train_xl_lm, xl_stream
 from ..pretraining.xlnet_pretrain import pretrain_xlnet
 from ..core.errors import UserError
+from ..zoo.families import load_model
+from ..zoo.presets import ELMO_PRESETS, TRANSFO_XL_PRESETS, XLNET_PRESETS
 from ..training.callbacks import add_log_to_argument, make_callbacks
 from .char_lm import add_char_flags, run_char_lm
 from .models import add_wordpiece_flags, check_vocab_size
 from .train_flags import (device_option, add_allow_changes_argument, add_on_sigterm_argument, add_train_flags, signal_status,
                           train_config_from_args)
 from ..data.errors import check_input, require_rereadable
-from ..models.elmo_io import load_elmo_lm
-from ..models.gpt2 import load_gpt2
 from ..pretraining.corpus import write_word_corpus
 from ..pretraining.lm import corpus_ids, perplexity, train_lm
 from ..pretraining.masking import MaskingConfig
@@ -221,7 +217,7 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     for path in args.data:  # read twice below: tokens, then words
         require_rereadable(path, "perplexity")
     folder = checkpoint_folder(args.model)  # a folder, a run folder (its best/), a checkpoint name or a Hub id
-    model = load_gpt2(folder)
+    model, _ = load_model(folder, family="gpt2")
     ids = corpus_ids(args.data, ByteLevelBPETokenizer.from_dir(folder), show_progress=not args.no_progress)
     result = perplexity(model, ids, args.max_length, args.stride, device=args.device, batch_size=args.batch_size,
                         show_progress=not args.no_progress)
@@ -281,11 +277,7 @@ def _cmd_elmo(args: argparse.Namespace) -> int:
     cfg = BiLMTrainConfig(**{k: v for k, v in vars(args).items() if k in fields}, progress=not args.no_progress)
     summary = train_bilm(args.train, args.valid, args.out, arch, cfg, resume=args.resume, callbacks=callbacks)
     if args.test and "stopped" not in summary:  # a signal stop has no final/ to test
-
-        lm, vocab = load_elmo_lm(Path(args.out) / "final")
-        lm.to(resolve_device(cfg.device))
-        summary["test"] = evaluate_bilm(lm, corpus_stream(args.test, vocab), char_table(vocab, arch.max_chars),
-                                        precision=cfg.precision)
+        summary["test"] = evaluate_final(args.out, args.test, cfg.device, cfg.precision, arch.max_chars)
         results = Path(args.out) / "results.json"
         saved = json.loads(results.read_text(encoding="utf-8"))
         saved["test"] = summary["test"]

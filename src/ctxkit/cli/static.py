@@ -21,14 +21,13 @@ import sys
 from pathlib import Path
 
 from ctxkit.data.glue import read_sst2
-from ctxkit.models.static_io import FORMATS
 from ctxkit.training.callbacks import add_log_to_argument, make_callbacks
 from ..core.errors import UserError
 from ..core.interrupts import resume_or_start
 from ..data.errors import check_input
-from ..models.bag_of_embeddings import train_bag_classifier
-from ..models.static import WordVectors, train_word2vec
-from ..models.static_io import guess_format
+from ..pretraining.word2vec import train_word2vec
+from ..tasks.bag_classifier import train_bag_classifier
+from ..zoo.vectors import FORMATS, WordVectors, guess_format
 from .train_flags import device_option, ON_SIGTERM, add_on_sigterm_argument, signal_status
 
 __all__ = ["add_static_parsers"]

@@ -28,8 +28,8 @@ from ..fast import apply, resolve
 from .windows import Plan, WindowPooled, assign_windows, plan_text, token_features, window_batches, window_starts
 from ctxkit.zoo import get_model
 from ctxkit.models.elmo import elmo_embed
-from ctxkit.models.elmo_io import load_bilm
-from ctxkit.models.families import find_family
+from ctxkit.models.elmo_io import load_bilm, load_elmo_lm
+from ..zoo.families import find_family
 
 logger = logging.getLogger("ctxkit")
 
@@ -365,7 +365,7 @@ def _elmo_folder(model: Any) -> Optional[str]:
     text = os.fspath(model)
     if text.startswith("elmo:"):
         return text[len("elmo:"):]
-    family = find_family(text)  # the family registry decides (ctxkit.models.families)
+    family = find_family(text)  # the family registry decides (ctxkit.zoo.families)
     return text if family is not None and family.name == "elmo" else None
 
 
@@ -441,3 +441,17 @@ __all__ = [
     "SUBWORD_POOLING_CHOICES",
     "LONG_INPUT_CHOICES",
 ]
+
+
+def elmo_lm_vectors(folder: Union[str, os.PathLike], sentences: Sequence[Sequence[str]]) -> List[np.ndarray]:
+    """Per sentence ``(n_words, dim)`` ELMo vectors (the equal-weight mix of all layers) from the
+    biLM of a ``ctxkit pretrain-elmo`` run's language model folder (``final/``).
+
+    Args:
+        folder: the folder ``pretrain-elmo`` wrote (an ELMo LM and its word list).
+        sentences: words per sentence.
+    """
+    lm, _ = load_elmo_lm(folder)
+    out = elmo_embed(lm.bilm, sentences)
+    return [out.sentence(i)[1].numpy() for i in range(len(sentences))]
+

@@ -43,7 +43,7 @@ from ..core.errors import UserError
 from ..core.checkpoint import atomic_write, write_json
 from ..core.version import __version__
 from ..fast import FastPlan
-from ..models.families import find_family
+from ..zoo.families import find_family
 from .cpu_compile import CompiledCPUModel
 from .export import DEPLOY_NEEDS, OrtTaskModel, _example_batch, _vocab_size, export_onnx, verify_onnx
 from .gpu import GPUTaskModel
@@ -395,7 +395,7 @@ class _ChoiceStore:
 
 def _is_bert(model) -> bool:
     """Whether a task model's encoder is of the BERT family (what the GPU encoder packs), as the
-    family registry (:mod:`ctxkit.models.families`) tells."""
+    family registry (:mod:`ctxkit.zoo.families`) tells."""
     encoder = getattr(model, "encoder", None)
     family = find_family(encoder) if encoder is not None else None
     return family is not None and family.name == "bert"

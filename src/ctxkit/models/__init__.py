@@ -1,5 +1,6 @@
-"""Model families. One file per family, each with its config and presets; :mod:`.families` is the
-registry of families (:mod:`.presets` re-exports every family's presets)."""
+"""Model families. One file per family, each with its config and presets. The registry of
+families, the presets of all of them and the checkpoint names are the zoo's
+(:mod:`ctxkit.zoo.families`, :mod:`ctxkit.zoo.presets`): name, build and load models there."""
 
 from .bert import (
     BertForPreTraining,
@@ -12,7 +13,8 @@ from .bert import (
     save_bert,
 )
 from .gpt2 import GPT2_PRESETS, GPT2Config, GPT2LMHeadModel, GPT2Model, load_gpt2, save_gpt2
-from .presets import PRESETS, BertConfig, Preset, get_preset
+from .bert import PRESETS, BertConfig, get_preset
+from .common import Preset
 
 __all__ = [
     "BertConfig",

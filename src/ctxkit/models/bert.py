@@ -187,7 +187,7 @@ class BertModel(PretrainedHabits, nn.Module):
     """The BERT encoder: embeddings, post-norm Transformer stack, optional pooler.
 
     Args:
-        config: the architecture (see :mod:`ctxkit.models.presets`).
+        config: the architecture (see :mod:`ctxkit.zoo.presets`).
     """
 
     # forward(output_positions=...) runs the last layer's queries at those positions only; a

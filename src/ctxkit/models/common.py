@@ -17,7 +17,7 @@ from ..core.build_guard import weights_file
 from ..core.checkpoint import CheckpointError, model_folder_of_run
 from ..core.errors import UserError
 from ..core.hub import hub_snapshot, is_hub_id, push_folder
-from .catalog import hub_model
+from ..core.catalog import hub_model
 
 __all__ = ["Preset", "Replaceable", "PaperNames", "IndexableOutput", "PretrainedHabits", "check_vocab_fits"]
 

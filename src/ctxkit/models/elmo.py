@@ -106,11 +106,11 @@ class ElmoConfig(Replaceable):
 
     @property
     def hidden_size(self) -> int:
-        """The common name (ctxkit.models.families) for the width of every layer: :attr:`output_dim`."""
+        """The common name (ctxkit.zoo.families) for the width of every layer: :attr:`output_dim`."""
         return self.output_dim
 
 
-# One line per preset for `ctxkit list-models` (ctxkit.models.families).
+# One line per preset for `ctxkit list-models` (ctxkit.zoo.families).
 ELMO_DESCRIPTIONS: Dict[str, str] = {
     "elmo_2x1024_128_2048cnn_1xhighway": "ELMo small: char CNN (2048 filters, 1 highway), 2 x LSTM 1024 -> 128 (Peters et al. 2018); ctxkit pretrain-elmo",
     "elmo_2x2048_256_2048cnn_1xhighway": "ELMo medium: char CNN (2048 filters, 1 highway), 2 x LSTM 2048 -> 256",

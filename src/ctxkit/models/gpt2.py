@@ -77,7 +77,7 @@ GPT2_PRESETS: Dict[str, GPT2Config] = {
     "gpt2_2_128_2": _gpt2(2, 128, 2),
 }
 
-# One line per preset for `ctxkit list-models` (ctxkit.models.families).
+# One line per preset for `ctxkit list-models` (ctxkit.zoo.families).
 GPT2_DESCRIPTIONS: Dict[str, str] = {
     "gpt2_117m": "GPT-2 small, 124M parameters (Radford et al. 2019)",
     "gpt2_345m": "GPT-2 medium, 355M parameters",

@@ -119,7 +119,7 @@ RNN_SEQ2SEQ_PRESETS: Dict[str, RNNSeq2SeqConfig] = {
     "rnn_attention_256_512": RNNSeq2SeqConfig(),  # the lectures' recap baseline on Multi30k
 }
 
-# One line per preset for `ctxkit list-models` (ctxkit.models.families).
+# One line per preset for `ctxkit list-models` (ctxkit.zoo.families).
 SEQ2SEQ_DESCRIPTIONS: Dict[str, str] = {
     "transformer_base": "Transformer translator, the paper's base model: 6+6 post-norm layers, width 512 (Vaswani et al. 2017)",
     "transformer_3_256_8": "Transformer translator, 3+3 pre-norm layers, width 256: Multi30k-sized",

@@ -466,7 +466,7 @@ STATIC_PRESETS: Dict[str, StaticVectorsConfig] = {
     "fasttext_skipgram_100": StaticVectorsConfig(subwords=True),
 }
 
-# One line per preset for `ctxkit list-models` (ctxkit.models.families).
+# One line per preset for `ctxkit list-models` (ctxkit.zoo.families).
 STATIC_DESCRIPTIONS: Dict[str, str] = {
     "word2vec_skipgram_100": "static word vectors: word2vec skip-gram, 100-d, window 5, 5 negatives (Mikolov et al. 2013); ctxkit word2vec-train",
     "word2vec_cbow_100": "static word vectors: word2vec CBOW, 100-d, window 5, 5 negatives",

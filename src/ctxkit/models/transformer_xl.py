@@ -79,7 +79,7 @@ class TransformerXLConfig(PaperNames):
 
 
 
-# One line per preset for `ctxkit list-models` (ctxkit.models.families).
+# One line per preset for `ctxkit list-models` (ctxkit.zoo.families).
 TRANSFO_XL_DESCRIPTIONS: Dict[str, str] = {
     "transfo_xl_base_wt103": "LM with segment memory, the paper's WikiText-103 base: 16 layers, width 410, memory 150 (Dai et al. 2019)",
     "transfo_xl_wt2_small": "LM with segment memory, 4 layers, width 256, memory 128: WikiText-2 on one GPU in minutes",

@@ -92,7 +92,7 @@ class XLNetConfig(PaperNames):
 
 
 
-# One line per preset for `ctxkit list-models` (ctxkit.models.families).
+# One line per preset for `ctxkit list-models` (ctxkit.zoo.families).
 XLNET_DESCRIPTIONS: Dict[str, str] = {
     "xlnet_12_768_12": "XLNet-base (xlnet-base-cased), permutation LM with two-stream relative attention (Yang et al. 2019)",
     "xlnet_24_1024_16": "XLNet-large (xlnet-large-cased), 24 layers, width 1024",

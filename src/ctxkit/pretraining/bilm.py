@@ -49,7 +49,7 @@ from ..core.run_state import Checkpoint, LossBuffer, autocast, resolve_device, r
 from ..core.run_state import save_checkpoint as write_checkpoint
 from ..models.elmo import ELMO_PRESETS, ElmoConfig, ElmoLanguageModel
 from ..models.elmo_chars import BOS_TOKEN, EOS_TOKEN, word_to_char_ids
-from ..models.elmo_io import config_to_options, save_elmo_lm, write_bilm_tf
+from ..models.elmo_io import config_to_options, load_elmo_lm, save_elmo_lm, write_bilm_tf
 from ..data.errors import require_rereadable
 from ..tokenizers import read_lines
 from ..training.callbacks import Callback, CallbackList, JsonlWriter
@@ -169,6 +169,15 @@ class BiLMTrainConfig:
     precision: str = "auto"
     compile: bool = False
     progress: bool = True
+
+
+def evaluate_final(out_dir: os.PathLike, test: Sequence[os.PathLike], device: str = "auto", precision: str = "auto",
+                   max_chars: int = 50) -> Dict[str, float]:
+    """:func:`evaluate_bilm` of the language model a finished run saved (``out_dir/final``) on
+    the ``test`` files (``ctxkit pretrain-elmo --test``)."""
+    lm, vocab = load_elmo_lm(Path(out_dir) / "final")
+    lm.to(resolve_device(device))
+    return evaluate_bilm(lm, corpus_stream(test, vocab), char_table(vocab, max_chars), precision=precision)
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..models.gpt2 import GPT2LMHeadModel, save_gpt2
-from ..models.presets import GPT2_PRESETS
+from ..models.gpt2 import GPT2_PRESETS
 from ..tokenizers import ByteLevelBPETokenizer, read_lines
 from ..training import TrainConfig, Trainer, resolve_device, set_seed
 from ..training.callbacks import Callback
@@ -177,7 +177,7 @@ def train_lm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.PathLi
 
     Args:
         train_files, valid_files: text files (plain or ``.xz``).
-        preset: a name from :data:`~ctxkit.models.presets.GPT2_PRESETS`.
+        preset: a name from :data:`~ctxkit.zoo.presets.GPT2_PRESETS`.
         out_dir: run folder: ``log.jsonl``, ``curve.png``, ``best/`` (the model with the
             lowest validation perplexity, with its tokenizer), ``results.json``.
         config: hyper-parameters.

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..models.presets import XLNetConfig
+from ..models.xlnet import XLNetConfig
 from ..models.xlnet import XLNetLMHeadModel, sample_permutation_masks, save_xlnet
 from ..training import TrainConfig, Trainer, set_seed
 from ..training.callbacks import Callback

@@ -20,7 +20,7 @@ from torch import nn
 from ..core.checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights
 from ..core.errors import UserError
 from ..heads.classification import EncoderWithHead, SequenceClassificationHead, TokenClassificationHead
-from ..models.encoders import load_encoder
+from ..zoo.encoders import load_encoder
 from .base import Task
 from .registry import get_task
 

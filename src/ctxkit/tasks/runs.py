@@ -37,7 +37,7 @@ from ..core.checkpoint import (
     write_json,
 )
 from ..models.common import check_vocab_fits
-from ..models.encoders import load_encoder, save_encoder
+from ..zoo.encoders import load_encoder, save_encoder
 from ..training import TrainConfig, Trainer, resolve_device, set_seed
 from ..training.callbacks import Callback
 from ..fast import FastPlan, apply, resolve

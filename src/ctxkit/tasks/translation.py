@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..models.presets import RNN_SEQ2SEQ_PRESETS, SEQ2SEQ_PRESETS
+from ..models.seq2seq import RNN_SEQ2SEQ_PRESETS, SEQ2SEQ_PRESETS
 from ..models.seq2seq import RNNSeq2Seq, TransformerSeq2Seq, load_seq2seq, save_seq2seq
 from ..tokenizers import ByteLevelBPETokenizer, read_lines
 from ..training import TrainConfig, Trainer, resolve_device, set_seed
@@ -170,8 +170,8 @@ def train_translation(train: Tuple[os.PathLike, os.PathLike], valid: Tuple[os.Pa
         out_dir: run folder: ``log.jsonl``, ``curve.png``, ``best/`` (model + tokenizer),
             ``results.json``.
         config: hyper-parameters (``schedule="inverse_sqrt"`` is the paper's choice).
-        preset: a Transformer (:data:`~ctxkit.models.presets.SEQ2SEQ_PRESETS`) or RNN +
-            attention (:data:`~ctxkit.models.presets.RNN_SEQ2SEQ_PRESETS`) name;
+        preset: a Transformer (:data:`~ctxkit.zoo.presets.SEQ2SEQ_PRESETS`) or RNN +
+            attention (:data:`~ctxkit.zoo.presets.RNN_SEQ2SEQ_PRESETS`) name;
             ``overrides`` change its fields (e.g. ``dropout=0.3``).
         vocab_size: joint BPE vocabulary trained on both sides of ``train``.
         max_length: longest source/target in tokens (longer pairs are truncated, with a warning).

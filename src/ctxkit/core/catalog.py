@@ -34,7 +34,7 @@ class HubModel:
 
     Attributes:
         repo_id: the repository's current id (``google-bert/bert-base-uncased``).
-        family: the ctxkit family that loads it (:data:`ctxkit.models.families.FAMILIES`).
+        family: the ctxkit family that loads it (:data:`ctxkit.zoo.families.FAMILIES`).
         preset: the ctxkit preset with its architecture (None: no preset has it; config.json says).
         revision: the pinned commit, or None for the default branch.
         description: one line for listings.

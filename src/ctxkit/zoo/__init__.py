@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple, Union
 
-from .core.checkpoint import (
+from ..core.checkpoint import (
     CheckpointError,
     model_folder_of_run,
     read_config,
@@ -33,17 +33,17 @@ from .core.checkpoint import (
     verify_sha256,
     write_json,
 )
-from .core.fetch import fetch_files, files_present
-from .core.hub import cached_snapshot, hub_snapshot, is_hub_id
-from .core.wheel_fetch import fetch_wheel_files
-from .models.bert import BertForPreTraining, config_from_hf, load_bert
-from .models.bert_mlm import load_bert_with_heads
-from .models.common import check_vocab_fits
-from .models.catalog import GLUON_NAMES, HUB_MODELS, URL_MODELS, UrlModel, gluon_name, hub_model
-from .models.families import FAMILIES, find_family, preset_family
-from .models.presets import PRESETS, get_preset
-from .core.errors import UnknownNameError, UserError, capped_join, quote
-from .tokenizers import WordPieceTokenizer
+from ..core.fetch import fetch_files, files_present
+from ..core.hub import cached_snapshot, hub_snapshot, is_hub_id
+from ..core.wheel_fetch import fetch_wheel_files
+from ..models.bert import BertForPreTraining, config_from_hf, load_bert
+from ..models.bert_mlm import load_bert_with_heads
+from ..models.common import check_vocab_fits
+from ..core.catalog import GLUON_NAMES, HUB_MODELS, URL_MODELS, UrlModel, gluon_name, hub_model
+from .families import FAMILIES, find_family, preset_family
+from .presets import PRESETS, get_preset
+from ..core.errors import UnknownNameError, UserError, capped_join, quote
+from ..tokenizers import WordPieceTokenizer
 
 __all__ = ["AutoModel", "AutoTokenizer", "CheckpointEntry", "CHECKPOINTS", "WheelSource", "cache_dir", "checkpoints_of", "download_checkpoint", "get_model",
            "checkpoint_folder", "get_tokenizer", "installed_path", "list_models", "model_folder_of_run", "register_checkpoint",
@@ -287,10 +287,10 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
       ``google-bert/bert-base-cased``, ``distilbert-base-uncased``, ``gpt2``,
       ``xlnet-base-cased``, ``sentence-transformers/all-MiniLM-L6-v2``, ...): fetched through
       ``huggingface_hub`` into (or read from) the Hugging Face cache, at the revision pinned
-      in :data:`ctxkit.models.catalog.HUB_MODELS` for the ids ctxkit knows;
+      in :data:`ctxkit.core.catalog.HUB_MODELS` for the ids ctxkit knows;
     * a GluonNLP model name with ``dataset_name`` (``get_model("bert_12_768_12",
       dataset_name="book_corpus_wiki_en_uncased")``): mapped to the public release it names
-      (:data:`ctxkit.models.catalog.GLUON_NAMES`, docs/zoo.md says which are the same weights);
+      (:data:`ctxkit.core.catalog.GLUON_NAMES`, docs/zoo.md says which are the same weights);
     * a ctxkit checkpoint name (``all_minilm_l6_v2``, or one you registered), or a released
       ELMo (``allennlp/elmo_2x4096_512_2048cnn_2xhighway``, fetched by URL, SHA-256 checked);
     * a local folder or file of any family;
@@ -528,7 +528,7 @@ class AutoTokenizer:
 
 
 def url_model_named(name: str) -> Optional[UrlModel]:
-    """The :data:`~ctxkit.models.catalog.URL_MODELS` entry called ``name`` (or an alias), or None."""
+    """The :data:`~ctxkit.core.catalog.URL_MODELS` entry called ``name`` (or an alias), or None."""
     return URL_MODELS.get(name) or next((m for m in URL_MODELS.values() if name in m.aliases), None)
 
 

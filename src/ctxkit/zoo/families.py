@@ -5,7 +5,7 @@ class, its named presets (each with one line for ``ctxkit list-models``), and ho
 built, loaded, saved and recognised in a folder. Each family file owns its config class and
 its presets; this module only collects them into :data:`FAMILIES` (a plain dict written out
 below: nothing registers itself at import time). ``zoo.get_model``, ``zoo.list_models``,
-:mod:`ctxkit.models.encoders`, ``ctxkit.embed`` (ELMo folders) and the deployment backends
+:mod:`ctxkit.zoo.encoders`, ``ctxkit.embed`` (ELMo folders) and the deployment backends
 ask :func:`family_of` / :func:`get_family` instead of looking at folders themselves.
 
 Common config names. Where families mean the same thing, every config answers to the same
@@ -42,25 +42,25 @@ import numpy as np
 from ..core.errors import UnknownNameError, UserError
 from ..tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer
 from ..tokenizers.char import CharTokenizer
-from .bert import PRESETS as BERT_PRESETS
-from .bert import BertConfig, BertForPreTraining, BertModel, load_bert, save_bert
-from .char_lm import (CHAR_DESCRIPTIONS, CHAR_MODEL_TYPES, CHAR_PRESETS, CharLSTMConfig, CharLSTMLM, CharTransformerConfig, CharTransformerLM,
+from ..models.bert import PRESETS as BERT_PRESETS
+from ..models.bert import BertConfig, BertForPreTraining, BertModel, load_bert, save_bert
+from ..models.char_lm import (CHAR_DESCRIPTIONS, CHAR_MODEL_TYPES, CHAR_PRESETS, CharLSTMConfig, CharLSTMLM, CharTransformerConfig, CharTransformerLM,
                       build_char_lm, load_char_lm, save_char_lm)
-from .common import Preset, check_vocab_fits
-from .elmo import ELMO_DESCRIPTIONS, ELMO_PRESETS, ElmoBiLM, ElmoConfig, ElmoLanguageModel
-from .elmo_io import load_bilm, save_elmo_lm, write_bilm_tf
-from .gpt2 import GPT2_DESCRIPTIONS, GPT2_PRESETS, GPT2Config, GPT2LMHeadModel, GPT2Model, load_gpt2, save_gpt2
-from .seq2seq import (RNN_SEQ2SEQ_DESCRIPTIONS, RNN_SEQ2SEQ_PRESETS, SEQ2SEQ_DESCRIPTIONS, SEQ2SEQ_PRESETS, RNNSeq2Seq,
+from ..models.common import Preset, check_vocab_fits
+from ..models.elmo import ELMO_DESCRIPTIONS, ELMO_PRESETS, ElmoBiLM, ElmoConfig, ElmoLanguageModel
+from ..models.elmo_io import load_bilm, save_elmo_lm, write_bilm_tf
+from ..models.gpt2 import GPT2_DESCRIPTIONS, GPT2_PRESETS, GPT2Config, GPT2LMHeadModel, GPT2Model, load_gpt2, save_gpt2
+from ..models.seq2seq import (RNN_SEQ2SEQ_DESCRIPTIONS, RNN_SEQ2SEQ_PRESETS, SEQ2SEQ_DESCRIPTIONS, SEQ2SEQ_PRESETS, RNNSeq2Seq,
                       RNNSeq2SeqConfig, Seq2SeqConfig, TransformerSeq2Seq, load_seq2seq, save_seq2seq)
-from .static import WordVectors
-from .static_io import _SUFFIX_FORMATS, _base_suffix, STATIC_DESCRIPTIONS, STATIC_PRESETS, StaticVectorsConfig
-from .transformer_xl import (TRANSFO_XL_DESCRIPTIONS, TRANSFO_XL_PRESETS, TransformerXLConfig, TransformerXLLMHeadModel,
+from ..models.static import WordVectors
+from ..models.static_io import _SUFFIX_FORMATS, _base_suffix, STATIC_DESCRIPTIONS, STATIC_PRESETS, StaticVectorsConfig
+from ..models.transformer_xl import (TRANSFO_XL_DESCRIPTIONS, TRANSFO_XL_PRESETS, TransformerXLConfig, TransformerXLLMHeadModel,
                              TransformerXLModel)
-from .transformer_xl_io import is_ctxkit_transformer_xl, load_transformer_xl, load_transformer_xl_lm, save_transformer_xl_lm
-from .xlnet import XLNET_DESCRIPTIONS, XLNET_PRESETS, XLNetConfig, XLNetLMHeadModel, XLNetModel, save_xlnet
-from .xlnet_encoder import XLNetEncoder
+from ..models.transformer_xl_io import is_ctxkit_transformer_xl, load_transformer_xl, load_transformer_xl_lm, save_transformer_xl_lm
+from ..models.xlnet import XLNET_DESCRIPTIONS, XLNET_PRESETS, XLNetConfig, XLNetLMHeadModel, XLNetModel, save_xlnet
+from ..models.xlnet_encoder import XLNetEncoder
 
-__all__ = ["Family", "FAMILIES", "family_of", "find_family", "get_family", "preset_family"]
+__all__ = ["Family", "FAMILIES", "build_model", "family_of", "find_family", "get_family", "load_model", "preset_family"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -402,3 +402,34 @@ def family_of(folder_or_model: Any) -> Family:
         raise UserError(f"{what} is no model of a known family ({', '.join(FAMILIES)}): HF folders need config.json "
                         "with a model_type; ELMo folders options.json; static vectors a vectors file")
     return family
+
+
+def build_model(config: Any) -> Any:
+    """A model of ``config`` with fresh (random) weights, built by the family whose config
+    class it is (a BERT config builds a ``BertModel``, a GPT-2 config a ``GPT2LMHeadModel``...).
+
+    Raises:
+        UserError: a config no family owns.
+    """
+    family = next((f for f in FAMILIES.values() if type(config) is f.config_class), None)
+    if family is None:
+        raise UserError(f"a {type(config).__name__} is the config of no model family ({', '.join(FAMILIES)})")
+    return family.build(config)
+
+
+def load_model(folder: PathLike, family: Optional[str] = None) -> Tuple[Any, Any]:
+    """``(model, tokenizer)`` of a model folder (the tokenizer None where it holds none).
+
+    Args:
+        folder: a model folder of any family.
+        family: the family it must be (e.g. ``"gpt2"`` for a command that samples text):
+            a folder of another family is refused, naming both.
+
+    Raises:
+        UserError: no family recognises the folder, or it is not of ``family``.
+    """
+    found = family_of(folder)
+    if family is not None and found.name != family:
+        raise UserError(f"{folder} holds a {found.name} model, not a {get_family(family).name} one")
+    return found.load(Path(folder))
+

@@ -1,7 +1,7 @@
 """One entry point for the encoders behind ``ctxkit finetune``'s task heads.
 
 A fine-tuned run stores its encoder in the Hugging Face layout of its family; the family
-registry (:mod:`ctxkit.models.families`) says which: ``bert`` (BERT and DistilBERT,
+registry (:mod:`ctxkit.zoo.families`) says which: ``bert`` (BERT and DistilBERT,
 :func:`~ctxkit.models.bert.load_bert`) or ``xlnet``
 (:class:`~ctxkit.models.xlnet_encoder.XLNetEncoder`).
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from torch import nn
 
 from ..core.errors import UserError
-from .bert import load_bert
+from ..models.bert import load_bert
 from .families import family_of, find_family
 
 __all__ = ["ENCODER_FAMILIES", "encoder_family", "load_encoder", "save_encoder"]
