@@ -27,7 +27,7 @@ import torch
 
 from harness import write_records
 
-from ctxkit.models.char_lm import CHAR_PRESETS, CharLSTMConfig
+from ctxkit.models.char_lm.model import CHAR_PRESETS, CharLSTMConfig
 from ctxkit.pretraining.char_lm import train_char_lm
 from ctxkit.training import TrainConfig
 

@@ -32,7 +32,7 @@ from harness import seconds_per_call
 
 from ctxkit.decoding import GenerationConfig
 from ctxkit.decoding.static_decode import static_generate
-from ctxkit.models.gpt2 import GPT2_PRESETS, GPT2LMHeadModel
+from ctxkit.models.gpt2.model import GPT2_PRESETS, GPT2LMHeadModel
 
 VARIANTS = ["baseline", "attn=efficient", "attn=math", "gemv", "gemv+attn=math", "gemv+attn=efficient", "gemv+coordesc",
             "gemv+attn=math+coordesc"]

@@ -19,7 +19,7 @@ import torch
 
 from harness import command_line, write_records
 
-from ctxkit.models.bert import load_bert, save_bert
+from ctxkit.models.bert.model import load_bert, save_bert
 from ctxkit.pretraining import build_shards
 from ctxkit.pretraining.distill import distill_pretrain
 from ctxkit.tasks import finetune, get_task

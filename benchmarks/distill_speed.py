@@ -31,7 +31,7 @@ from harness import command_line, write_records
 
 from ctxkit.heads.classification import EncoderWithHead, SequenceClassificationHead
 from ctxkit.inference.gpu import GPUEncoder
-from ctxkit.models.bert import PRESETS as BERT_PRESETS, BertModel
+from ctxkit.models.bert.model import PRESETS as BERT_PRESETS, BertModel
 
 PLAN = "graphs+qkv"  # the GPU path's fast plan: CUDA graphs and fused q/k/v, no compilation
 

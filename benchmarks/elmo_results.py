@@ -37,7 +37,7 @@ from harness import RESULTS, command_line, write_records
 
 from ctxkit.core.checkpoint import CheckpointError
 from ctxkit.data.conll import label_list, read_conll
-from ctxkit.models.static import WordVectors
+from ctxkit.models.static.vectors import WordVectors
 from ctxkit.data.glue import read_sst2
 from ctxkit.tasks.feature_models import (
     ElmoFeatures,

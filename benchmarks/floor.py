@@ -206,7 +206,7 @@ def decode_part(args, out: list) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from ctxkit.decoding import GenerationConfig, generate
-    from ctxkit.models.gpt2 import GPT2_PRESETS, GPT2LMHeadModel
+    from ctxkit.models.gpt2.model import GPT2_PRESETS, GPT2LMHeadModel
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2_PRESETS["gpt2_117m"].replace(dropout=0.0, attention_dropout=0.0)).eval().cuda().to(torch.bfloat16)

@@ -21,7 +21,7 @@ import torch
 from ffn_epilogue import kernel_table, time_ms  # per-call median and profiler table (see ffn_epilogue.py)
 
 from ctxkit.inference.gpu import GPUEncoder
-from ctxkit.models.bert import BertModel
+from ctxkit.models.bert.model import BertModel
 from ctxkit.zoo.presets import PRESETS
 
 SHAPES = {"q/k/v": (768, 2304), "attention output": (768, 768), "fc1": (768, 3072), "fc2": (3072, 768)}

@@ -31,7 +31,7 @@ import torch
 from harness import command_line, device_name, speed_record, write_records
 
 from ctxkit.decoding import GenerationConfig, generate
-from ctxkit.models.gpt2 import GPT2LMHeadModel, save_gpt2
+from ctxkit.models.gpt2.model import GPT2LMHeadModel, save_gpt2
 from ctxkit.zoo.presets import GPT2_PRESETS
 
 

@@ -56,7 +56,7 @@ from harness import command_line, write_records
 from ctxkit.inference.backends import PrecisionModel, median_ms
 from ctxkit.inference.cpu_compile import CompiledCPUModel
 from ctxkit.inference.export import OrtTaskModel, export_onnx, quantize_onnx
-from ctxkit.models.bert import BertModel, save_bert
+from ctxkit.models.bert.model import BertModel, save_bert
 from ctxkit.zoo.presets import PRESETS
 from ctxkit.tasks import get_task
 from ctxkit.tokenizers import WordPieceTokenizer

@@ -35,7 +35,7 @@ from ctxkit.core.timing import median_latency_ms
 
 from ctxkit.cli.bench import _glue_batches, bench_infer
 from ctxkit.fast import FastPlan
-from ctxkit.models.bert import BertModel, save_bert
+from ctxkit.models.bert.model import BertModel, save_bert
 from ctxkit.zoo.presets import PRESETS
 from ctxkit.tasks import get_task
 

@@ -22,7 +22,7 @@ import torch
 from ctxkit.cli.bench import _glue_batches
 from ctxkit.inference.gpu import GPUEncoder
 from ctxkit.layers.attention import PackedSequences
-from ctxkit.models.bert import BertModel
+from ctxkit.models.bert.model import BertModel
 from ctxkit.zoo.presets import PRESETS
 
 

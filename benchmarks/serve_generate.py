@@ -63,7 +63,7 @@ from harness import command_line, device_name, speed_record, write_records
 from sse_load import run_stream_load, summarize
 
 import ctxkit
-from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel, save_gpt2
+from ctxkit.models.gpt2.model import GPT2Config, GPT2LMHeadModel, save_gpt2
 from ctxkit.tokenizers import ByteLevelBPETokenizer
 
 HERE = Path(__file__).resolve().parent

@@ -36,7 +36,7 @@ import torch
 
 from harness import command_line, write_records
 
-from ctxkit.models.static import WordVectors
+from ctxkit.models.static.vectors import WordVectors
 from ctxkit.pretraining.word2vec import train_word2vec
 from ctxkit.tasks.bag_classifier import train_bag_classifier
 from ctxkit.data.glue import read_sst2

@@ -13,7 +13,7 @@ CUDA graphs, now the default for XLNet too, make them about 1.8x faster). XLNet 
 Each pretrained model is then fine-tuned with the same ``ctxkit finetune`` recipe on
 SST-2 (dev accuracy) and on the SQuAD v1.1 article split (first 38 articles of the dev
 file train, the last 10 evaluate; EM and F1), XLNet through
-:class:`~ctxkit.models.xlnet_encoder.XLNetEncoder`.
+:class:`~ctxkit.models.xlnet.encoder.XLNetEncoder`.
 
 ``--phase pretrain`` and ``--phase finetune`` split the work over two sittings (the run
 folders under ``--out`` carry the state). Quality records (value = XLNet, peer = BERT) go

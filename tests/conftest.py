@@ -182,7 +182,7 @@ def tiny_bert_dir(shared_data, tmp_path_factory) -> Path:
     than what the model knows."""
     import csv
 
-    from ctxkit.models.bert import BertModel, save_bert
+    from ctxkit.models.bert.model import BertModel, save_bert
     from ctxkit.zoo.presets import BertConfig
     from ctxkit.tokenizers import WordPieceTokenizer
 

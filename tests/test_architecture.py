@@ -99,17 +99,18 @@ def _documented_modules() -> set:
     import re
 
     block = ARCHITECTURE.read_text(encoding="utf-8").split("```\nsrc/ctxkit/\n", 1)[1].split("```", 1)[0]
-    listed, package = set(), ""
+    listed, folders = set(), {}  # folders: indentation -> the folder named at it ("core/", "models/bert/")
     for line in block.splitlines():
-        top = re.match(r"^  (\S+)(\s|$)", line)
-        if top:  # a package ("core/") or a top-level module ("zoo.py")
-            package = top.group(1) if top.group(1).endswith("/") else ""
-            if not package:
-                listed.add(top.group(1))
-            continue
-        inner = re.match(r"^    (\S+\.py)(\s|$)", line)
-        if inner:
-            listed.add(package + inner.group(1))
+        entry = re.match(r"^( +)(\S+\.py|\S+/)(\s|$)", line)
+        if not entry:
+            continue  # a continuation line
+        depth, name = len(entry.group(1)), entry.group(2)
+        parent = next((folders[d] for d in sorted(folders, reverse=True) if d < depth), "")
+        folders = {d: f for d, f in folders.items() if d < depth}
+        if name.endswith("/"):
+            folders[depth] = parent + name
+        else:
+            listed.add(parent + name)
     return listed
 
 

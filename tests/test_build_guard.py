@@ -15,14 +15,14 @@ import torch
 
 from ctxkit.core.build_guard import bounded_build
 from ctxkit.core.errors import UserError
-from ctxkit.models.bert import BertModel, save_bert
-from ctxkit.models.char_lm import CharLSTMConfig, CharTransformerConfig, build_char_lm, save_char_lm
-from ctxkit.models.elmo import ElmoConfig, ElmoLanguageModel
-from ctxkit.models.elmo_io import load_bilm, save_elmo_lm
+from ctxkit.models.bert.model import BertModel, save_bert
+from ctxkit.models.char_lm.model import CharLSTMConfig, CharTransformerConfig, build_char_lm, save_char_lm
+from ctxkit.models.elmo.model import ElmoConfig, ElmoLanguageModel
+from ctxkit.models.elmo.io import load_bilm, save_elmo_lm
 from ctxkit.zoo.presets import BertConfig
-from ctxkit.models.seq2seq import RNNSeq2Seq, RNNSeq2SeqConfig, Seq2SeqConfig, TransformerSeq2Seq, save_seq2seq
-from ctxkit.models.transformer_xl import TransformerXLConfig, TransformerXLLMHeadModel
-from ctxkit.models.transformer_xl_io import save_transformer_xl_lm
+from ctxkit.models.seq2seq.model import RNNSeq2Seq, RNNSeq2SeqConfig, Seq2SeqConfig, TransformerSeq2Seq, save_seq2seq
+from ctxkit.models.transformer_xl.model import TransformerXLConfig, TransformerXLLMHeadModel
+from ctxkit.models.transformer_xl.io import save_transformer_xl_lm
 from ctxkit.tasks import get_task, load_run, save_run_model
 from ctxkit.core.checkpoint import write_json
 from ctxkit.tokenizers import WordPieceTokenizer

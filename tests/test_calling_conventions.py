@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from ctxkit.models import BertForPreTraining, BertModel, load_bert
-from ctxkit.models.gpt2 import GPT2LMHeadModel, GPT2Model, load_gpt2
-from ctxkit.models.xlnet import XLNetLMHeadModel, XLNetModel, load_xlnet, sample_permutation_masks
+from ctxkit.models.gpt2.model import GPT2LMHeadModel, GPT2Model, load_gpt2
+from ctxkit.models.xlnet.model import XLNetLMHeadModel, XLNetModel, load_xlnet, sample_permutation_masks
 from tolerance import assert_close_to_reference, assert_same_function, float64
 
 transformers = pytest.importorskip("transformers")
@@ -194,7 +194,7 @@ def test_gpt2_positional_call_matches_transformers(tmp_path):
 
 def test_gpt2_mask_in_the_cache_slot_is_a_clear_error(tmp_path):
     """``model(ids, mask)`` is a cache in transformers' GPT-2 order: say so instead of failing deep inside."""
-    from ctxkit.models.gpt2 import GPT2Config
+    from ctxkit.models.gpt2.model import GPT2Config
 
     model = GPT2LMHeadModel(GPT2Config(vocab_size=50, hidden_size=32, num_layers=1, num_heads=2, ffn_size=64, max_position=16))
     ids = torch.randint(0, 50, (2, 5))

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ctxkit.cli import main
 from ctxkit.core.errors import UserError
-from ctxkit.models.char_lm import CHAR_PRESETS, CharLSTMLM, CharTransformerLM, load_char_lm, save_char_lm
+from ctxkit.models.char_lm.model import CHAR_PRESETS, CharLSTMLM, CharTransformerLM, load_char_lm, save_char_lm
 from ctxkit.pretraining.char_corpus import build_char_corpus, split_of, text8_normalize
 from ctxkit.pretraining.char_lm import CharLMObjective, bits_per_character
 from ctxkit.tokenizers.char import TEXT8_ALPHABET, CharTokenizer

@@ -54,7 +54,7 @@ def test_gluonnlp_call_with_its_keywords(tmp_path):
     one CPU thread, and its name resolves in test_zoo_names.py."""
     import ctxkit
     from ctxkit.core.errors import UserError
-    from ctxkit.models.bert import BertForPreTraining, BertModel
+    from ctxkit.models.bert.model import BertForPreTraining, BertModel
 
     class Context:  # what mx.cpu() looks like to ctxkit
         device_type, device_id = "cpu", 0

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from ctxkit.core.errors import UserError
-from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel, load_gpt2, save_gpt2
-from ctxkit.models.transformer_xl import TransformerXLConfig, TransformerXLLMHeadModel
-from ctxkit.models.transformer_xl_io import load_transformer_xl
-from ctxkit.models.xlnet import XLNetConfig, XLNetLMHeadModel, load_xlnet, save_xlnet
+from ctxkit.models.gpt2.model import GPT2Config, GPT2LMHeadModel, load_gpt2, save_gpt2
+from ctxkit.models.transformer_xl.model import TransformerXLConfig, TransformerXLLMHeadModel
+from ctxkit.models.transformer_xl.io import load_transformer_xl
+from ctxkit.models.xlnet.model import XLNetConfig, XLNetLMHeadModel, load_xlnet, save_xlnet
 
 DELETE = object()  # the mutation that removes the field
 VALUES = st.one_of(st.integers(-3, 10**12), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6), st.none(),

@@ -73,7 +73,7 @@ def test_graph_captured_decoding_equals_the_plain_loop(compile_step):
     plan = "graphs+qkv" + ("+compile" if compile_step else "")
     from ctxkit.decoding import GenerationConfig, generate, left_pad
     from ctxkit.decoding.static_decode import static_generate
-    from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel
+    from ctxkit.models.gpt2.model import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(num_layers=2, hidden_size=64, num_heads=4, vocab_size=97, max_position=64,

@@ -171,8 +171,8 @@ def test_elmo_column(tmp_path):
     the word-aligned ELMo vectors of the same words (a tiny random biLM here)."""
     import torch
 
-    from ctxkit.models.elmo import ELMO_PRESETS, ElmoLanguageModel, elmo_embed
-    from ctxkit.models.elmo_io import save_elmo_lm
+    from ctxkit.models.elmo.model import ELMO_PRESETS, ElmoLanguageModel, elmo_embed
+    from ctxkit.models.elmo.io import save_elmo_lm
 
     torch.manual_seed(0)
     config = ELMO_PRESETS["elmo_2x1024_128_2048cnn_1xhighway"].replace(

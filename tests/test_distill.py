@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from ctxkit.models.bert import BertConfig, BertModel
+from ctxkit.models.bert.model import BertConfig, BertModel
 from ctxkit.training.distill import (DistillationObjective, cosine_loss, distilbert_loss, every_other_layer, soft_target_loss,
                                      student_from_teacher)
 
@@ -181,7 +181,7 @@ def test_task_agnostic_distillation_fits_the_missing_head_then_trains_a_student(
     4-layer teacher trains on the triple loss and saves an HF folder that loads again."""
     import json
 
-    from ctxkit.models.bert import load_bert
+    from ctxkit.models.bert.model import load_bert
     from ctxkit.pretraining.distill import distill_pretrain
     from ctxkit.training import TrainConfig
     from ctxkit.zoo import get_model

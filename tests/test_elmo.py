@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ctxkit.core.checkpoint import CheckpointError, CheckpointMismatchError
-from ctxkit.models.elmo import (
+from ctxkit.models.elmo.model import (
     ELMO_PRESETS,
     ElmoBiLM,
     ElmoConfig,
@@ -19,8 +19,8 @@ from ctxkit.models.elmo import (
     reverse_padded,
     sampled_softmax_nll,
 )
-from ctxkit.models.elmo_chars import batch_to_char_ids, word_to_char_ids
-from ctxkit.models.elmo_io import bilm_tf_shapes, load_bilm_tf, load_elmo_lm, read_options, write_bilm_tf
+from ctxkit.models.elmo.chars import batch_to_char_ids, word_to_char_ids
+from ctxkit.models.elmo.io import bilm_tf_shapes, load_bilm_tf, load_elmo_lm, read_options, write_bilm_tf
 from ctxkit.models.sampled_softmax import _sampler_tries
 from ctxkit.pretraining.bilm import BiLMTrainConfig, train_bilm
 from tolerance import assert_close_to_reference, assert_paths_agree, assert_same_function
@@ -381,7 +381,7 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
         train_bilm([train], [valid], tmp_path / "split", arch, BiLMTrainConfig(**{**cfg.__dict__, "batch_size": 2}), resume=True)
 
     # checkpoint/ (ctxkit.core.run_state) holds the biLM that final/ holds, for load_bilm too.
-    from ctxkit.models.elmo_io import load_bilm
+    from ctxkit.models.elmo.io import load_bilm
 
     from_ckpt, info = load_bilm(tmp_path / "split" / "checkpoint")
     assert info["format"] == f"train_bilm checkpoint (step {steps})"
@@ -433,8 +433,8 @@ def test_embed_with_elmo_gives_word_aligned_vectors_like_bert(tmp_path):
     spans, ELMo's vectors (equal to elmo_embed's), layer choices, mean pooling."""
     from ctxkit.cli import main
     from ctxkit.features.embed import embed
-    from ctxkit.models.elmo import ELMO_PRESETS, ElmoLanguageModel, elmo_embed
-    from ctxkit.models.elmo_io import save_elmo_lm
+    from ctxkit.models.elmo.model import ELMO_PRESETS, ElmoLanguageModel, elmo_embed
+    from ctxkit.models.elmo.io import save_elmo_lm
 
     torch.manual_seed(0)
     config = ELMO_PRESETS["elmo_2x1024_128_2048cnn_1xhighway"].replace(filters=((1, 8), (2, 8)), cell_size=32, projection_dim=16)

@@ -85,7 +85,7 @@ def test_quantized_run_is_small_and_loads_everywhere(sst2_run, tmp_path, capsys)
 
 
 def test_token_and_span_heads_export_with_per_token_outputs(minilm_layers, tmp_path):
-    from ctxkit.models.bert import load_bert
+    from ctxkit.models.bert.model import load_bert
 
     for name in ("conll2003", "squad"):
         task = get_task(name, labels=["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]) if name == "conll2003" else get_task(name)
@@ -107,7 +107,7 @@ def test_token_and_span_heads_export_with_per_token_outputs(minilm_layers, tmp_p
 def test_torch_ao_dynamic_int8_runs_the_fused_projection_model(minilm_layers):
     """torch.ao's dynamic int8 Linear has no weight tensor: attention falls back to
     separate q/k/v products, and the int8 model stays close to fp32."""
-    from ctxkit.models.bert import load_bert
+    from ctxkit.models.bert.model import load_bert
 
     model = get_task("sst-2").build_model(load_bert(minilm_layers(LAYERS))).eval()
     int8 = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
@@ -135,7 +135,7 @@ def test_compiled_cpu_backend_equals_eager_with_length_padding(name, monkeypatch
     and AOTAutograd, no C++ codegen), leaving Inductor to the token head.
     """
     from ctxkit.inference.cpu_compile import CompiledCPUModel
-    from ctxkit.models.bert import BertModel
+    from ctxkit.models.bert.model import BertModel
     from ctxkit.zoo.presets import BertConfig
 
     if name == "sst-2":

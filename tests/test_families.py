@@ -11,17 +11,17 @@ from ctxkit import zoo
 from ctxkit.cli import main
 from ctxkit.core.errors import UnknownNameError, UserError
 from ctxkit.zoo import families
-from ctxkit.models.bert import BertConfig
-from ctxkit.models.char_lm import CHAR_PRESETS
+from ctxkit.models.bert.model import BertConfig
+from ctxkit.models.char_lm.model import CHAR_PRESETS
 from ctxkit.models.common import Preset
-from ctxkit.models.elmo import ElmoConfig
+from ctxkit.models.elmo.model import ElmoConfig
 from ctxkit.zoo.families import FAMILIES, Family, family_of, find_family, get_family
-from ctxkit.models.gpt2 import GPT2Config
-from ctxkit.models.seq2seq import RNNSeq2SeqConfig, Seq2SeqConfig
-from ctxkit.models.static import WordVectors
-from ctxkit.models.static_io import StaticVectorsConfig
-from ctxkit.models.transformer_xl import TransformerXLConfig
-from ctxkit.models.xlnet import XLNetConfig
+from ctxkit.models.gpt2.model import GPT2Config
+from ctxkit.models.seq2seq.model import RNNSeq2SeqConfig, Seq2SeqConfig
+from ctxkit.models.static.vectors import WordVectors
+from ctxkit.models.static.io import StaticVectorsConfig
+from ctxkit.models.transformer_xl.model import TransformerXLConfig
+from ctxkit.models.xlnet.model import XLNetConfig
 
 
 TINY = {

@@ -249,7 +249,7 @@ def test_greedy_decoding_with_fused_layers_is_the_plain_loop():
     cache with every layer fused gives the eager loop's greedy tokens."""
     from ctxkit.decoding import GenerationConfig, generate, left_pad
     from ctxkit.decoding.static_decode import static_generate
-    from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel
+    from ctxkit.models.gpt2.model import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(num_layers=2, hidden_size=64, num_heads=4, vocab_size=97, max_position=64,
@@ -281,7 +281,7 @@ def test_static_decoder_fuses_only_when_asked():
     from ctxkit.fast import supported
     from ctxkit.decoding import GenerationConfig, left_pad
     from ctxkit.decoding.static_decode import static_generate
-    from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel
+    from ctxkit.models.gpt2.model import GPT2Config, GPT2LMHeadModel
 
     model = GPT2LMHeadModel(GPT2Config(num_layers=2, hidden_size=64, num_heads=4, vocab_size=97, max_position=64,
                                        ffn_size=128)).eval()
@@ -305,7 +305,7 @@ def test_cuda_graph_decoding_with_fused_layers_is_the_plain_loop(compile_step):
     loop's greedy tokens, float32 weights (a bf16 near-tie could flip a token either way)."""
     from ctxkit.decoding import GenerationConfig, generate, left_pad
     from ctxkit.decoding.static_decode import static_generate
-    from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel
+    from ctxkit.models.gpt2.model import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(num_layers=2, hidden_size=64, num_heads=4, vocab_size=97, max_position=64,

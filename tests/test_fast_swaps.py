@@ -217,7 +217,7 @@ def test_plain_layers_carry_no_switches():
 
 def test_trainer_speed_options_and_decoding_fuse_the_model_in_place():
     from ctxkit.decoding import GenerationConfig, generate
-    from ctxkit.models.gpt2 import GPT2LMHeadModel
+    from ctxkit.models.gpt2.model import GPT2LMHeadModel
     from ctxkit.zoo.presets import GPT2_PRESETS
     from ctxkit.fast import resolve
     from ctxkit.training.speed import prepare_model

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from ctxkit.models.elmo import ElmoBiLM, ElmoConfig, ElmoLanguageModel, elmo_embed
-from ctxkit.models.elmo_io import config_to_options, save_elmo_lm, write_bilm_tf
-from ctxkit.models.static import WordVectors
+from ctxkit.models.elmo.model import ElmoBiLM, ElmoConfig, ElmoLanguageModel, elmo_embed
+from ctxkit.models.elmo.io import config_to_options, save_elmo_lm, write_bilm_tf
+from ctxkit.models.static.vectors import WordVectors
 from ctxkit.tasks.feature_models import (
     CASING_DIM,
     ElmoFeatures,

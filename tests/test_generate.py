@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ctxkit.decoding import GenerationConfig, apply_repetition_penalty, filter_logits, generate, left_pad
-from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel
+from ctxkit.models.gpt2.model import GPT2Config, GPT2LMHeadModel
 from tolerance import assert_same_function, float64
 
 CONFIG = GPT2Config(num_layers=2, hidden_size=64, num_heads=4, vocab_size=97, max_position=64, ffn_size=256)
@@ -44,7 +44,7 @@ def test_cached_logits_equal_uncached_with_left_padding(model):
 
 def test_greedy_equals_transformers_greedy(model, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from ctxkit.models.gpt2 import save_gpt2
+    from ctxkit.models.gpt2.model import save_gpt2
 
     save_gpt2(model, tmp_path)
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
@@ -133,7 +133,7 @@ def _ends_before(rows, stop):
 @pytest.fixture(scope="module")
 def gpt2_dir(shared_data, tmp_path_factory):
     """A tiny GPT-2 with a BPE vocabulary trained on real text, saved in the HF layout."""
-    from ctxkit.models.gpt2 import save_gpt2
+    from ctxkit.models.gpt2.model import save_gpt2
     from ctxkit.tokenizers import ByteLevelBPETokenizer, read_lines
 
     lines = [line for line in read_lines(shared_data / "wikitext-2-raw" / "wiki.valid.raw.xz") if line.strip()]
@@ -149,7 +149,7 @@ def test_cli_generate_streams_the_same_text_as_the_api(gpt2_dir, capsys, monkeyp
     import io
 
     from ctxkit.cli import main
-    from ctxkit.models.gpt2 import load_gpt2
+    from ctxkit.models.gpt2.model import load_gpt2
 
     folder, tok = gpt2_dir
     model = load_gpt2(folder)

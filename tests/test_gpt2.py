@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ctxkit.core.checkpoint import CheckpointError, CheckpointMismatchError
-from ctxkit.models.gpt2 import GPT2_PRESETS, GPT2Config, GPT2LMHeadModel, load_gpt2, save_gpt2
+from ctxkit.models.gpt2.model import GPT2_PRESETS, GPT2Config, GPT2LMHeadModel, load_gpt2, save_gpt2
 from tolerance import assert_close_to_reference, assert_same_function, float64
 
 transformers = pytest.importorskip("transformers")

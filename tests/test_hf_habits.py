@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import ctxkit
-from ctxkit.models.transformer_xl import TransformerXLConfig, TransformerXLLMHeadModel
-from ctxkit.models.xlnet import XLNetConfig, XLNetModel
+from ctxkit.models.transformer_xl.model import TransformerXLConfig, TransformerXLLMHeadModel
+from ctxkit.models.xlnet.model import XLNetConfig, XLNetModel
 from ctxkit.tokenizers import BatchEncoding, ByteLevelBPETokenizer, Encoding
 from tolerance import assert_close_to_reference, assert_same_function, float64
 

@@ -242,7 +242,7 @@ def test_compiled_inference_reuses_the_right_fused_projection_per_set():
     from ctxkit.fast import fuse_qkv, prepare_inference
     from ctxkit.heads.classification import EncoderWithHead, SequenceClassificationHead
     from ctxkit.layers.attention import PackedSequences
-    from ctxkit.models.bert import BertModel
+    from ctxkit.models.bert.model import BertModel
     from ctxkit.zoo.presets import get_preset
 
     torch.manual_seed(0)
@@ -273,7 +273,7 @@ def test_bucketed_packed_batch_gives_the_real_rows_their_own_outputs():
     from ctxkit.heads.classification import EncoderWithHead, TokenClassificationHead
     from ctxkit.inference.gpu import GPUEncoder, bucket_batch, token_bucket
     from ctxkit.layers.attention import PackedSequences
-    from ctxkit.models.bert import BertModel
+    from ctxkit.models.bert.model import BertModel
     from ctxkit.zoo.presets import get_preset
 
     assert [token_bucket(n) for n in (1, 256, 257, 4096, 4097, 6446)] == [256, 256, 512, 4096, 4608, 6656]

@@ -152,7 +152,7 @@ def test_a_missing_extra_is_one_line_in_a_fresh_interpreter(fresh_interpreter):
 
 def test_auto_backend_without_onnxruntime_keeps_pytorch_and_says_why(monkeypatch, minilm_layers):
     from ctxkit.inference import backends
-    from ctxkit.models.bert import load_bert
+    from ctxkit.models.bert.model import load_bert
     from ctxkit.tasks import get_task
 
     task_model = get_task("sst-2").build_model(load_bert(minilm_layers(1))).eval()

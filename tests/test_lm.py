@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel, load_gpt2
+from ctxkit.models.gpt2.model import GPT2Config, GPT2LMHeadModel, load_gpt2
 from ctxkit.pretraining.lm import perplexity, train_lm
 from ctxkit.tokenizers import ByteLevelBPETokenizer
 
@@ -43,7 +43,7 @@ def test_perplexity_definition(model):
 
 def test_perplexity_matches_the_transformers_recipe(model, tmp_path):
     transformers = pytest.importorskip("transformers")
-    from ctxkit.models.gpt2 import save_gpt2
+    from ctxkit.models.gpt2.model import save_gpt2
 
     save_gpt2(model, tmp_path)
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()

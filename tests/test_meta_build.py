@@ -19,7 +19,7 @@ def test_loading_a_checkpoint_and_eager_inference_never_import_the_compiler(mini
     torch._dynamo: 2.8 s of every predict/serve process's start, for nothing; and the fused
     q/k/v cache marked its matrices static for the compiler, which cost a server's first
     request the same 2.8 s (3.0 s -> 0.06 s for ctxkit serve's first /classify on a CPU)."""
-    code = ("import sys, torch; from ctxkit.models.bert import load_bert; from ctxkit.models.bert_mlm import load_bert_masked_lm; "
+    code = ("import sys, torch; from ctxkit.models.bert.model import load_bert; from ctxkit.models.bert.mlm import load_bert_masked_lm; "
             "from ctxkit.fast import fuse_qkv; "
             f"m = load_bert({str(minilm_dir)!r}); loaded = 'torch._dynamo' in sys.modules; fused = fuse_qkv(m); "
             "torch.inference_mode().__enter__(); m(torch.ones(1, 8, dtype=torch.long)); m(torch.ones(2, 5, dtype=torch.long)); "

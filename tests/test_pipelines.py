@@ -194,7 +194,7 @@ def test_masked_lm_checkpoint_fills_masks_as_transformers(tmp_path, family):
 def test_masked_lm_model_saves_for_transformers(tmp_path, family):
     """get_model(with_heads=True) of a *ForMaskedLM folder is BertForMaskedLM (MLM head, no NSP);
     saved again, transformers' *ForMaskedLM reads it back with the same logits."""
-    from ctxkit.models.bert_mlm import BertForMaskedLM
+    from ctxkit.models.bert.mlm import BertForMaskedLM
 
     folder, hf, tok = _masked_lm(tmp_path, family)
     model, tokenizer = ctxkit.get_model(str(folder), with_heads=True)
@@ -321,7 +321,7 @@ def _translator(tmp_path):
     """A tiny random Transformer translator saved as a ``translate-train`` run (``RUN/best/``):
     a joint byte-level BPE with the translation specials, the model from a preset, shrunk."""
     from ctxkit.zoo.presets import SEQ2SEQ_PRESETS
-    from ctxkit.models.seq2seq import TransformerSeq2Seq, save_seq2seq
+    from ctxkit.models.seq2seq.model import TransformerSeq2Seq, save_seq2seq
     from ctxkit.tasks.translation import SPECIALS
     from ctxkit.tokenizers import ByteLevelBPETokenizer
 

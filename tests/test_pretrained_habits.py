@@ -8,7 +8,7 @@ import torch
 import ctxkit
 from ctxkit.core.errors import UserError
 from ctxkit.models import BertForPreTraining, BertModel, GPT2LMHeadModel
-from ctxkit.models.gpt2 import GPT2Config
+from ctxkit.models.gpt2.model import GPT2Config
 from ctxkit.tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer
 from tolerance import assert_close_to_reference
 

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from ctxkit.core.errors import MissingFileError, UserError
 from ctxkit.data import DataError, read_conll, read_glue, read_squad, read_table
-from ctxkit.models.static_io import read_corpus, read_vectors, write_vectors
+from ctxkit.models.static.io import read_corpus, read_vectors, write_vectors
 from ctxkit.pretraining.corpus import FORMATS as DOC_FORMATS
 from ctxkit.pretraining.corpus import read_documents
 from ctxkit.tasks.translation import read_parallel

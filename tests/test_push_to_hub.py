@@ -10,7 +10,7 @@ import torch
 from ctxkit import AutoModel, AutoTokenizer
 from ctxkit.cli import main
 from ctxkit.core.errors import UserError
-from ctxkit.models.bert import BertModel
+from ctxkit.models.bert.model import BertModel
 from ctxkit.tokenizers import WordPieceTokenizer
 from hub_server import HubServer, use_hub
 

@@ -14,7 +14,7 @@ from ctxkit.core.errors import UserError
 from ctxkit.fast import fuse_qkv
 from ctxkit.layers import (MultiHeadAttention, PositionwiseFFN, QuaternionLinear, TransformerEncoder, TransformerEncoderLayer,
                            hamilton_product, padding_mask, quaternionize)
-from ctxkit.models.seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, TransformerSeq2Seq, load_seq2seq, save_seq2seq
+from ctxkit.models.seq2seq.model import SEQ2SEQ_PRESETS, Seq2SeqConfig, TransformerSeq2Seq, load_seq2seq, save_seq2seq
 from tolerance import assert_close_to_reference, assert_paths_agree
 
 IN, OUT = 16, 24  # 4 and 6 quaternions: in != out catches a transposed block

@@ -6,7 +6,7 @@ import torch
 
 from ctxkit.decoding import GenerationConfig, generate
 from ctxkit.zoo.presets import Seq2SeqConfig
-from ctxkit.models.seq2seq import TransformerSeq2Seq
+from ctxkit.models.seq2seq.model import TransformerSeq2Seq
 from tolerance import assert_paths_agree
 
 PAD, BOS, EOS = 0, 1, 2
@@ -117,7 +117,7 @@ def test_label_smoothing_and_schedule():
 
 def test_rnn_attention_baseline_learns_copy_and_caches(tmp_path):
     from ctxkit.zoo.presets import RNNSeq2SeqConfig
-    from ctxkit.models.seq2seq import RNNSeq2Seq, load_seq2seq, save_seq2seq
+    from ctxkit.models.seq2seq.model import RNNSeq2Seq, load_seq2seq, save_seq2seq
 
     torch.manual_seed(0)
     model = RNNSeq2Seq(RNNSeq2SeqConfig(embed_size=32, hidden_size=64, attention_size=64, vocab_size=16, max_position=32, dropout=0.0))

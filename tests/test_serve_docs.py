@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from ctxkit.inference.serve import create_app  # noqa: E402
 from ctxkit.inference.serve_generate import create_generation_app  # noqa: E402
-from ctxkit.models.bert import load_bert  # noqa: E402
-from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel  # noqa: E402
+from ctxkit.models.bert.model import load_bert  # noqa: E402
+from ctxkit.models.gpt2.model import GPT2Config, GPT2LMHeadModel  # noqa: E402
 from ctxkit.tasks import get_task  # noqa: E402
 from ctxkit.tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer  # noqa: E402
 

@@ -27,7 +27,7 @@ from ctxkit.core.errors import UserError  # noqa: E402
 from ctxkit.features.embed import embed  # noqa: E402
 from ctxkit.inference.serve import create_app  # noqa: E402
 from ctxkit.inference.serve_embed import release_memory  # noqa: E402
-from ctxkit.models.bert import load_bert  # noqa: E402
+from ctxkit.models.bert.model import load_bert  # noqa: E402
 from ctxkit.tasks import get_task  # noqa: E402
 from ctxkit.tokenizers import WordPieceTokenizer  # noqa: E402
 from tolerance import assert_paths_agree  # noqa: E402

@@ -22,7 +22,7 @@ from ctxkit.core.errors import UserError
 from ctxkit.decoding import GenerationConfig, continuous, generate, sampling
 from ctxkit.decoding.continuous import ContinuousBatcher, QueueFull, Request, bucket_width, bucket_widths, graphs_wanted
 from ctxkit.fast import DeviceInfo, FastPlan, resolve
-from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel
+from ctxkit.models.gpt2.model import GPT2Config, GPT2LMHeadModel
 from ctxkit.tokenizers import ByteLevelBPETokenizer
 
 fastapi = pytest.importorskip("fastapi")
@@ -446,7 +446,7 @@ def test_ctxkit_serve_on_a_gpt2_folder_streams_and_frees_the_slot_of_a_client_th
 
     import httpx
 
-    from ctxkit.models.gpt2 import load_gpt2, save_gpt2
+    from ctxkit.models.gpt2.model import load_gpt2, save_gpt2
 
     model, tokenizer = tiny
     folder = tmp_path / "gpt"

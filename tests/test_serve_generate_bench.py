@@ -91,7 +91,7 @@ def test_a_slot_left_free_for_a_context_of_steps_does_not_break_the_batcher():
 
     from ctxkit.decoding import GenerationConfig, generate
     from ctxkit.decoding.continuous import ContinuousBatcher, Request
-    from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel
+    from ctxkit.models.gpt2.model import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(num_layers=1, hidden_size=32, num_heads=2, vocab_size=64, max_position=32, ffn_size=64)).eval()

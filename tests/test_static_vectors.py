@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from ctxkit.models.bag_of_embeddings import BagOfEmbeddingsClassifier
-from ctxkit.models.static import WordVectors, char_ngrams, fasttext_hash, ngram_buckets
-from ctxkit.models.static_io import guess_format, read_corpus, read_vectors, write_vectors
+from ctxkit.models.static.bag import BagOfEmbeddingsClassifier
+from ctxkit.models.static.vectors import WordVectors, char_ngrams, fasttext_hash, ngram_buckets
+from ctxkit.models.static.io import guess_format, read_corpus, read_vectors, write_vectors
 from ctxkit.pretraining.word2vec import (
     NegativeSamplingModel,
     UnigramSampler,

@@ -7,7 +7,7 @@ import torch
 
 from ctxkit.layers import RelativeMultiHeadAttention, causal_mask, rel_shift, relative_distance_index
 from ctxkit.zoo.presets import TRANSFO_XL_PRESETS
-from ctxkit.models.transformer_xl import AdaptiveEmbedding, TransformerXLConfig, TransformerXLLMHeadModel, TransformerXLModel
+from ctxkit.models.transformer_xl.model import AdaptiveEmbedding, TransformerXLConfig, TransformerXLLMHeadModel, TransformerXLModel
 from tolerance import assert_close_to_reference, assert_paths_agree, assert_same_function, float64, to64
 
 # Tiny models on a shared CPU only gain synchronisation from a second thread.

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ctxkit.core.checkpoint import CheckpointError
-from ctxkit.models.transformer_xl_io import load_transformer_xl
+from ctxkit.models.transformer_xl.io import load_transformer_xl
 from ctxkit.zoo import get_model
 from tolerance import assert_close_to_reference, assert_same_function
 
@@ -136,7 +136,7 @@ def test_positional_order_is_transformers(references, tmp_path):
     import inspect
     import json
 
-    from ctxkit.models.transformer_xl import TransformerXLLMHeadModel, TransformerXLModel
+    from ctxkit.models.transformer_xl.model import TransformerXLLMHeadModel, TransformerXLModel
 
     _reference(references, tmp_path, 1)
     theirs = json.loads((tmp_path / "signatures.json").read_text())

@@ -49,7 +49,7 @@ SMALL_PRESET = ("transformer_2_128_4", {"num_encoder_layers": 2, "num_decoder_la
 
 def test_train_translate_and_cli(slice_files, tmp_path, capsys, monkeypatch):
     from ctxkit.cli import main
-    from ctxkit.models.seq2seq import SEQ2SEQ_PRESETS
+    from ctxkit.models.seq2seq.model import SEQ2SEQ_PRESETS
 
     name, shape = SMALL_PRESET
     monkeypatch.setitem(SEQ2SEQ_PRESETS, name, SEQ2SEQ_PRESETS["transformer_3_256_8"].replace(**shape))
@@ -100,7 +100,7 @@ def test_train_translate_and_cli(slice_files, tmp_path, capsys, monkeypatch):
 
 
 def test_rnn_baseline_through_the_same_pipeline(slice_files, tmp_path):
-    from ctxkit.models.seq2seq import RNNSeq2Seq
+    from ctxkit.models.seq2seq.model import RNNSeq2Seq
     from ctxkit.tasks.translation import train_translation
     from ctxkit.training import TrainConfig
 

@@ -23,7 +23,7 @@ from ctxkit.decoding import GenerationConfig, generate  # noqa: E402
 from ctxkit.features.senses import DEMO_WORDS, word_similarities  # noqa: E402
 from ctxkit.inference import ui  # noqa: E402
 from ctxkit.inference.ui import PANELS, UIModels, create_ui_app, load_ui_models, model_role  # noqa: E402
-from ctxkit.models.bert import BertModel, save_bert  # noqa: E402
+from ctxkit.models.bert.model import BertModel, save_bert  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

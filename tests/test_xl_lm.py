@@ -8,7 +8,7 @@ import pytest
 import torch
 
 
-from ctxkit.models.transformer_xl import TransformerXLConfig
+from ctxkit.models.transformer_xl.model import TransformerXLConfig
 from ctxkit.cli import main as cli_main
 from ctxkit.pretraining import xl_lm
 from ctxkit.pretraining.xl_lm import (XLTrainConfig, build_model, build_xl_vocab, evaluate_xl_lm, load_xl_lm, make_rows,

@@ -7,7 +7,7 @@ from safetensors.torch import load_file, save_file
 
 from ctxkit.core.checkpoint import CheckpointMismatchError
 from ctxkit.zoo.presets import XLNET_PRESETS, XLNetConfig
-from ctxkit.models.xlnet import (
+from ctxkit.models.xlnet.model import (
     XLNetLMHeadModel,
     XLNetModel,
     load_xlnet,
@@ -253,8 +253,8 @@ def test_identity_permutation_without_query_stream_is_a_causal_transformer_xl():
     the memory and the tokens up to itself), computes exactly a Transformer-XL layer with
     the same weights: the segment term vanishes without token types and, for keys not
     later than the query, the bidirectional distance encodings are Transformer-XL's."""
-    from ctxkit.models.transformer_xl import TransformerXLLayer
-    from ctxkit.models.xlnet import XLNetLayer, bidirectional_position_encoding
+    from ctxkit.models.transformer_xl.model import TransformerXLLayer
+    from ctxkit.models.xlnet.model import XLNetLayer, bidirectional_position_encoding
 
     torch.manual_seed(0)
     d, heads, inner, batch, mlen, qlen = 32, 4, 64, 2, 3, 6

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ctxkit.zoo.presets import XLNET_PRESETS
-from ctxkit.models.xlnet import XLNetModel
-from ctxkit.models.xlnet_encoder import XLNetEncoder
+from ctxkit.models.xlnet.model import XLNetModel
+from ctxkit.models.xlnet.encoder import XLNetEncoder
 from ctxkit.tasks import get_task
 from ctxkit.training import TrainConfig, Trainer, predict
 from tolerance import assert_paths_agree
@@ -81,7 +81,7 @@ def test_bert_layout_is_run_in_xlnet_layout_and_mapped_back():
 
 def test_save_and_load_keep_body_pooler_and_lm_bias(tmp_path):
     from ctxkit.zoo.encoders import encoder_family, load_encoder, save_encoder
-    from ctxkit.models.xlnet import load_xlnet
+    from ctxkit.models.xlnet.model import load_xlnet
 
     enc = _encoder()
     with torch.no_grad():

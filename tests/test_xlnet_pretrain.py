@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ctxkit.zoo.presets import XLNetConfig
-from ctxkit.models.xlnet import load_xlnet
+from ctxkit.models.xlnet.model import load_xlnet
 from ctxkit.cli import main as cli_main
 from ctxkit.pretraining.xlnet_pretrain import IGNORE_INDEX, XLNetCollator, pretrain_xlnet, to_xlnet_layout
 from ctxkit.training import TrainConfig

@@ -188,8 +188,8 @@ def elmo_server(tmp_path):
     import http.server
     import threading
 
-    from ctxkit.models.elmo import ElmoBiLM, ElmoConfig
-    from ctxkit.models.elmo_io import write_bilm_tf
+    from ctxkit.models.elmo.model import ElmoBiLM, ElmoConfig
+    from ctxkit.models.elmo.io import write_bilm_tf
 
     pytest.importorskip("h5py")
     pytest.importorskip("pooch")

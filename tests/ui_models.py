@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ctxkit.models.bert import BertConfig, BertModel, save_bert
-from ctxkit.models.bert_mlm import BertForMaskedLM, save_bert_masked_lm
-from ctxkit.models.gpt2 import GPT2Config, GPT2LMHeadModel, save_gpt2
+from ctxkit.models.bert.model import BertConfig, BertModel, save_bert
+from ctxkit.models.bert.mlm import BertForMaskedLM, save_bert_masked_lm
+from ctxkit.models.gpt2.model import GPT2Config, GPT2LMHeadModel, save_gpt2
 from ctxkit.tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer
 
 WORDS = ("the a film great bad fine plot actor was is it in at on of to and paris john lives works berlin where does who "

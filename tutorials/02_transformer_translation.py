@@ -57,7 +57,7 @@ import torch
 from IPython.display import Image, display
 
 from ctxkit.core.plots import plot_alignment
-from ctxkit.models.seq2seq import TransformerSeq2Seq
+from ctxkit.models.seq2seq.model import TransformerSeq2Seq
 from ctxkit.tasks.translation import SPECIALS, alignment, bleu, load_translator, read_parallel, train_translation, translate
 from ctxkit.training import TrainConfig
 

@@ -57,9 +57,9 @@ import torch
 import torch.nn.functional as F
 
 from ctxkit.data.conll import read_conll
-from ctxkit.models.elmo import CharCNN, ElmoConfig, ScalarMix, elmo_embed
-from ctxkit.models.elmo_chars import word_to_char_ids
-from ctxkit.models.elmo_io import load_elmo_lm
+from ctxkit.models.elmo.model import CharCNN, ElmoConfig, ScalarMix, elmo_embed
+from ctxkit.models.elmo.chars import word_to_char_ids
+from ctxkit.models.elmo.io import load_elmo_lm
 from ctxkit.pretraining.bilm import BiLMTrainConfig, train_bilm
 from ctxkit.pretraining.corpus import read_documents, split_sentences, word_tokenize
 

@@ -60,8 +60,8 @@ import numpy as np
 import torch
 
 from ctxkit.layers.relative_attention import relative_distance_index
-from ctxkit.models.transformer_xl import TransformerXLConfig, TransformerXLModel
-from ctxkit.models.xlnet import XLNetConfig, XLNetModel, sample_permutation_masks
+from ctxkit.models.transformer_xl.model import TransformerXLConfig, TransformerXLModel
+from ctxkit.models.xlnet.model import XLNetConfig, XLNetModel, sample_permutation_masks
 from ctxkit.pretraining.xlnet_pretrain import XLNetCollator
 from ctxkit.zoo import get_tokenizer
 

@@ -1,7 +1,7 @@
 """The hooks every training loop reports through (:class:`Callback`) and several callbacks
 as one (:class:`CallbackList`). The writers behind ``--log-to`` are in
 :mod:`ctxkit.training.callbacks`; the protocol lives here so that a loop below the training
-package (word2vec in :mod:`ctxkit.models.static`) reports the same way."""
+package (word2vec in :mod:`ctxkit.models.static.vectors`) reports the same way."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Works with any model that maps ``(input_ids, cache=, attention_mask=, position_ids=)`` to
 logits ``(batch, seq, vocab)`` (transformers' GPT-2 argument names) and has ``new_cache(batch, max_len)`` (e.g.
-:class:`ctxkit.models.gpt2.GPT2LMHeadModel`). Prompts of different lengths are batched
+:class:`ctxkit.models.gpt2.model.GPT2LMHeadModel`). Prompts of different lengths are batched
 with *left* padding, so every row's next token sits in the last column; the position
 ids count real tokens only, so padding never shifts a row's positions.
 """

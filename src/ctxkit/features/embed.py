@@ -27,8 +27,8 @@ from ..core.errors import UserError
 from ..fast import apply, resolve
 from .windows import Plan, WindowPooled, assign_windows, plan_text, token_features, window_batches, window_starts
 from ctxkit.zoo import get_model
-from ctxkit.models.elmo import elmo_embed
-from ctxkit.models.elmo_io import load_bilm, load_elmo_lm
+from ctxkit.models.elmo.model import elmo_embed
+from ctxkit.models.elmo.io import load_bilm, load_elmo_lm
 from ..zoo.families import find_family
 
 logger = logging.getLogger("ctxkit")

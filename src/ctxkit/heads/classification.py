@@ -50,7 +50,7 @@ class SequenceClassificationHead(_DenseHead):
         """Logits ``(batch, num_labels)`` (``(batch,)`` for regression).
 
         Args:
-            encoder_output: a :class:`~ctxkit.models.bert.BertOutput`; its pooler output is
+            encoder_output: a :class:`~ctxkit.models.bert.model.BertOutput`; its pooler output is
                 used when present, else the [CLS] hidden state.
         """
         pooled = encoder_output.pooler_output
@@ -90,8 +90,8 @@ class EncoderWithHead(nn.Module):
     """An encoder and a task head, with one ``forward`` used by the trainer.
 
     Args:
-        encoder: a :class:`~ctxkit.models.bert.BertModel` (or another encoder returning a
-            :class:`~ctxkit.models.bert.BertOutput`).
+        encoder: a :class:`~ctxkit.models.bert.model.BertModel` (or another encoder returning a
+            :class:`~ctxkit.models.bert.model.BertOutput`).
         head: a head with ``forward(encoder_output, attention_mask)`` and ``loss(logits, labels)``.
         cls_only: the head reads the [CLS] position only (sentence tasks): a BertModel then
             runs its last layer at [CLS] alone (keys and values still from every token), an

@@ -104,7 +104,7 @@ class SpanQAModel(nn.Module):
     Like HF's, there is no dropout between the encoder and the span head.
 
     Args:
-        encoder: a :class:`~ctxkit.models.bert.BertModel` (returns ``last_hidden_state``).
+        encoder: a :class:`~ctxkit.models.bert.model.BertModel` (returns ``last_hidden_state``).
         hidden_size: encoder width; defaults to ``encoder.config.hidden_size``.
     """
 

@@ -122,7 +122,7 @@ class GPUEncoder:
     Args:
         model: a model called as ``model(input_ids, attention_mask, token_type_ids=...)`` (transformers' order)
             (a fine-tuned task model, e.g. :class:`~ctxkit.heads.classification.EncoderWithHead`,
-            or a :class:`~ctxkit.models.bert.BertModel`). It is moved to ``device`` and
+            or a :class:`~ctxkit.models.bert.model.BertModel`). It is moved to ``device`` and
             ``dtype`` in place and put in eval mode.
         dtype: weight and activation dtype (bf16 by default; fp32 for checking).
         device: the CUDA device (default: the current one).

@@ -49,7 +49,7 @@ from ..core.checkpoint import model_folder_of_run
 from ..core.device import resolve_device
 from ..core.run_state import resolve_precision
 from ..models.common import check_vocab_fits
-from ..models.gpt2 import load_gpt2
+from ..models.gpt2.model import load_gpt2
 from ..tokenizers import ByteLevelBPETokenizer
 from ..zoo import checkpoint_folder
 from .serve_docs import add_docs
@@ -153,7 +153,7 @@ def create_generation_app(model, tokenizer, name: str = "model", slots: int = 16
     """The generation server's app for a causal LM.
 
     Args:
-        model: a GPT-2 (:class:`~ctxkit.models.gpt2.GPT2LMHeadModel`) in eval mode, on its
+        model: a GPT-2 (:class:`~ctxkit.models.gpt2.model.GPT2LMHeadModel`) in eval mode, on its
             device; cast in place to the serving dtype (:func:`serving_dtype`).
         tokenizer: its tokenizer (``encode``, ``decode``, ``eos_id``).
         name: the model's name in answers and ``/health`` (never a path of this host).

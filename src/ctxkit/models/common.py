@@ -144,7 +144,7 @@ class IndexableOutput:
 
     The values are the non-None fields, in field order (or in ``_tuple_names``, where a class
     lists the names transformers' output has, in its order): ``out[0]`` is the first
-    (``last_hidden_state`` of :class:`~ctxkit.models.bert.BertOutput`), ``out[1]`` the next
+    (``last_hidden_state`` of :class:`~ctxkit.models.bert.model.BertOutput`), ``out[1]`` the next
     non-None one, ``out[:2]`` a tuple, ``len(out)`` how many there are, ``hidden, pooled = out``
     unpacks them, and ``out["last_hidden_state"]`` reads by name (``KeyError`` for a None
     field, as in transformers). ``keys()``, ``values()``, ``items()`` and ``to_tuple()`` list

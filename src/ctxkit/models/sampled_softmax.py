@@ -1,7 +1,7 @@
 """Sampled softmax for large output vocabularies, as TensorFlow's ``sampled_softmax_loss``
 with its default log-uniform, unique candidate sampler (Jean et al. 2015).
 
-Used to train :class:`~ctxkit.models.elmo.ElmoLanguageModel`; evaluation uses the full softmax.
+Used to train :class:`~ctxkit.models.elmo.model.ElmoLanguageModel`; evaluation uses the full softmax.
 """
 
 from __future__ import annotations

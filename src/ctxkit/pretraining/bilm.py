@@ -47,9 +47,9 @@ from ..core.interrupts import StopSignals, resume_or_start
 from ..core.run_folder import hold_run_folder, trim_log
 from ..core.run_state import Checkpoint, LossBuffer, autocast, resolve_device, restore_rng, resume_checkpoint
 from ..core.run_state import save_checkpoint as write_checkpoint
-from ..models.elmo import ELMO_PRESETS, ElmoConfig, ElmoLanguageModel
-from ..models.elmo_chars import BOS_TOKEN, EOS_TOKEN, word_to_char_ids
-from ..models.elmo_io import config_to_options, load_elmo_lm, save_elmo_lm, write_bilm_tf
+from ..models.elmo.model import ELMO_PRESETS, ElmoConfig, ElmoLanguageModel
+from ..models.elmo.chars import BOS_TOKEN, EOS_TOKEN, word_to_char_ids
+from ..models.elmo.io import config_to_options, load_elmo_lm, save_elmo_lm, write_bilm_tf
 from ..data.errors import require_rereadable
 from ..tokenizers import read_lines
 from ..training.callbacks import Callback, CallbackList, JsonlWriter
@@ -142,7 +142,7 @@ class BiLMTrainConfig:
         log_every: write a ``log.jsonl`` record every this many steps.
         min_count, max_vocab: vocabulary filters.
         seed, device (``"auto"``: CUDA when available), precision (``"auto"``: bf16 on CUDA).
-        compile: ``torch.compile`` the LSTM time step (:meth:`~ctxkit.models.elmo.ElmoBiLM.compile_steps`).
+        compile: ``torch.compile`` the LSTM time step (:meth:`~ctxkit.models.elmo.model.ElmoBiLM.compile_steps`).
         progress: show the tqdm bar.
     """
 
@@ -238,9 +238,9 @@ def train_bilm(train_files: Sequence[os.PathLike], valid_files: Sequence[os.Path
         train_files, valid_files: whitespace-tokenised text files (plain or ``.xz``);
             ``valid_files`` may be empty (no evaluation).
         out_dir: run folder: ``vocab.txt``, ``checkpoint/``, ``log.jsonl``,
-            ``results.json`` and ``final/`` (:func:`~ctxkit.models.elmo_io.save_elmo_lm`
+            ``results.json`` and ``final/`` (:func:`~ctxkit.models.elmo.io.save_elmo_lm`
             plus ``weights.hdf5`` in the bilm-tf layout when h5py is installed).
-        model_config: a preset name from :data:`~ctxkit.models.elmo.ELMO_PRESETS` or a config.
+        model_config: a preset name from :data:`~ctxkit.models.elmo.model.ELMO_PRESETS` or a config.
         config: hyper-parameters.
         resume: continue from ``out_dir/checkpoint/``; with no complete checkpoint there (a
             run that crashed before its first), start from the beginning with a one-line

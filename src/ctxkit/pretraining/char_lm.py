@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from ..core.errors import UnknownNameError, UserError
 from ..data.errors import check_input
-from ..models.char_lm import CHAR_PRESETS, CharLSTMConfig, CharLSTMLM, CharTransformerConfig, CharTransformerLM, build_char_lm, load_char_lm, save_char_lm
+from ..models.char_lm.model import CHAR_PRESETS, CharLSTMConfig, CharLSTMLM, CharTransformerConfig, CharTransformerLM, build_char_lm, load_char_lm, save_char_lm
 from ..tokenizers.char import CharTokenizer
 from ..training import TrainConfig, Trainer, resolve_device, set_seed
 from ..training.callbacks import Callback
@@ -64,8 +64,8 @@ class CharLMObjective(nn.Module):
     """A character LM plus its training loss (what the :class:`~ctxkit.training.Trainer` calls).
 
     Args:
-        model: a :class:`~ctxkit.models.char_lm.CharTransformerLM` or
-            :class:`~ctxkit.models.char_lm.CharLSTMLM`.
+        model: a :class:`~ctxkit.models.char_lm.model.CharTransformerLM` or
+            :class:`~ctxkit.models.char_lm.model.CharLSTMLM`.
         aux_positions: score every position (False: only the segment's last prediction).
         aux_layers: intermediate-layer losses with the phase-out schedule (Transformer only).
 
@@ -213,7 +213,7 @@ def train_char_lm(train_file: Union[os.PathLike, Sequence[os.PathLike]], valid_f
     Args:
         train_file, valid_file, test_file: text files of one corpus (e.g. from
             :func:`~ctxkit.pretraining.char_corpus.build_char_corpus`).
-        preset: a name from :data:`~ctxkit.models.char_lm.CHAR_PRESETS` or a config.
+        preset: a name from :data:`~ctxkit.models.char_lm.model.CHAR_PRESETS` or a config.
         out_dir: run folder: ``log.jsonl``, ``curve.png``, ``best/`` (model + ``vocab.json``),
             ``results.json``.
         config: hyper-parameters (``max_minutes`` gives runs of equal wall-clock time).

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from ..core.checkpoint import CheckpointMismatchError
 from ..core.errors import UserError
 from ..core.run_state import save_final
-from ..models.bert import BertForPreTraining, load_bert, save_bert
+from ..models.bert.model import BertForPreTraining, load_bert, save_bert
 from ..tokenizers import WordPieceTokenizer
 from ..training import TrainConfig, Trainer, set_seed
 from ..training.callbacks import Callback

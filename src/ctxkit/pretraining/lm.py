@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..models.gpt2 import GPT2LMHeadModel, save_gpt2
-from ..models.gpt2 import GPT2_PRESETS
+from ..models.gpt2.model import GPT2LMHeadModel, save_gpt2
+from ..models.gpt2.model import GPT2_PRESETS
 from ..tokenizers import ByteLevelBPETokenizer, read_lines
 from ..training import TrainConfig, Trainer, resolve_device, set_seed
 from ..training.callbacks import Callback

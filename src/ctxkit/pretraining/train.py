@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..models.bert import BertForPreTraining, save_bert
-from ..models.bert import BertConfig, get_preset
+from ..models.bert.model import BertForPreTraining, save_bert
+from ..models.bert.model import BertConfig, get_preset
 from ..core.device import autocast, resolve_device
 from ..data.batching import balanced_batch_tokens, balanced_batches
 from ..training import TrainConfig, Trainer, set_seed

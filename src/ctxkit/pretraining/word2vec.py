@@ -2,7 +2,7 @@
 with fastText character n-grams, by batched Hogwild-style SGD in PyTorch.
 
 :func:`train_word2vec` is the loop (epochs, chunks, batches, learning rate, checkpoints,
-progress); it returns a :class:`~ctxkit.models.static.WordVectors`. Its pieces:
+progress); it returns a :class:`~ctxkit.models.static.vectors.WordVectors`. Its pieces:
 
 * Corpus: :func:`build_vocab` (words over ``min_count``, most frequent first) and the
   encoding of sentences to word ids.
@@ -33,8 +33,8 @@ from ..core.callbacks import Callback, CallbackList
 from ..core.errors import UserError
 from ..core.interrupts import StopSignals, resume_or_start
 from ..core.run_state import capture_rng, load_checkpoint, restore_rng, save_checkpoint
-from ..models.static import WordVectors, ngram_buckets
-from ..models.static_io import read_corpus
+from ..models.static.vectors import WordVectors, ngram_buckets
+from ..models.static.io import read_corpus
 
 __all__ = ["NegativeSamplingModel", "UnigramSampler", "build_vocab", "keep_probabilities", "train_word2vec"]
 

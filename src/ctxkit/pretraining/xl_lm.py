@@ -20,7 +20,7 @@
   ``checkpoint/`` (:func:`ctxkit.core.run_state.save_checkpoint`: replaced whole, manifest
   checked on resume) holds model, optimiser, memory, RNG and data position: a resumed run
   repeats an uninterrupted one's losses (a ``checkpoint.pt`` of earlier versions is still
-  read). ``final/``: :func:`load_xl_lm` (:func:`ctxkit.models.transformer_xl_io.load_transformer_xl_lm`; the
+  read). ``final/``: :func:`load_xl_lm` (:func:`ctxkit.models.transformer_xl.io.load_transformer_xl_lm`; the
   baseline and the I/O live beside the model in :mod:`ctxkit.models`).
 """
 
@@ -47,10 +47,10 @@ from ..core.interrupts import StopSignals, resume_or_start
 from ..core.run_folder import hold_run_folder, trim_log
 from ..core.run_state import Checkpoint, LossBuffer, autocast, resolve_device, restore_rng, resume_checkpoint
 from ..core.run_state import save_checkpoint as write_checkpoint
-from ..models.transformer_xl import TransformerXLConfig, TransformerXLLMHeadModel, TransformerXLModel, VanillaTransformerLM
-from ..models.transformer_xl import build_transformer_xl_lm as build_model
-from ..models.transformer_xl_io import load_transformer_xl_lm as load_xl_lm
-from ..models.transformer_xl_io import save_transformer_xl_lm as save_xl_lm
+from ..models.transformer_xl.model import TransformerXLConfig, TransformerXLLMHeadModel, TransformerXLModel, VanillaTransformerLM
+from ..models.transformer_xl.model import build_transformer_xl_lm as build_model
+from ..models.transformer_xl.io import load_transformer_xl_lm as load_xl_lm
+from ..models.transformer_xl.io import save_transformer_xl_lm as save_xl_lm
 from ..data.errors import require_rereadable
 from ..tokenizers import read_lines
 from ..training.callbacks import Callback, CallbackList, JsonlWriter

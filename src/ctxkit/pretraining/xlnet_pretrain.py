@@ -14,7 +14,7 @@ SentencePiece specials: ``<sep>`` = ``[SEP]`` (``sep_id``), ``<cls>`` = ``[CLS]`
 (``cls_id``), ``<pad>`` = ``[PAD]`` (``pad_id``), taken from the shards' ``meta.json`` (or
 given). Sequences are padded on the right; padding is masked out as keys.
 
-Per sequence, :func:`~ctxkit.models.xlnet.sample_permutation_masks` draws a factorisation
+Per sequence, :func:`~ctxkit.models.xlnet.model.sample_permutation_masks` draws a factorisation
 order over the *content* tokens (padding and ``<sep>``/``<cls>`` are never targets: they
 are context visible to every token) and the last ``num_predict = max(1, round(n / K))``
 tokens of it are predicted, ``n`` being the number of content tokens of that sequence
@@ -24,7 +24,7 @@ tokens of it are predicted, ``n`` being the number of content tokens of that seq
 The loss is the cross-entropy of the query-stream logits at the target positions.
 Training runs in the shared :class:`~ctxkit.training.Trainer` (checkpoints, exact resume
 with the collator's RNG, logging); the final model is written in the Hugging Face layout
-by :func:`~ctxkit.models.xlnet.save_xlnet`.
+by :func:`~ctxkit.models.xlnet.model.save_xlnet`.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..models.xlnet import XLNetConfig
-from ..models.xlnet import XLNetLMHeadModel, sample_permutation_masks, save_xlnet
+from ..models.xlnet.model import XLNetConfig
+from ..models.xlnet.model import XLNetLMHeadModel, sample_permutation_masks, save_xlnet
 from ..training import TrainConfig, Trainer, set_seed
 from ..training.callbacks import Callback
 from ..core.diskspace import is_out_of_space

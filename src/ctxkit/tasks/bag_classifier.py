@@ -1,6 +1,6 @@
 """Training the bag-of-embeddings sentence classifier (the context-free baseline row of the
 lectures' GLUE table) on static word vectors: :func:`train_bag_classifier`. The model is
-:class:`~ctxkit.models.bag_of_embeddings.BagOfEmbeddingsClassifier`.
+:class:`~ctxkit.models.static.bag.BagOfEmbeddingsClassifier`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..models.bag_of_embeddings import BagOfEmbeddingsClassifier
-from ..models.static import WordVectors
+from ..models.static.bag import BagOfEmbeddingsClassifier
+from ..models.static.vectors import WordVectors
 
 __all__ = ["BagClassifierResult", "train_bag_classifier"]
 

@@ -1,7 +1,7 @@
 """Task models on frozen word features: static word vectors or the layers of an ELMo biLM.
 
 Peters et al. (2018) keep the biLM frozen and learn per task only the mix of its layers,
-``E_t = gamma * sum_i softmax(s)_i H_{i,t}`` (:class:`~ctxkit.models.elmo.ScalarMix`), jointly
+``E_t = gamma * sum_i softmax(s)_i H_{i,t}`` (:class:`~ctxkit.models.elmo.model.ScalarMix`), jointly
 with the task model. So features are computed once, kept per sentence as ``(L, n_words, dim)``
 (``L = 1`` for static vectors), and the mix sits inside :class:`FeatureTagger` /
 :class:`FeatureSentenceClassifier`, before a BiLSTM. :func:`train_feature_tagger` (entity F1,
@@ -26,7 +26,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence, pad_se
 from tqdm.auto import tqdm
 
 from .metrics import ner_f1
-from ..models.elmo import ScalarMix
+from ..models.elmo.model import ScalarMix
 from .feature_sources import CASING_DIM, ElmoFeatures, StaticFeatures, load_bilm
 from ..core.errors import UserError
 

@@ -1,7 +1,7 @@
 """Where the word features of :mod:`ctxkit.tasks.feature_models` come from.
 
-* :class:`StaticFeatures`: a :class:`~ctxkit.models.static.WordVectors` lookup, ``(1, n_words, dim)`` per sentence.
-* :class:`ElmoFeatures`: every layer of a frozen biLM via :func:`~ctxkit.models.elmo.elmo_embed`,
+* :class:`StaticFeatures`: a :class:`~ctxkit.models.static.vectors.WordVectors` lookup, ``(1, n_words, dim)`` per sentence.
+* :class:`ElmoFeatures`: every layer of a frozen biLM via :func:`~ctxkit.models.elmo.model.elmo_embed`,
   ``(L, n_words, dim)`` per sentence, computed in chunks.
 * :func:`load_bilm`: a biLM from what :func:`~ctxkit.pretraining.bilm.train_bilm` writes (run
   folder, ``final/``, ``checkpoint/``, an earlier version's ``checkpoint.pt``) or from a bilm-tf options + hdf5 pair.
@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..models.elmo import ElmoBiLM, elmo_embed
-from ..models.elmo_io import load_bilm
-from ..models.static import WordVectors
+from ..models.elmo.model import ElmoBiLM, elmo_embed
+from ..models.elmo.io import load_bilm
+from ..models.static.vectors import WordVectors
 
 __all__ = ["StaticFeatures", "ElmoFeatures", "load_bilm", "CASING_DIM"]
 

@@ -1,6 +1,6 @@
 """Machine translation: parallel text -> joint BPE -> Transformer encoder-decoder -> BLEU.
 
-``train_translation`` trains :class:`~ctxkit.models.seq2seq.TransformerSeq2Seq` with the
+``train_translation`` trains :class:`~ctxkit.models.seq2seq.model.TransformerSeq2Seq` with the
 shared :class:`~ctxkit.training.Trainer` (teacher forcing, label smoothing, the
 inverse-square-root schedule by default) and scores the validation set with sacreBLEU
 after every epoch; ``translate`` decodes with greedy or beam search.
@@ -16,8 +16,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..models.seq2seq import RNN_SEQ2SEQ_PRESETS, SEQ2SEQ_PRESETS
-from ..models.seq2seq import RNNSeq2Seq, TransformerSeq2Seq, load_seq2seq, save_seq2seq
+from ..models.seq2seq.model import RNN_SEQ2SEQ_PRESETS, SEQ2SEQ_PRESETS
+from ..models.seq2seq.model import RNNSeq2Seq, TransformerSeq2Seq, load_seq2seq, save_seq2seq
 from ..tokenizers import ByteLevelBPETokenizer, read_lines
 from ..training import TrainConfig, Trainer, resolve_device, set_seed
 from ..training.callbacks import Callback
@@ -89,7 +89,7 @@ def length_cap(source_tokens: int, limit: int) -> int:
 def translate(model: torch.nn.Module, tok: ByteLevelBPETokenizer, sentences: Sequence[str], num_beams: int = 1,
               batch_size: int = 64, max_new_tokens: Optional[int] = None, device: str = "auto") -> List[str]:
     """Translate sentences (greedy with ``num_beams=1``, else beam search) with a
-    :class:`~ctxkit.models.seq2seq.TransformerSeq2Seq` or ``RNNSeq2Seq``.
+    :class:`~ctxkit.models.seq2seq.model.TransformerSeq2Seq` or ``RNNSeq2Seq``.
 
     Each sentence gets at most ``max_new_tokens`` new tokens, by default :func:`length_cap`
     of its own length: the same translation whichever sentences share its batch.

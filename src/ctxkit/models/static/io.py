@@ -3,7 +3,7 @@
 Also :func:`read_corpus`, the tokenised-text reader used for training.
 
 These functions work on plain ``(words, matrix)`` pairs so they stay independent of
-:class:`ctxkit.models.static.WordVectors`, which wraps them as ``WordVectors.load`` / ``save``.
+:class:`ctxkit.models.static.vectors.WordVectors`, which wraps them as ``WordVectors.load`` / ``save``.
 
 * ``glove``: one ``word v1 ... vd`` line per word, no header.
 * ``word2vec``: the same lines after a ``"count dim"`` header line. fastText's ``.vec``
@@ -40,8 +40,8 @@ from tqdm.auto import tqdm
 from ctxkit.data.errors import DataError, is_rereadable, open_input, raw_lines, require_rereadable
 from ctxkit.data.lines import decode_lines
 
-from ..core.errors import UserError, quote
-from .common import Replaceable
+from ...core.errors import UserError, quote
+from ..common import Replaceable
 
 __all__ = ["StaticVectorsConfig", "STATIC_PRESETS", "FORMATS", "guess_format", "open_file", "read_corpus", "read_vectors", "write_vectors"]
 
@@ -435,7 +435,7 @@ def write_vectors(path: PathLike, words: Sequence[str], matrix: np.ndarray, form
 
 @dataclass(frozen=True)
 class StaticVectorsConfig(Replaceable):
-    """Settings of a static word-vector model (:func:`ctxkit.models.static.train_word2vec`).
+    """Settings of a static word-vector model (:func:`ctxkit.pretraining.word2vec.train_word2vec`).
 
     Attributes:
         model: ``"skipgram"`` or ``"cbow"``.
@@ -445,7 +445,7 @@ class StaticVectorsConfig(Replaceable):
         subwords: fastText character n-grams (False: plain word2vec).
         buckets: n-gram hash buckets (with ``subwords``).
 
-    The field names are :func:`~ctxkit.models.static.train_word2vec`'s arguments.
+    The field names are :func:`~ctxkit.pretraining.word2vec.train_word2vec`'s arguments.
     """
 
     model: str = "skipgram"

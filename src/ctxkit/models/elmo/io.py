@@ -34,13 +34,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..core.checkpoint import (WEIGHT_FILES, CheckpointError, CheckpointMismatchError, atomic_write, load_state_dict_strict,
+from ...core.checkpoint import (WEIGHT_FILES, CheckpointError, CheckpointMismatchError, atomic_write, load_state_dict_strict,
                                read_pickled_state, read_weights, save_weights)
-from .elmo import ElmoBiLM, ElmoConfig, ElmoLanguageModel
-from ..core.build_guard import bounded_build, check_layers_held, held_values
-from ..core.deps import require
-from ..core.durable import verify_manifest
-from ..core.errors import MissingFileError, UserError
+from .model import ElmoBiLM, ElmoConfig, ElmoLanguageModel
+from ...core.build_guard import bounded_build, check_layers_held, held_values
+from ...core.deps import require
+from ...core.durable import verify_manifest
+from ...core.errors import MissingFileError, UserError
 
 __all__ = [
     "config_to_options",
@@ -343,7 +343,7 @@ def load_bilm(path: os.PathLike) -> Tuple[ElmoBiLM, dict]:
     """A frozen :class:`ElmoBiLM` (eval mode) and ``{"source", "format"}``, from a
     :func:`~ctxkit.pretraining.bilm.train_bilm` run folder (its ``final/``, else its
     ``checkpoint/`` or, from earlier versions, ``checkpoint.pt``), that ``checkpoint/`` folder,
-    a :func:`~ctxkit.models.elmo_io.save_elmo_lm` folder, a folder with bilm-tf
+    a :func:`~ctxkit.models.elmo.io.save_elmo_lm` folder, a folder with bilm-tf
     ``options.json`` + ``weights.hdf5`` (or that hdf5 file), or a ``checkpoint.pt`` file.
 
     Raises:

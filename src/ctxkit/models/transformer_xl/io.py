@@ -28,12 +28,12 @@ import torch
 from safetensors.torch import save_model
 from torch import Tensor
 
-from ..core.checkpoint import (CheckpointError, check_config_against_weights, check_config_fields, check_config_types, count_layers,
+from ...core.checkpoint import (CheckpointError, check_config_against_weights, check_config_fields, check_config_types, count_layers,
                                load_state_dict_strict, read_config, read_weights, require_config_fields, weight_dim)
-from ..core.build_guard import bounded_build, check_layers_held, held_values
-from ..core.durable import atomic_write
-from ..core.errors import quote
-from .transformer_xl import TransformerXLConfig, TransformerXLLMHeadModel, TransformerXLModel, build_transformer_xl_lm
+from ...core.build_guard import bounded_build, check_layers_held, held_values
+from ...core.durable import atomic_write
+from ...core.errors import quote
+from .model import TransformerXLConfig, TransformerXLLMHeadModel, TransformerXLModel, build_transformer_xl_lm
 
 __all__ = ["transformer_xl_config_from_hf", "load_transformer_xl", "save_transformer_xl_lm", "load_transformer_xl_lm",
            "is_ctxkit_transformer_xl", "CTXKIT_MODEL_TYPE"]
@@ -215,7 +215,7 @@ def load_transformer_xl(directory: os.PathLike) -> TransformerXLLMHeadModel:
     fresh initialisation (a warning says so in the returned model's ``load_note``).
 
     Returns:
-        :class:`~ctxkit.models.transformer_xl.TransformerXLLMHeadModel` in eval mode.
+        :class:`~ctxkit.models.transformer_xl.model.TransformerXLLMHeadModel` in eval mode.
 
     Raises:
         CheckpointError: unreadable files, another model type, an unsupported variant,

@@ -10,7 +10,7 @@ one vector per word type, whatever its context.
   hashing, shared by lookups and training.
 * Training them (word2vec CBOW / skip-gram, fastText sub-words) is
   :func:`ctxkit.pretraining.word2vec.train_word2vec`; the bag-of-embeddings sentence
-  baseline is :mod:`ctxkit.models.bag_of_embeddings`, trained by
+  baseline is :mod:`ctxkit.models.static.bag`, trained by
   :func:`ctxkit.tasks.bag_classifier.train_bag_classifier`.
 """
 
@@ -24,9 +24,9 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ctxkit.models.static_io import read_vectors, write_vectors
+from ctxkit.models.static.io import read_vectors, write_vectors
 
-from ..core.errors import UnknownNameError, UserError
+from ...core.errors import UnknownNameError, UserError
 
 __all__ = ["WordVectors", "char_ngrams", "fasttext_hash", "ngram_buckets"]
 
@@ -211,7 +211,7 @@ class WordVectors:
 
     def save(self, path: PathLike, format: Optional[str] = None, decimals: Optional[int] = None,
              progress: bool = True) -> Path:
-        """Writes the vectors (see :func:`ctxkit.models.static_io.write_vectors` for formats).
+        """Writes the vectors (see :func:`ctxkit.models.static.io.write_vectors` for formats).
 
         Only ``npz`` keeps counts, n-gram buckets and ``meta``; the text and binary formats hold
         the ``V`` word vectors (for sub-word models, the composed vectors, like fastText's ``.vec``).

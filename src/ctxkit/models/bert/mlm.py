@@ -1,12 +1,12 @@
 """BERT and DistilBERT with the masked-LM head alone: transformers' ``*ForMaskedLM``.
 
 A ``BertForMaskedLM`` or ``DistilBertForMaskedLM`` checkpoint has no NSP head (and BERT's has
-no pooler), so it cannot load as :class:`~ctxkit.models.bert.BertForPreTraining`.
+no pooler), so it cannot load as :class:`~ctxkit.models.bert.model.BertForPreTraining`.
 :func:`load_bert_with_heads` loads a folder with the heads it has: MLM + NSP as
 ``BertForPreTraining``, MLM alone as :class:`BertForMaskedLM`. Both answer
 ``(mlm_logits, nsp_logits)``, the NSP logits None here, so a caller reads either alike.
 
-The head is :class:`~ctxkit.models.bert.BertMLMHead` (dense, activation, LayerNorm, then the
+The head is :class:`~ctxkit.models.bert.model.BertMLMHead` (dense, activation, LayerNorm, then the
 tied word embedding with its own bias); only the checkpoint names differ per family.
 """
 
@@ -19,7 +19,7 @@ from typing import Optional, Set, Tuple
 
 from torch import Tensor, nn
 
-from ..core.checkpoint import (
+from ...core.checkpoint import (
     CheckpointError,
     KeyMap,
     WEIGHT_FILES,
@@ -29,9 +29,9 @@ from ..core.checkpoint import (
     save_weights,
     write_json,
 )
-from ..core.meta_build import meta_device
-from .bert import HF_KEYS, BertConfig, BertMLMHead, BertModel, config_from_hf, config_to_hf, load_bert
-from .common import PretrainedHabits
+from ...core.meta_build import meta_device
+from .model import HF_KEYS, BertConfig, BertMLMHead, BertModel, config_from_hf, config_to_hf, load_bert
+from ..common import PretrainedHabits
 
 __all__ = ["BertForMaskedLM", "load_bert_masked_lm", "load_bert_with_heads", "save_bert_masked_lm"]
 
@@ -102,7 +102,7 @@ def _weight_names(directory: Path) -> Set[str]:
 
 
 def load_bert_with_heads(directory: os.PathLike, config: Optional[BertConfig] = None) -> nn.Module:
-    """A checkpoint with its pretraining heads: :class:`~ctxkit.models.bert.BertForPreTraining`
+    """A checkpoint with its pretraining heads: :class:`~ctxkit.models.bert.model.BertForPreTraining`
     when it has the NSP head, else :class:`BertForMaskedLM` (a ``*ForMaskedLM`` checkpoint)."""
     if _NSP_WEIGHT in _weight_names(Path(directory)):
         return load_bert(directory, config=config, with_heads=True)

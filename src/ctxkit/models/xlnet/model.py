@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..core.checkpoint import (
+from ...core.checkpoint import (
     CheckpointError,
     KeyMap,
     check_config_against_weights,
@@ -50,10 +50,10 @@ from ..core.checkpoint import (
     save_weights,
     weight_dim,
 )
-from ..layers import AddNorm, PositionwiseFFN, RelativeMultiHeadAttention, rel_shift
-from ..layers.attention import masked_softmax
-from ..core.errors import UserError
-from .common import IndexableOutput, PaperNames
+from ...layers import AddNorm, PositionwiseFFN, RelativeMultiHeadAttention, rel_shift
+from ...layers.attention import masked_softmax
+from ...core.errors import UserError
+from ..common import IndexableOutput, PaperNames
 
 __all__ = ["XLNetConfig", "XLNET_PRESETS", "XLNetOutput", "XLNetRelativeAttention", "XLNetLayer", "XLNetModel",
            "XLNetLMHeadModel", "PermutationMasks", "bidirectional_position_encoding", "sample_permutation_masks",

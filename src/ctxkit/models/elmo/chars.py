@@ -20,7 +20,7 @@ from typing import List, Sequence
 import torch
 from torch import Tensor
 
-from ..core.errors import UserError
+from ...core.errors import UserError
 
 __all__ = [
     "BOS_TOKEN",
@@ -76,7 +76,7 @@ def batch_to_char_ids(sentences: Sequence[Sequence[str]], add_boundaries: bool =
     Args:
         sentences: lists of words.
         add_boundaries: wrap each sentence in ``<S>`` ... ``</S>`` (what the biLM was
-            trained on; :func:`~ctxkit.models.elmo.elmo_embed` does this itself).
+            trained on; :func:`~ctxkit.models.elmo.model.elmo_embed` does this itself).
         max_chars: ids per token.
 
     Returns:

@@ -24,11 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layers import AddNorm, PositionwiseFFN, causal_mask, sinusoidal_table
-from ..layers.transformer import TransformerEncoder
-from ..layers.relative_attention import RelativeMultiHeadAttention
-from ..core.errors import UserError
-from .common import IndexableOutput, PaperNames
+from ...layers import AddNorm, PositionwiseFFN, causal_mask, sinusoidal_table
+from ...layers.transformer import TransformerEncoder
+from ...layers.relative_attention import RelativeMultiHeadAttention
+from ...core.errors import UserError
+from ..common import IndexableOutput, PaperNames
 
 __all__ = ["TransformerXLConfig", "TRANSFO_XL_PRESETS", "AdaptiveEmbedding", "TransformerXLLayer", "TransformerXLModel",
            "TransformerXLLMHeadModel", "TransformerXLLMOutput", "VanillaBody", "VanillaTransformerLM", "build_transformer_xl_lm"]

@@ -23,13 +23,13 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor, nn
 
-from ..core.checkpoint import (CheckpointError, KeyMap, check_config_against_weights, check_config_fields, check_config_types,
+from ...core.checkpoint import (CheckpointError, KeyMap, check_config_against_weights, check_config_fields, check_config_types,
                                check_heads_divide, count_layers, load_state_dict_strict, read_config, read_weights,
                                require_config_fields, save_weights, weight_dim)
-from ..layers import KVCache, TransformerEncoder, causal_mask, padding_mask
-from .common import PretrainedHabits, Replaceable
-from ..core.errors import UserError
-from ..core.meta_build import meta_device
+from ...layers import KVCache, TransformerEncoder, causal_mask, padding_mask
+from ..common import PretrainedHabits, Replaceable
+from ...core.errors import UserError
+from ...core.meta_build import meta_device
 
 __all__ = ["GPT2Config", "GPT2_PRESETS", "GPT2Model", "GPT2LMHeadModel", "load_gpt2", "save_gpt2", "gpt2_config_from_hf"]
 

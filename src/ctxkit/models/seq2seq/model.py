@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..core.build_guard import bounded_build, check_layers_held, held_values, weights_file
-from ..core.checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights, save_weights
-from ..layers import (AdditiveAttention, KVCache, SinusoidalPositionalEncoding, TransformerDecoder, TransformerEncoder, padding_mask,
+from ...core.build_guard import bounded_build, check_layers_held, held_values, weights_file
+from ...core.checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights, save_weights
+from ...layers import (AdditiveAttention, KVCache, SinusoidalPositionalEncoding, TransformerDecoder, TransformerEncoder, padding_mask,
                       quaternionize)
-from .common import Replaceable
+from ..common import Replaceable
 
 __all__ = ["Seq2SeqConfig", "SEQ2SEQ_PRESETS", "RNNSeq2SeqConfig", "RNN_SEQ2SEQ_PRESETS", "TransformerSeq2Seq", "RNNSeq2Seq", "RNNState", "BoundDecoder", "save_seq2seq", "load_seq2seq"]
 

@@ -31,13 +31,13 @@ from typing import Dict, List, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from ..core.build_guard import bounded_build, check_layers_held, held_values, weights_file
-from ..core.checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights, save_weights
-from ..core.errors import UserError
-from ..layers import TransformerEncoderLayer, causal_mask
-from ..layers.quaternion import quaternionize
-from ..layers.sparse_attention import SparsePattern
-from .common import Replaceable
+from ...core.build_guard import bounded_build, check_layers_held, held_values, weights_file
+from ...core.checkpoint import CheckpointError, load_state_dict_strict, read_config, read_weights, save_weights
+from ...core.errors import UserError
+from ...layers import TransformerEncoderLayer, causal_mask
+from ...layers.quaternion import quaternionize
+from ...layers.sparse_attention import SparsePattern
+from ..common import Replaceable
 
 __all__ = ["CharTransformerConfig", "CharLSTMConfig", "CharTransformerLM", "CharLSTMLM", "CHAR_PRESETS",
            "CHAR_DESCRIPTIONS", "save_char_lm", "load_char_lm", "build_char_lm", "CHAR_MODEL_TYPES"]

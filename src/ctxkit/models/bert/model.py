@@ -20,7 +20,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..core.checkpoint import (
+from ...core.checkpoint import (
     CheckpointError,
     check_config_fields,
     KeyMap,
@@ -30,16 +30,16 @@ from ..core.checkpoint import (
     save_weights,
     write_json,
 )
-from ..layers import (
+from ...layers import (
     PackedSequences,
     TransformerEmbeddings,
     TransformerEncoder,
     get_activation,
     padding_mask,
 )
-from .common import IndexableOutput, Preset, PretrainedHabits, Replaceable
-from ..core.errors import UnknownNameError, UserError, quote
-from ..core.meta_build import meta_device
+from ..common import IndexableOutput, Preset, PretrainedHabits, Replaceable
+from ...core.errors import UnknownNameError, UserError, quote
+from ...core.meta_build import meta_device
 
 __all__ = [
     "BertConfig",

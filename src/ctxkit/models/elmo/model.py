@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .common import Replaceable
-from .elmo_chars import MAX_CHARS, N_CHARACTERS, batch_to_char_ids
-from .sampled_softmax import sampled_softmax_nll
-from ..core.errors import UserError
+from ..common import Replaceable
+from .chars import MAX_CHARS, N_CHARACTERS, batch_to_char_ids
+from ..sampled_softmax import sampled_softmax_nll
+from ...core.errors import UserError
 
 __all__ = [
     "ElmoConfig",

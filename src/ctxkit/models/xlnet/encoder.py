@@ -1,6 +1,6 @@
 """XLNet as an encoder for ctxkit's task heads (``ctxkit finetune`` tasks).
 
-The task heads read a :class:`~ctxkit.models.bert.BertOutput` (``last_hidden_state`` for
+The task heads read a :class:`~ctxkit.models.bert.model.BertOutput` (``last_hidden_state`` for
 tagging and span QA, ``pooler_output`` for sentence classification) and the encoder's
 ``config.hidden_size`` / ``config.dropout``. :class:`XLNetEncoder` gives XLNet that shape.
 
@@ -30,10 +30,10 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ..core.checkpoint import CheckpointError, load_state_dict_strict, save_weights
-from .bert import BertOutput
-from .xlnet import XLNetConfig
-from .xlnet import XLNetLMHeadModel, XLNetModel, load_xlnet, save_xlnet
+from ...core.checkpoint import CheckpointError, load_state_dict_strict, save_weights
+from ..bert.model import BertOutput
+from .model import XLNetConfig
+from .model import XLNetLMHeadModel, XLNetModel, load_xlnet, save_xlnet
 
 SUMMARY_FILE = "summary.safetensors"
 
@@ -55,7 +55,7 @@ class XLNetEncoder(nn.Module):
     """An XLNet body with a sequence-summary pooler.
 
     Args:
-        body: an :class:`~ctxkit.models.xlnet.XLNetModel` (e.g. ``load_xlnet(folder).transformer``).
+        body: an :class:`~ctxkit.models.xlnet.model.XLNetModel` (e.g. ``load_xlnet(folder).transformer``).
         cls_last: inputs come in BERT's layout (``[CLS]`` first); move it last, as XLNet was
             pretrained (see the module doc). False: inputs are already in XLNet's layout.
         lm_bias: ``(vocab,)`` the pretrained LM head's bias, kept only to be saved again.

@@ -1,6 +1,6 @@
 """The bag-of-embeddings ("CBOW") sentence classifier: the context-free baseline row.
 
-A sentence is the mean of its words' static vectors (:class:`~ctxkit.models.static.WordVectors`),
+A sentence is the mean of its words' static vectors (:class:`~ctxkit.models.static.vectors.WordVectors`),
 fed to a linear layer or a one-hidden-layer MLP; the lectures' GLUE table lists this
 baseline (CBOW 58.6) under ELMo and BERT. Training it:
 :func:`ctxkit.tasks.bag_classifier.train_bag_classifier`.
