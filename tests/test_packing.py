@@ -13,7 +13,7 @@ from ctxkit.models import get_preset
 from ctxkit.pretraining.masking import IGNORE_INDEX, MaskingConfig, MaskingIds, MLMCollator
 from ctxkit.pretraining.train import PretrainingModel, pretrain
 from ctxkit.training import TrainConfig
-from ctxkit.training.trainer import _rows_and_tokens
+from ctxkit.training.steps import rows_and_tokens
 
 IDS = MaskingIds(vocab_size=300, mask_id=3, special_ids=frozenset({0, 1, 2, 3}), pad_id=0)
 
@@ -106,7 +106,7 @@ def test_every_packed_batch_of_a_run_has_one_shape():
             assert (out["input_ids"][0, starts] == 1).all()  # each begins with [CLS]
             positions = out["position_ids"][0]
             assert all(positions[s:s + n].tolist() == list(range(n)) for s, n in zip(starts, real))
-            rows_seen, tokens = _rows_and_tokens(out)  # what the trainer logs
+            rows_seen, tokens = rows_and_tokens(out)  # what the trainer logs
             assert rows_seen == rows and tokens == cu[rows]
             assert (out["input_ids"][0, cu[rows]:] == IDS.pad_id).all()
     assert len(shapes) == 1

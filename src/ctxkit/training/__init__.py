@@ -3,6 +3,7 @@
 from .callbacks import Callback, CallbackList, make_callbacks
 from .optim import build_adamw, linear_warmup_decay, polynomial_warmup_decay
 from .predict import featurized_ahead, predict
+from .steps import EagerStep, GraphedStep, Step, make_step
 from .trainer import (
     TrainConfig,
     Trainer,
@@ -24,6 +25,10 @@ __all__ = [
     "linear_warmup_decay",
     "polynomial_warmup_decay",
     "featurized_ahead",
+    "EagerStep",
+    "GraphedStep",
+    "Step",
+    "make_step",
     "predict",
     "resolve_device",
     "set_seed",

@@ -15,7 +15,7 @@ from torch import nn
 from ..data.batching import collate, sequential_batches
 from . import progress
 from ..core.run_state import autocast, resolve_device, resolve_precision
-from .trainer import _to
+from .steps import to_device
 
 __all__ = ["predict", "featurized_ahead"]
 
@@ -92,7 +92,7 @@ def predict(model: nn.Module, features: Union[Sequence[dict], Iterable[Sequence[
     pending: deque = deque()
     for lengths, first, idx, batch in (_ahead(batches(), depth=4) if on_gpu else batches()):
         with autocast(dev, precision):
-            out = model(**(batch if host_inputs else _to(batch, dev)))[output]
+            out = model(**(batch if host_inputs else to_device(batch, dev)))[output]
         done = None
         if on_gpu:  # read back asynchronously; finish() waits for this batch alone
             out = tuple(t.to("cpu", non_blocking=True) for t in out) if isinstance(out, tuple) else out.to("cpu", non_blocking=True)

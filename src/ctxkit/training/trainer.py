@@ -40,8 +40,9 @@ from .data import CollatedBatches
 from .distributed import agree, all_reduce_mean, broadcast_parameters, cpu_copy, setup, shard_model
 from .graphs import GraphedTrainStep, graphs_supported
 from .master import MasterAdamW, build_master_adamw
-from .optim import build_adamw, build_lamb, build_schedule, clipped_step
+from .optim import build_adamw, build_lamb, build_schedule
 from .speed import compile_warm_up, graph_grad_sync, prepare_model
+from .steps import make_step
 from .world_resume import CheckpointIO, EpochOrder
 from ..core.errors import UserError
 from ..core.checkpoint import write_json
@@ -86,22 +87,6 @@ def _compiled_graphs() -> int:
     from torch._dynamo.utils import counters  # lazy: torch._dynamo is heavy, and only compiling plans read it
 
     return int(counters["stats"]["unique_graphs"])
-
-
-def _to(batch: Dict[str, torch.Tensor], device: torch.device) -> Dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-
-
-def _rows_and_tokens(cpu_batch: Dict[str, torch.Tensor]):
-    """``(sequences, real tokens)`` of a collated batch: rows of ``input_ids`` and the
-    attention mask's ones (every token without a mask); a packed batch (one row holding
-    its sequences one after another: ``seq_starts`` and ``cu_seqlens``, as
-    :class:`~ctxkit.pretraining.masking.MLMCollator` packs them) counts its sequences."""
-    if "seq_starts" in cpu_batch:
-        rows = cpu_batch["seq_starts"].numel()
-        return rows, int(cpu_batch["cu_seqlens"][rows])
-    rows = cpu_batch["input_ids"].shape[0]
-    return rows, int(cpu_batch["attention_mask"].sum()) if "attention_mask" in cpu_batch else cpu_batch["input_ids"].numel()
 
 
 class Trainer(CheckpointIO):
@@ -250,6 +235,10 @@ class Trainer(CheckpointIO):
             self.graphed = GraphedTrainStep(self.model, self.optimizer, config.max_grad_norm, self._autocast,
                                             grad_sync=graph_grad_sync(self.model, plan) if self.world > 1 else None)
             self.pad_multiple = max(config.pad_multiple, 16)  # few shapes -> few graphs
+        # One optimiser step, eager (micro-batches accumulated) or replayed from CUDA graphs.
+        self.step = make_step(self.model, self.forward, self.optimizer, self.scheduler, device=self.device, precision=config.precision,
+                              max_grad_norm=config.max_grad_norm, graphed=self.graphed, rows=self.micro_batch // self.world,
+                              sharded=self.sharded)
 
     def _autocast(self):
         """The graphed step's autocast (its weight-cast cache off: a capture must not keep casts)."""
@@ -340,19 +329,8 @@ class Trainer(CheckpointIO):
             for s in range(first, len(order)):
                 group = [next(collated) for _ in range(order.bounds[s + 1] - order.bounds[s])]
                 self._note_shape(group[0], bar)
-                if self.graphed is not None:
-                    cpu_batch = group[0]
-                    rows, n_tok = _rows_and_tokens(cpu_batch)
-                    seen, tokens = seen + rows, tokens + n_tok
-                    batch = _to(cpu_batch, self.device)
-                    # A full batch replays its graph; so does a short one that the collator filled
-                    # up to the full row count (rows with ignored targets, e.g. pretraining's).
-                    full = rows * self.world == self.micro_batch
-                    scalars = self.graphed(batch) if full else self.graphed.eager(batch)
-                    self.scheduler.step()
-                else:
-                    scalars, n_seq, n_tok = self._eager_step(group, order.weights[order.bounds[s]:order.bounds[s + 1]])
-                    seen, tokens = seen + n_seq, tokens + n_tok
+                scalars, n_seq, n_tok = self.step(group, order.weights[order.bounds[s]:order.bounds[s + 1]])
+                seen, tokens = seen + n_seq, tokens + n_tok
                 step += 1
                 self._count_compiles(step)
                 for k, v in scalars.items():
@@ -488,41 +466,6 @@ class Trainer(CheckpointIO):
             achieved = self.flops_per_token(tokens / seqs) * tokens / seconds
             out["mfu"] = round(achieved / (self.config.peak_tflops * 1e12), 4)
         return out
-
-    def _eager_step(self, group: List[Dict[str, torch.Tensor]], weights: List[float]):
-        """Forward/backward over this rank's micro-batches of one step, then clip and update.
-
-        ``weights``: each micro-batch's share of the global batch times the world size
-        (:class:`~ctxkit.training.world_resume.EpochOrder`), so that the mean over ranks that
-        DDP and FSDP take is the global batch's mean loss, however its rows are split.
-
-        Returns ``(scalars, sequences, tokens)``; scalars are the loss and any other 0-dim
-        model outputs, averaged over the micro-batches by their sizes.
-        """
-        cfg = self.config
-        n_examples = sum(_rows_and_tokens(g)[0] for g, w in zip(group, weights) if w)
-        sums: Dict[str, torch.Tensor] = {}
-        n_tokens = 0
-        for j, cpu_batch in enumerate(group):
-            n_tokens += _rows_and_tokens(cpu_batch)[1]
-            batch = _to(cpu_batch, self.device)
-            # DDP / FSDP: all-reduce (reduce-scatter) gradients only after the last micro-batch.
-            no_sync = getattr(self.forward, "no_sync", None)
-            quiet = no_sync() if no_sync is not None and j < len(group) - 1 else contextlib.nullcontext()
-            if self.sharded:
-                self.model.set_requires_gradient_sync(j == len(group) - 1)
-            with quiet:
-                with autocast(self.device, cfg.precision):
-                    out = self.forward(**batch)
-                weight = weights[j]  # by size, so accumulation equals one big batch (0: a stand-in row)
-                (out["loss"] * weight).backward()
-            for k, v in out.items():
-                if torch.is_tensor(v) and v.dim() == 0:
-                    sums[k] = sums.get(k, 0) + v.detach() * weight
-        clipped_step(self.optimizer, self.model.parameters(), cfg.max_grad_norm)
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return sums, n_examples, n_tokens
 
     def _evaluate_at_stop(self, state: dict, epoch: int, step: int, start: float, reason: str) -> None:
         """After a requested stop mid-epoch: evaluate (when the run evaluates) and keep best/.
