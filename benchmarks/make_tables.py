@@ -201,14 +201,22 @@ def pretrain_long_section() -> list:
     if not speed or not quality:
         return []
     s = speed[-1]
+    sequences = f"{s['train_sequences']:,}" if s.get("train_sequences") else "about 150,000"
+    ran = f"ctxkit ran {s['steps']:,} steps"
+    if s.get("wall_s") and s["wall_s"] < 8 * 60 - 10:  # the 20-epoch schedule ended before the budget
+        ran = f"ctxkit finished the whole 20-epoch schedule ({s['steps']:,} steps) in {s['wall_s'] / 60:.1f} minutes"
+    intervals = s.get("interval_medians") or {}
+    where = "; ".join(f"{name.replace('_', ' ')} intervals {v['tokens_per_s']:,} tokens/s ({v['intervals']})"
+                      for name, v in intervals.items())
     out = ["\n## BERT-base pretraining for 8 minutes on the Wikipedia extract\n",
            f"`ctxkit pretrain --preset bert_12_768_12` (plan `{s['ctxkit_plan']}`) for 8 minutes over 63 files of the extract "
-           f"(150,250 sequences of <= 128 tokens; vocabulary and shards from `pretrain-vocab` / `pretrain-data`, the 64th "
+           f"({sequences} sequences of <= 128 tokens; vocabulary and shards from `pretrain-vocab` / `pretrain-data`, the 64th "
            f"file held out), against transformers' `Trainer` with `BertForPreTraining` (bf16, `torch_compile`, 4 loader "
-           f"workers, the same sequences, lr and schedule) for the same minutes on the same card. Both checkpoint every "
-           f"1,000 steps and evaluate the held-out file every epoch. ctxkit ran {s['steps']:,} steps, the peer "
-           f"{s['peer_steps']:,}; tokens/s over the run {s['ctxkit']:,.0f} against {s['peer']:,.0f} ({s['speedup']:g}x), "
-           f"the last quarter at {s['last_quarter_over_first']:.3f} of the first.\n",
+           f"workers, the same sequences, lr and schedule of 20 epochs) for the same minutes on the same card. Both "
+           f"checkpoint every 1,000 steps and evaluate the held-out file every epoch. {ran}; the peer ran "
+           f"{s['peer_steps']:,} steps in 8 minutes. Tokens/s over the run {s['ctxkit']:,.0f} against {s['peer']:,.0f} ({s['speedup']:g}x), "
+           f"the last quarter at {s['last_quarter_over_first']:.3f} of the first."
+           + (f" Median tokens/s of the 50-step log intervals: {where}." if where else "") + "\n",
            "| task | split | metric | ctxkit | transformers Trainer | steps (ctxkit / peer) | device | date |",
            "|---|---|---|---|---|---|---|---|"]
     for r in quality:

@@ -29,6 +29,7 @@ import contextlib
 import io
 import json
 import math
+import statistics
 import sys
 import tempfile
 import time
@@ -226,6 +227,22 @@ def _last_minute_acc(train: list) -> float | None:
     return round(sum(r["mlm_acc"] for r in rows) / len(rows), 4) if rows else None
 
 
+def _interval_medians(train: list, eval_steps: list, save_every: int | None) -> dict:
+    """Median tokens/s of the log intervals (after the first): plain ones, those holding a
+    ``--save-every`` checkpoint, and those holding an epoch's end (evaluation, checkpoint,
+    the next loader), with their counts: where a long run loses time, if anywhere."""
+    kinds: dict = {"plain": [], "checkpoint": [], "epoch_end": []}
+    for before, r in zip(train[1:], train[2:]):
+        inside = range(before["step"] + 1, r["step"] + 1)
+        if any(s in inside for s in eval_steps):
+            kinds["epoch_end"].append(r["tokens_per_s"])
+        elif save_every and any(s % save_every == 0 for s in inside):
+            kinds["checkpoint"].append(r["tokens_per_s"])
+        else:
+            kinds["plain"].append(r["tokens_per_s"])
+    return {k: {"tokens_per_s": round(statistics.median(v)), "intervals": len(v)} for k, v in kinds.items() if v}
+
+
 def report(ctxkit_summary: dict, hf_summary: dict, results, figure: Path, device: str, invalid_eval: str | None = None) -> list:
     """Records and the figure from the two sides' summaries; prints the results table.
 
@@ -247,7 +264,10 @@ def report(ctxkit_summary: dict, hf_summary: dict, results, figure: Path, device
              "peer_steps": hf_summary["train"][-1]["step"] if hf_summary["train"] else 0,
              "last_quarter_over_first": round(last / first, 3), "gpu_busy_percent": round(sum(busy) / len(busy), 1) if busy else None,
              "evaluations": len(c_eval), "peer_evaluations": len(h_eval), "peer_warm_up_s": hf_summary["warm_up_s"],
-             "benchmark_command": "python benchmarks/pretrain_long.py prepare|ctxkit|hf|report (see its docstring)"}
+             "benchmark_command": "python benchmarks/pretrain_long.py prepare|ctxkit|hf|report (see its docstring)",
+             "train_sequences": ctxkit_summary.get("prepared", {}).get("train_sequences"),
+             "wall_s": ctxkit_summary.get("end", {}).get("wall_time"),
+             "interval_medians": _interval_medians(ctxkit_summary["train"], [r["step"] for r in c_eval], ctxkit_summary.get("save_every"))}
     records = [speed_record("pretrain_long", case, "tokens per second over the run", "tokens/s", c_rate, hf_summary["name"], h_rate,
                             ctxkit_summary["command"], device=device, **extra)]
     train_acc = {"task": "BERT pretraining (MLM + NSP), Wikipedia extract", "split": "training batches of the last minute",

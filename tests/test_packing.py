@@ -10,7 +10,8 @@ import torch
 
 from ctxkit.data.batching import balanced_batch_tokens, balanced_batches
 from ctxkit.models import get_preset
-from ctxkit.pretraining.masking import IGNORE_INDEX, MaskingConfig, MaskingIds, MLMCollator
+from ctxkit.core.errors import UserError
+from ctxkit.pretraining.masking import IGNORE_INDEX, MaskingConfig, MaskingIds, MLMCollator, packed_mask_slots
 from ctxkit.pretraining.train import PretrainingModel, pretrain
 from ctxkit.training import TrainConfig
 from ctxkit.training.steps import rows_and_tokens
@@ -52,11 +53,12 @@ def test_balanced_batches_deal_each_epoch_into_batches_of_equal_totals():
     assert balanced_batch_tokens(lengths, 64) == (max(filled), min(filled))
 
 
-@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
-def test_a_packed_batch_gives_the_padded_losses_and_gradients(train):
+@pytest.mark.parametrize("train,slots", [(False, None), (True, None), (True, 24)], ids=["eval", "train", "train-24-slots"])
+def test_a_packed_batch_gives_the_padded_losses_and_gradients(train, slots):
     """Attention never crosses a sequence, positions restart with each, the last layer runs at
-    [CLS] and the masked positions only: the packed row computes what the padded batch does
-    (float64, so the only difference is the order of a few sums)."""
+    [CLS] and the masked tokens only: the packed row computes what the padded batch does
+    (float64, so the only difference is the order of a few sums), with the padded batch's
+    8 x 6 masked slots or with fewer (the short sequences mask fewer tokens)."""
     torch.manual_seed(0)
     config = get_preset("bert_2_128_2").config.replace(vocab_size=300, max_position=64, dropout=0.0, attention_dropout=0.0)
     model = PretrainingModel(config, max_seq_len=32).double().train(train)
@@ -64,9 +66,23 @@ def test_a_packed_batch_gives_the_padded_losses_and_gradients(train):
     features = [_pair(n, rng) for n in (32, 7, 19, 32, 5, 26)]
     masking = MaskingConfig(max_predictions=6)
     padded = MLMCollator(IDS, masking, seed=0, rows=8)(features, key=(0, 0))
-    packed = MLMCollator(IDS, masking, seed=0, rows=8, pack_width=160, pack_max_len=32, pack_segments=2)(features, key=(0, 0))
+    packed = MLMCollator(IDS, masking, seed=0, rows=8, pack_width=160, pack_max_len=32, pack_segments=2,
+                         pack_masked=slots)(features, key=(0, 0))
     assert packed["input_ids"].shape == (1, 160) and packed["cu_seqlens"].tolist()[-3:] == [131, 160, 160]
-    assert (packed["masked_labels"][6:] == IGNORE_INDEX).all()  # two filler copies: in the row, never scored
+    # Masked per sequence: 4, 1, 2, 4, 1, 3 (15 % of the candidates); the two filler copies none.
+    scored = padded["masked_labels"] != IGNORE_INDEX
+    assert scored.sum(1).tolist() == [4, 1, 2, 4, 1, 3, 0, 0]
+    assert packed["masked_labels"].shape == (1, slots or 48) and packed["masked_rows"].shape == (slots or 48,)
+    assert sorted(packed["masked_labels"][0][packed["masked_labels"][0] != IGNORE_INDEX].tolist()) == \
+        sorted(padded["masked_labels"][scored].tolist())
+    queries, cu_q = packed["query_positions"][0], packed["cu_seqlens_q"].tolist()
+    assert len(queries) == 8 + (slots or 48) and cu_q[8:] == [len(queries)] * 3  # no query in the padding
+    starts = packed["seq_starts"].tolist()
+    assert queries[cu_q[:8]].tolist() == starts  # each sequence's queries begin at its [CLS]
+    for i in range(8):  # and stay inside it
+        assert all(starts[i] <= q < packed["cu_seqlens"][i + 1] for q in queries[cu_q[i]:cu_q[i + 1]].tolist())
+    with pytest.raises(UserError, match="masks 15 tokens, more than its 14 slots"):
+        MLMCollator(IDS, masking, seed=0, rows=8, pack_width=160, pack_max_len=32, pack_segments=2, pack_masked=14)(features, key=(0, 0))
     results = []
     for batch in (padded, packed):
         model.zero_grad()
@@ -79,6 +95,26 @@ def test_a_packed_batch_gives_the_padded_losses_and_gradients(train):
     assert len(grads_a) == len(grads_b)
     for ga, gb in zip(grads_a, grads_b):
         torch.testing.assert_close(gb, ga, rtol=1e-9, atol=1e-12 * max(1.0, ga.abs().max().item()))
+
+
+def test_packed_mask_slots_bound_every_batch_of_every_epoch():
+    """The slots come from the lengths alone and hold what any balanced batch masks, epoch
+    after epoch; with real-like lengths they are well under the padded batch's 20 a row."""
+    lengths = _lengths(2000, seed=4)
+    masking = MaskingConfig(max_predictions=20)
+    slots = packed_mask_slots(lengths, 64, masking)
+    assert slots % 64 == 0 and slots < 0.85 * 64 * 20
+    rng = np.random.default_rng(4)
+    data = [_pair(n, rng) for n in lengths]
+    collator = MLMCollator(IDS, masking, seed=0, rows=64, pack_width=128 * 64, pack_max_len=128, pack_masked=slots)
+    most = 0
+    for epoch in range(2):
+        for j, idx in enumerate(balanced_batches(lengths, 64, seed=9, epoch=epoch)):
+            out = collator([data[i] for i in idx], key=(epoch, j))  # raises if a batch masked more than the slots
+            most = max(most, int((out["masked_labels"] != IGNORE_INDEX).sum()))
+    assert slots - 64 < most <= slots  # the bound is tight: within its rounding
+    whole = MaskingConfig(max_predictions=20, whole_word=True)  # may pass its target by part of a word: the cap
+    assert packed_mask_slots([128] * 64 + [10] * 64, 64, whole) == -(-(32 * 20 + 32 * 10) // 64) * 64
 
 
 def test_every_packed_batch_of_a_run_has_one_shape():

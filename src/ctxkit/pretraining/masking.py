@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data.batching import collate
+from ..data.batching import balanced_batches, collate
 from ..core.errors import UserError
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "MaskingIds",
     "continuation_table",
     "mask_tokens",
+    "packed_mask_slots",
     "word_start_mask",
     "word_starts_from_tokens",
 ]
@@ -183,6 +184,28 @@ def _num_to_predict(n: Tensor, config: MaskingConfig) -> Tensor:
     return torch.minimum(k, n)
 
 
+def packed_mask_slots(lengths: Sequence[int], batch_size: int, config: MaskingConfig, multiple_of: int = 64) -> int:
+    """The masked-token slots a packed batch of :func:`~ctxkit.data.batching.balanced_batches`
+    needs (``MLMCollator(pack_masked=...)``): the most any batch can mask, rounded up.
+
+    A sequence of ``n`` tokens has at most ``n - 2`` candidates ([CLS] and [SEP] never are),
+    and the count masked grows with the candidates, so each sequence's bound follows from its
+    length alone; the batches' composition by length is the same every epoch, so one bound
+    serves the whole run. (Whole-word masking may pass its target by part of a word: its
+    bound is the cap, or the length.) The padded batch's ``batch_size * max_predictions`` slots
+    are more: short sequences mask fewer tokens.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if not len(lengths):
+        return 0
+    if config.whole_word:
+        bound = np.minimum(lengths, config.max_predictions) if config.max_predictions is not None else lengths
+    else:
+        bound = _num_to_predict(torch.from_numpy(np.maximum(lengths - 2, 0)), config).numpy()
+    most = max(int(bound[batch].sum()) for batch in balanced_batches(lengths, batch_size, 0, 0))
+    return -(-most // multiple_of) * multiple_of
+
+
 def _top_k_rows(scores: Tensor, k: Tensor) -> Tensor:
     """Bool ``(batch, m)``: True at each row's ``k[row]`` highest scores."""
     order = scores.argsort(dim=1, descending=True)
@@ -326,6 +349,11 @@ class MLMCollator:
             end keep the count fixed; default: as many as the whole row could need). Each is
             a little work for the attention kernel, so a caller who knows the fewest tokens
             a batch holds gives the fewest that serve.
+        pack_masked: how many masked-token slots a packed batch has (fixed, so the MLM head
+            keeps one shape; unused slots repeat a [CLS] and are never scored). Default:
+            ``rows * max_predictions``, what the padded batch would hold; a caller who knows
+            the lengths gives the least that serves (:func:`packed_mask_slots`): short
+            sequences mask fewer tokens, so the head and the last layer skip that much work.
 
     Returns (on call):
         Dict of tensors: ``input_ids`` (masked), ``token_type_ids``, ``attention_mask``
@@ -333,14 +361,17 @@ class MLMCollator:
         ``(batch, max_masked)``, ``next_sentence_label`` ``(batch,)``. Packed
         (``pack_width``): ``input_ids``, ``token_type_ids`` and ``position_ids`` ``(1,
         pack_width)``, ``cu_seqlens`` (int32, the sequences' offsets then the padding's
-        segments; ``batch + pack_segments + 1`` of them), ``seq_starts``
-        ``(batch,)``, and the per-sequence ``masked_positions``, ``masked_labels`` and
-        ``next_sentence_label`` as above (positions within each sequence).
+        segments; ``batch + pack_segments + 1`` of them), ``seq_starts`` ``(batch,)``,
+        ``next_sentence_label`` ``(batch,)``, and the positions the last layer computes:
+        ``query_positions`` ``(1, batch + slots)`` (per sequence its [CLS], its masked
+        tokens, then unused slots), ``cu_seqlens_q`` (int32, the queries' offsets per
+        segment, like ``cu_seqlens``), ``masked_rows`` ``(slots,)`` (which queries the MLM
+        head reads) and ``masked_labels`` ``(1, slots)``, -100 on unused slots.
     """
 
     def __init__(self, tokenizer_or_ids, config: MaskingConfig = MaskingConfig(), seed: int = 0, multiple_of: int = 1,
                  lengths: Optional[Sequence[int]] = None, rows: Optional[int] = None, pack_width: Optional[int] = None,
-                 pack_max_len: int = 512, pack_segments: Optional[int] = None):
+                 pack_max_len: int = 512, pack_segments: Optional[int] = None, pack_masked: Optional[int] = None):
         ids = tokenizer_or_ids if isinstance(tokenizer_or_ids, MaskingIds) else MaskingIds.from_tokenizer(tokenizer_or_ids)
         if config.whole_word and ids.continuation is None:
             raise UserError("whole_word masking needs MaskingIds.continuation (the '##' table)")
@@ -350,6 +381,7 @@ class MLMCollator:
         self.lengths = tuple(sorted(lengths)) if lengths else None
         self.rows = rows
         self.pack_width, self.pack_max_len, self.pack_segments = pack_width, pack_max_len, pack_segments
+        self.pack_masked = pack_masked
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
 
@@ -413,10 +445,41 @@ class MLMCollator:
                             f"{chunks} segments of {self.pack_max_len} hold")
         pad_ends = total + (torch.arange(1, chunks + 1) * self.pack_max_len).clamp(max=width - total)
         cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0), pad_ends]).to(torch.int32)
+        starts = cu_seqlens[:len(lengths)].to(torch.long)
         return {"input_ids": row(batch["input_ids"], self.ids.pad_id), "token_type_ids": row(batch["token_type_ids"], 0),
-                "position_ids": row(positions, 0), "cu_seqlens": cu_seqlens, "seq_starts": cu_seqlens[:len(lengths)].to(torch.long),
-                "masked_positions": batch["masked_positions"], "masked_labels": batch["masked_labels"],
-                "next_sentence_label": batch["next_sentence_label"]}
+                "position_ids": row(positions, 0), "cu_seqlens": cu_seqlens, "seq_starts": starts,
+                "next_sentence_label": batch["next_sentence_label"],
+                **self._packed_queries(starts, batch["masked_positions"], batch["masked_labels"], len(cu_seqlens))}
+
+    def _packed_queries(self, starts: Tensor, masked_positions: Tensor, masked_labels: Tensor, offsets: int) -> Dict[str, Tensor]:
+        """Where a packed batch's last layer runs: each sequence's [CLS], then its masked
+        tokens (their count varies with its length), then a share of the unused slots (a
+        repeat of its [CLS]); the queries of a sequence stay together, so ``cu_seqlens_q``
+        segments them like ``cu_seqlens`` segments the keys. The padding's segments get none."""
+        batch, width = masked_positions.shape
+        scored = masked_labels != IGNORE_INDEX  # chosen tokens first in each row; filler rows have none
+        counts = scored.sum(1)
+        slots = self.pack_masked if self.pack_masked is not None else batch * width
+        if int(counts.sum()) > slots:
+            raise UserError(f"a packed batch masks {int(counts.sum())} tokens, more than its {slots} slots (pack_masked); "
+                            "give the bound packed_mask_slots computes from the data's lengths")
+        spare = slots - counts.sum()
+        share = spare // batch + (torch.arange(batch) < spare % batch).long()  # the unused slots, spread over the sequences
+        extra = int(share.max()) if batch else 0
+        # One row per sequence: [CLS], masked positions, spare slots; `keep` marks what is used.
+        cols = torch.arange(1 + width + extra)
+        keep = (cols[None, :] == 0) | ((cols[None, :] <= width) & (cols[None, :] - 1 < counts[:, None])) \
+            | ((cols[None, :] > width) & (cols[None, :] - 1 - width < share[:, None]))
+        at = torch.cat([torch.zeros(batch, 1, dtype=torch.long), masked_positions, torch.zeros(batch, extra, dtype=torch.long)], 1)
+        labels = torch.cat([torch.full((batch, 1), IGNORE_INDEX), masked_labels, torch.full((batch, extra), IGNORE_INDEX)], 1)
+        keep = keep.flatten()
+        queries = (starts[:, None] + at).flatten()[keep]
+        is_masked = (cols[None, :] > 0).expand(batch, -1).flatten()[keep]
+        per = keep.view(batch, -1).sum(1)
+        cu_q = torch.cat([torch.zeros(1, dtype=torch.long), per.cumsum(0)])
+        cu_q = torch.cat([cu_q, cu_q[-1:].expand(offsets - len(cu_q))]).to(torch.int32)
+        return {"query_positions": queries[None], "cu_seqlens_q": cu_q, "masked_rows": is_masked.nonzero().squeeze(1),
+                "masked_labels": labels.flatten()[keep][is_masked][None]}
 
     def _pad_to_bucket(self, batch: Dict[str, Tensor]) -> Dict[str, Tensor]:
         width = batch["input_ids"].shape[1]

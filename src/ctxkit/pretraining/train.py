@@ -27,7 +27,7 @@ from ..core.device import autocast, resolve_device
 from ..data.batching import balanced_batch_tokens, balanced_batches
 from ..training import TrainConfig, Trainer, set_seed
 from ..training.callbacks import Callback
-from .masking import IGNORE_INDEX, MaskingConfig, MLMCollator
+from .masking import IGNORE_INDEX, MaskingConfig, MLMCollator, packed_mask_slots
 from .shards import PretrainDataset, vocab_sha256
 from ..core.errors import UserError
 from ..core.run_state import save_final
@@ -52,32 +52,37 @@ class PretrainingModel(nn.Module):
         # Bounds every sequence of a packed batch (the attention kernel is sized by it).
         self.max_seq_len = max_seq_len
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor, masked_positions: Tensor, masked_labels: Tensor,
-                next_sentence_label: Tensor, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
-                cu_seqlens: Optional[Tensor] = None, seq_starts: Optional[Tensor] = None, **_) -> dict:
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor, masked_labels: Tensor, next_sentence_label: Tensor,
+                masked_positions: Optional[Tensor] = None, attention_mask: Optional[Tensor] = None, position_ids: Optional[Tensor] = None,
+                cu_seqlens: Optional[Tensor] = None, seq_starts: Optional[Tensor] = None, query_positions: Optional[Tensor] = None,
+                cu_seqlens_q: Optional[Tensor] = None, masked_rows: Optional[Tensor] = None, **_) -> dict:
         """Losses for one batch, padded or packed.
 
         Args:
             input_ids, token_type_ids: ``(batch, seq)``, masked inputs; packed: ``(1, width)``.
             attention_mask: ``(batch, seq)``, 1 for real tokens; None when nothing is padded.
             masked_positions: ``(batch, n_masked)`` positions to predict (padded with 0),
-                within each sequence.
-            masked_labels: ``(batch, n_masked)`` original ids, -100 on padding.
+                within each sequence; None when packed.
+            masked_labels: ``(batch, n_masked)`` original ids, -100 on padding; packed,
+                ``(1, slots)``.
             next_sentence_label: ``(batch,)``, 0 = B follows A, 1 = random B.
-            position_ids, cu_seqlens, seq_starts: a packed batch's positions ``(1, width)``,
-                segment offsets and where each sequence starts ``(batch,)``
-                (:class:`~ctxkit.pretraining.masking.MLMCollator` with ``pack_width``).
+            position_ids, cu_seqlens, seq_starts, query_positions, cu_seqlens_q, masked_rows: a
+                packed batch's (:class:`~ctxkit.pretraining.masking.MLMCollator` with
+                ``pack_width``; see :meth:`BertForPreTraining.forward_packed`).
 
         Returns:
             ``loss`` (MLM + NSP), ``mlm_loss``, ``nsp_loss``, ``mlm_acc``, ``nsp_acc``.
         """
         if cu_seqlens is not None:
             mlm_logits, nsp_logits = self.bert.forward_packed(input_ids, token_type_ids, position_ids, cu_seqlens, self.max_seq_len,
-                                                              seq_starts, masked_positions)
+                                                              seq_starts, query_positions, cu_seqlens_q, masked_rows)
         else:
             mlm_logits, nsp_logits = self.bert(input_ids, attention_mask, token_type_ids=token_type_ids, masked_positions=masked_positions)
-        mlm_loss = F.cross_entropy(mlm_logits.float().flatten(0, 1), masked_labels.flatten(), ignore_index=IGNORE_INDEX)
-        nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label)
+        # Losses in at least float32 (bf16 logits lose the softmax's small terms); a float64
+        # model keeps float64.
+        wide = torch.promote_types(mlm_logits.dtype, torch.float32)
+        mlm_loss = F.cross_entropy(mlm_logits.to(wide).flatten(0, 1), masked_labels.flatten(), ignore_index=IGNORE_INDEX)
+        nsp_loss = F.cross_entropy(nsp_logits.to(wide), next_sentence_label)
         valid = masked_labels != IGNORE_INDEX
         mlm_acc = ((mlm_logits.argmax(-1) == masked_labels) & valid).sum() / valid.sum().clamp(min=1)
         scored = next_sentence_label != IGNORE_INDEX  # rows a collator added to fill a batch have no targets
@@ -245,6 +250,9 @@ def pretrain(shards: os.PathLike, preset: str, out_dir: os.PathLike, config: Tra
         collator.pack_width = -(-most // 64) * 64
         collator.pack_max_len, collator.rows = max_len, rows
         collator.pack_segments = -(-(collator.pack_width - fewest) // max_len) + 1
+        # The MLM head's rows: what the batches can mask (short sequences mask fewer tokens
+        # than the padded batch's rows * max_predictions), so no step computes unused ones.
+        collator.pack_masked = packed_mask_slots(data.lengths, rows, masking)
         trainer.batch_former = balanced_batches
         first = balanced_batches(data.lengths, rows, config.seed, 0)[0]
         trainer.warm_batches = [collator([data[i] for i in first], key=(2**32 - 1, 0))]  # a key no training batch uses

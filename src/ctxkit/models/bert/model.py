@@ -412,7 +412,7 @@ class BertForPreTraining(PretrainedHabits, nn.Module):
         return self.mlm(hidden, self.bert.embeddings.word_embeddings.weight), self.nsp(out.pooler_output)
 
     def forward_packed(self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor, cu_seqlens: Tensor, max_len: int,
-                       seq_starts: Tensor, masked_positions: Tensor):
+                       seq_starts: Tensor, query_positions: Tensor, cu_seqlens_q: Tensor, masked_rows: Tensor):
         """``(mlm_logits, nsp_logits)`` of sequences packed one after another in one row (no
         padding between them: a packed pretraining batch, see
         :class:`~ctxkit.pretraining.masking.MLMCollator`).
@@ -424,24 +424,25 @@ class BertForPreTraining(PretrainedHabits, nn.Module):
                 padding at the row's end (:meth:`PackedSequences.from_offsets`).
             max_len: a bound on every segment's length.
             seq_starts: ``(batch,)`` where each sequence begins (its [CLS]).
-            masked_positions: ``(batch, n_masked)`` positions within each sequence (padded with 0).
+            query_positions: ``(1, queries)`` where the last layer runs: per sequence its
+                [CLS] first, then its masked tokens (and unused slots), sequence after sequence.
+            cu_seqlens_q: ``(segments + 1,)`` int32 offsets of each segment's queries.
+            masked_rows: ``(slots,)`` the queries the MLM head reads.
 
         Returns:
-            ``(batch, n_masked, vocab)`` and ``(batch, 2)``: what :meth:`forward` returns for
-            the same sequences padded, within rounding (attention never crosses a sequence).
+            ``(1, slots, vocab)`` and ``(batch, 2)``: what :meth:`forward` returns for the same
+            sequences padded, within rounding (attention never crosses a sequence), the masked
+            tokens one after another.
         """
-        batch, n_masked = masked_positions.shape
-        # The last layer runs at each sequence's [CLS] and masked positions only, as in forward:
-        # (1 + n_masked) queries per sequence, none for the padding's segments.
-        queries = torch.cat([seq_starts[:, None], seq_starts[:, None] + masked_positions], dim=1)  # (batch, 1 + n_masked)
-        per = n_masked + 1
-        cu_q = (torch.arange(cu_seqlens.numel(), device=cu_seqlens.device, dtype=torch.int32) * per).clamp_(max=batch * per)
-        packed = PackedSequences.from_offsets(cu_seqlens, max_len, cu_q, per)
+        batch, slots = seq_starts.size(0), masked_rows.size(0)
+        # The last layer runs at each sequence's [CLS] and masked tokens only, as in forward.
+        # A sequence's own queries are distinct positions of it, so at most max_len; the
+        # unused slots add at most their share (sizes are shapes: no read from the device).
+        packed = PackedSequences.from_offsets(cu_seqlens, max_len, cu_seqlens_q, max_len + -(-slots // max(batch, 1)))
         x = self.bert.embeddings(input_ids, token_type_ids, position_ids)
-        hidden = self.bert.encoder(x, mask=packed, output_positions=queries.reshape(1, -1)).last_hidden_state
-        hidden = hidden.reshape(batch, per, hidden.size(-1))
-        pooled = self.bert.pooler(hidden)  # reads [:, 0], each sequence's [CLS]
-        return self.mlm(hidden[:, 1:], self.bert.embeddings.word_embeddings.weight), self.nsp(pooled)
+        hidden = self.bert.encoder(x, mask=packed, output_positions=query_positions).last_hidden_state  # (1, queries, hidden)
+        pooled = self.bert.pooler(hidden[0, cu_seqlens_q[:batch].long()][:, None])  # each sequence's [CLS] comes first
+        return self.mlm(hidden[:, masked_rows], self.bert.embeddings.word_embeddings.weight), self.nsp(pooled)
 
 
 # ---------------------------------------------------------------------------------
