@@ -3,7 +3,7 @@
 Runs the ``ctxkit`` command line given after the script's name, as a user would, with timers
 around the pieces of an epoch boundary (patched in, nothing else changes): the evaluation,
 the epoch-end checkpoint and its pinned snapshot, the curve redraw, the next epoch's loader
-start (its worker processes) and any wait of more than 3 ms for a batch. Each call is a line
+start (its worker processes, once a run since one loader serves every epoch) and any wait of more than 3 ms for a batch. Each call is a line
 of ``$OUT/boundary.jsonl`` (``fn``, ``ms``, ``at``: seconds since start). The evaluation and
 the epoch end are timed between two device synchronisations; the rest as the host sees it.
 
@@ -60,7 +60,7 @@ def patch(owner, name: str, **kw) -> None:
 
 
 patch(trainer_module.Trainer, "_end_epoch")
-for name in ("_checkpoint", "_draw_curve", "_collated", "_save_best"):
+for name in ("_checkpoint", "_draw_curve", "_stream", "_save_best"):
     patch(trainer_module.Trainer, name, sync=False)
 patch(run_state.HostSnapshot, "take", sync=False)
 patch(loader_module.DataLoader, "__iter__", sync=False)

@@ -283,31 +283,43 @@ def test_keyed_masks_depend_on_the_key_not_on_call_order():
     assert not torch.equal(other_seed["masked_positions"], first["masked_positions"])
 
 
-def test_next_epochs_loader_started_early_gives_the_same_run(minilm_dir, shared_data, tmp_path_factory, tmp_path, monkeypatch):
-    """The Trainer starts the next epoch's loader workers before the epoch-end evaluation and
-    checkpoint (so they fill meanwhile): two epochs with a worker process and the epoch-end
-    work between them give the losses of the inline loader, bit for bit."""
+def test_one_loader_serves_every_epoch_and_gives_the_same_run(minilm_dir, shared_data, tmp_path_factory, tmp_path, monkeypatch):
+    """The Trainer's loader spans the run: its workers are forked once, and they take the
+    next epoch's first batches before this epoch's end work (evaluation, checkpoint) is
+    done. Two epochs with a worker process give the losses of the inline loader, bit for bit."""
     from shards import wiki_shards_of
 
     few = wiki_shards_of(6, shared_data, minilm_dir, tmp_path_factory)  # 33 instances: 5 steps of 8 an epoch, the last short
+    from ctxkit.training import data as training_data
     from ctxkit.training.trainer import Trainer
 
-    events, collated, end_epoch = [], Trainer._collated, Trainer._end_epoch
+    events, stream, end_epoch, items = [], Trainer._stream, Trainer._end_epoch, training_data.EpochItems.__iter__
 
-    def loading(self, order, epoch, first):
-        events.append(f"load {epoch}")
-        return collated(self, order, epoch, first)
+    def streaming(self, *args):
+        events.append("loader")
+        return stream(self, *args)
+
+    def sampling(self):
+        last = None
+        for item in items(self):
+            if item[0] != last:
+                events.append(f"batches of {item[0]}")
+                last = item[0]
+            yield item
 
     def ending(self, state, epoch, *rest):
         events.append(f"end {epoch}")
         return end_epoch(self, state, epoch, *rest)
 
-    monkeypatch.setattr(Trainer, "_collated", loading)
+    monkeypatch.setattr(Trainer, "_stream", streaming)
+    monkeypatch.setattr(training_data.EpochItems, "__iter__", sampling)
     monkeypatch.setattr(Trainer, "_end_epoch", ending)
     settings = dict(max_steps=None, epochs=2, log_every=2, eval_each_epoch=True)
     inline = _pretrain_steps(few, tmp_path / "inline", data_workers=0, **settings)
-    assert events == ["load 0", "load 1", "end 0", "end 1"]  # epoch 1's loader started before epoch 0's end work
+    assert events == ["loader", "batches of 0", "end 0", "batches of 1", "end 1"]  # inline: collated when needed
+    events.clear()
     workers = _pretrain_steps(few, tmp_path / "workers", data_workers=1, **settings)
+    assert events == ["loader", "batches of 0", "batches of 1", "end 0", "end 1"]  # one loader, ahead across the boundary
     assert {r["epoch"] for r in inline} == {0, 1}
     assert [(r["step"], r["loss"]) for r in workers] == [(r["step"], r["loss"]) for r in inline]
 

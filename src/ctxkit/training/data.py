@@ -10,7 +10,7 @@ import torch
 
 from ..data.batching import collate
 
-__all__ = ["CollatedBatches"]
+__all__ = ["CollatedBatches", "EpochItems"]
 
 
 class CollatedBatches(torch.utils.data.Dataset):
@@ -50,16 +50,49 @@ class CollatedBatches(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.batches)
 
-    def __getitem__(self, j: int) -> Dict[str, torch.Tensor]:
-        feats = [self.features[i] for i in self.batches[j]]
+    def __getitem__(self, j) -> Dict[str, torch.Tensor]:
+        """Micro-batch ``j`` of ``batches``, or, given ``(epoch, key, example ids)`` (an item
+        of :class:`EpochItems`), that micro-batch of that epoch."""
+        if isinstance(j, tuple):
+            epoch, index, ids = j
+        else:
+            epoch, index, ids = self.epoch, j if self.keys is None else self.keys[j], self.batches[j]
+        feats = [self.features[i] for i in ids]
         if self.collate_fn is None:
             batch = collate(feats, multiple_of=self.pad_multiple)
         elif self.keyed:
-            index = j if self.keys is None else self.keys[j]
-            key = (self.epoch, index) if self.global_batches or self.world == 1 else (self.epoch, index, self.rank)
+            key = (epoch, index) if self.global_batches or self.world == 1 else (epoch, index, self.rank)
             batch = self.collate_fn(feats, key=key)
         else:
             batch = self.collate_fn(feats)
         if self.global_batches and self.world > 1:
             batch = {k: v[self.rank :: self.world] for k, v in batch.items()}
         return batch
+
+
+class EpochItems:
+    """A run's micro-batches as ``(epoch, key, example ids)``, epoch after epoch: the sampler
+    of one loader that serves the whole run (its items index :class:`CollatedBatches`).
+
+    Args:
+        start: ``(order, step)``: the first epoch's :class:`~ctxkit.training.world_resume.EpochOrder`
+            and the step it starts from (a resumed run's position).
+        order_of: epoch -> that epoch's order from its first step (called when the loader
+            reaches the epoch; a pure function of the epoch).
+        n_epochs: the epochs are ``start``'s up to ``n_epochs - 1``.
+    """
+
+    def __init__(self, start: tuple, order_of: Callable, n_epochs: int):
+        self.start, self.order_of, self.n_epochs = start, order_of, n_epochs
+
+    def empty(self) -> bool:
+        order, step = self.start
+        return order.bounds[step] >= len(order.micro) and order.epoch + 1 >= self.n_epochs
+
+    def __iter__(self):
+        order, step = self.start
+        for epoch in range(order.epoch, self.n_epochs):
+            if epoch > order.epoch:
+                order, step = self.order_of(epoch), 0
+            for j in range(order.bounds[step], len(order.micro)):
+                yield epoch, order.keys[j], order.micro[j]

@@ -115,7 +115,7 @@ class EpochOrder:
     def __init__(self, lengths: Sequence[int], batch_size: int, grad_accum: int, seed: int, epoch: int, group_factor: int,
                  rank: int = 0, world: int = 1, whole: bool = False, legacy: bool = False, former: Optional[Callable] = None):
         self.name = LEGACY_ORDER if legacy else DATA_ORDER
-        self.grad_accum = grad_accum
+        self.epoch, self.grad_accum = epoch, grad_accum
         if legacy:
             micro = length_grouped_batches(lengths, batch_size // grad_accum, seed, epoch, group_factor=group_factor)
             usable = len(micro) - len(micro) % grad_accum if len(micro) >= grad_accum else len(micro)
