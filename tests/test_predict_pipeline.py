@@ -82,3 +82,24 @@ def test_collate_pads_like_python_lists(multiple_of):
     for key, pad in (("input_ids", 0), ("token_type_ids", 0), ("attention_mask", 0), ("labels", -100)):
         want = torch.tensor([f[key] + [pad] * (longest - len(f[key])) for f in feats], dtype=torch.long)
         assert out[key].dtype == torch.long and torch.equal(out[key], want)
+
+
+def test_single_text_features_written_not_read_equal_the_encodings(minilm_dir):
+    """A text task's features of single texts write the mask and segment ids (ones and
+    zeros) instead of reading them from each encoding: they equal what the encodings hold,
+    for short, overlong and empty-ish texts, and pairs still read theirs."""
+    from ctxkit.data.glue import TextExample
+    from ctxkit.tasks.text import GlueClassificationTask
+    from ctxkit.tokenizers import WordPieceTokenizer
+
+    tok = WordPieceTokenizer.from_dir(minilm_dir)
+    assert tok.single_segment_is_zero()
+    texts = ["a fine film .", "word " * 300, "!", "Ünïcode façade — naïve café 東京"]
+    task = GlueClassificationTask("SST-2")
+    feats = task.featurize(tok, [TextExample(t, None, 1, "") for t in texts], train=False)
+    encs = tok.encode_batch(texts, None, max_length=task.max_length, truncation="longest_first", padding=None)
+    assert [len(f["input_ids"]) for f in feats] == [6, 128, 3, len(encs[3])]
+    for f, e in zip(feats, encs):
+        assert f == {"input_ids": e.input_ids, "token_type_ids": e.token_type_ids, "attention_mask": e.attention_mask, "labels": 1}
+    pairs = task.featurize(tok, [TextExample("a b", "c d e", 0, "")], train=False)
+    assert pairs[0]["token_type_ids"] == [0, 0, 0, 0, 1, 1, 1, 1]

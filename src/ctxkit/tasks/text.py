@@ -14,6 +14,7 @@ from torch import nn
 from ..data.glue import get_glue_task, read_glue, read_table
 from ..heads.classification import EncoderWithHead, SequenceClassificationHead
 from .metrics import glue_metrics
+from ..tokenizers import WordPieceTokenizer
 from ..training import featurized_ahead, predict
 from ..core.errors import MissingFileError, UserError
 from ..core.run_state import resolve_device
@@ -53,6 +54,15 @@ class _TextTask(Task):
         texts = [e.text for e in examples]
         pairs = [e.text_pair for e in examples] if examples and examples[0].text_pair is not None else None
         encs = tokenizer.encode_batch(texts, pairs, max_length=self.max_length, truncation="longest_first", padding=None)
+        if pairs is None and isinstance(tokenizer, WordPieceTokenizer) and tokenizer.single_segment_is_zero():
+            # Unpadded single texts: the mask is all ones and the segment ids all zeros. Writing
+            # them costs less than reading them from each encoding (predict and serve are
+            # bound by this per-text Python work on a GPU host).
+            rows = []
+            for enc, ex in zip(encs, examples):
+                ids = enc.input_ids
+                rows.append({"input_ids": ids, "token_type_ids": [0] * len(ids), "attention_mask": [1] * len(ids), "labels": ex.label})
+            return rows
         return [
             {"input_ids": enc.input_ids, "token_type_ids": enc.token_type_ids, "attention_mask": enc.attention_mask, "labels": ex.label}
             for enc, ex in zip(encs, examples)

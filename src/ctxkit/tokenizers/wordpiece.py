@@ -468,6 +468,16 @@ class WordPieceTokenizer(TransformersStyle):
         raw = [(enc, n - len(enc)) for enc, n in zip(encs, full)]
         return raw if keep_raw else [Encoding.from_backend(enc, n) for enc, n in raw]
 
+    def single_segment_is_zero(self) -> bool:
+        """Whether a single text's token type ids are all 0 (BERT's ``[CLS] A [SEP]``
+        template), checked once on a probe: then a caller that needs them can write zeros
+        instead of reading them from every encoding."""
+        ok = self.__dict__.get("_single_zero")
+        if ok is None:
+            with self._lock:
+                ok = self._single_zero = not any(self._tok.encode("a b").type_ids)
+        return ok
+
     def _overflow_counts(self) -> bool:
         """Whether this ``tokenizers`` build reports what truncation cut off (``overflowing``)
         in full, checked once on a probe text: 0.23.2 keeps only a stub of it, so the
