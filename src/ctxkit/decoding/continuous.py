@@ -54,6 +54,7 @@ from torch import Tensor
 from .generate import GenerationConfig
 from .sampling import choose_rows
 from ..core.errors import UserError
+from ..core.capabilities import StaticCacheDecoder, declares
 from ..fast import FastPlan, GraphCache, capture_graph, fuse_qkv, prepare_inference, resolve, varying_shape_attention
 
 __all__ = ["BatcherFailed", "ContinuousBatcher", "Request", "QueueFull", "bucket_width", "bucket_widths", "graphs_wanted"]
@@ -156,7 +157,7 @@ class ContinuousBatcher:
     def __init__(self, model, slots: int = 16, max_len: Optional[int] = None, max_waiting: int = 256,
                  prefill_chunk: Optional[int] = PREFILL_CHUNK, plan: Union[str, FastPlan, None] = "auto",
                  on_step: Optional[Callable[[], None]] = None):
-        if not getattr(model, "supports_static_cache", False):
+        if not declares(model, StaticCacheDecoder):
             raise UserError(f"{type(model).__name__} cannot be served with continuous batching (no static-cache step)")
         if slots < 1 or max_waiting < 1:
             raise UserError(f"slots and max_waiting must be >= 1, got {slots} and {max_waiting}")

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from .sampling import apply_repetition_penalty, filter_logits
 from ..core.errors import UserError
+from ..core.capabilities import StaticCacheDecoder, declares
 from ..fast import (GraphCache, capture_graph, fuse_decode_layers, fuse_qkv, one_row_linears, resolve, unfuse_decode_layers,
                     varying_shape_attention)
 
@@ -46,7 +47,7 @@ _SLOT_MULTIPLE = 64  # replays between host checks for "every row finished" (EOS
 
 def static_decoding_unsupported(model, config, generator: Optional[torch.Generator] = None) -> Optional[str]:
     """Why ``model``/``config`` cannot use the static path (None when they can)."""
-    if not getattr(model, "supports_static_cache", False):
+    if not declares(model, StaticCacheDecoder):
         return f"{type(model).__name__} has no static-cache step"
     if config.num_beams > 1:
         return "beam search reorders the cache"

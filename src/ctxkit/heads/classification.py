@@ -12,6 +12,7 @@ from typing import Dict, Optional
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..core.capabilities import ComputesAtPositions, declares
 from ..layers.attention import PackedSequences
 
 __all__ = ["SequenceClassificationHead", "TokenClassificationHead", "EncoderWithHead", "IGNORE_INDEX"]
@@ -104,12 +105,14 @@ class EncoderWithHead(nn.Module):
         self.encoder = encoder
         self.head = head
         self.cls_only = cls_only
+        # Asked once here: a protocol check is not for a compiled forward.
+        self._at_positions = declares(encoder, ComputesAtPositions)
 
     def forward(self, input_ids: Tensor, attention_mask: Optional[Tensor] = None, token_type_ids: Optional[Tensor] = None, *,
                 labels: Optional[Tensor] = None, **_) -> Dict[str, Tensor]:
         """Returns ``{"logits": ..., "loss": ...}`` (loss only when labels are given)."""
         extra = {}
-        if self.cls_only and getattr(self.encoder, "supports_output_positions", False) and not isinstance(attention_mask, PackedSequences):
+        if self.cls_only and self._at_positions and not isinstance(attention_mask, PackedSequences):
             extra["output_positions"] = input_ids.new_zeros(input_ids.size(0), 1)
         out = self.encoder(input_ids, attention_mask, token_type_ids=token_type_ids, **extra)
         logits = self.head(out, attention_mask)

@@ -24,6 +24,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from ..core.capabilities import WarmsUp
 from ..core.deps import require_all
 from ..core.errors import UserError
 from ..core.version import __version__
@@ -215,7 +216,7 @@ def create_app(run, device: str = "auto", max_batch: int = 32, max_wait_ms: floa
 
         # What the model thread really runs with (reported, not assumed).
         threads_info["torch"] = await asyncio.get_running_loop().run_in_executor(executor[0], torch.get_num_threads)
-        warm_up = getattr(model, "warm_up", None)
+        warm_up = model.warm_up if isinstance(model, WarmsUp) else None
         if warm_up is not None:  # the GPU encoder: compile and capture now, not in the first client's request
             t0 = time.time()
             await asyncio.get_running_loop().run_in_executor(executor[0], warm_up, max_batch)

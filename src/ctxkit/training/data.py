@@ -9,6 +9,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from ..data.batching import collate
+from ..core.capabilities import KeyedCollator, declares
 
 __all__ = ["CollatedBatches", "EpochItems"]
 
@@ -45,7 +46,7 @@ class CollatedBatches(torch.utils.data.Dataset):
         self.rank, self.world = rank, world
         self.global_batches = global_batches
         self.keys = keys
-        self.keyed = collate_fn is not None and getattr(collate_fn, "keyed", False) and "key" in inspect.signature(collate_fn).parameters
+        self.keyed = declares(collate_fn, KeyedCollator) and "key" in inspect.signature(collate_fn).parameters
 
     def __len__(self) -> int:
         return len(self.batches)

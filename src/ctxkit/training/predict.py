@@ -14,6 +14,7 @@ from torch import nn
 
 from ..data.batching import collate, sequential_batches
 from . import progress
+from ..core.capabilities import TakesHostInputs, declared_precision, declares
 from ..core.run_state import autocast, resolve_device, resolve_precision
 from .steps import to_device
 
@@ -53,7 +54,7 @@ def predict(model: nn.Module, features: Union[Sequence[dict], Iterable[Sequence[
     """
     dev = resolve_device(device)
     # What the model was built to run at wins over this call's precision; "native" = no autocast.
-    declared = getattr(model, "inference_precision", None)
+    declared = declared_precision(model)
     if declared is not None:
         precision = "bf16" if declared == "bf16" else "fp32"
     precision = resolve_precision(precision, dev)
@@ -61,7 +62,7 @@ def predict(model: nn.Module, features: Union[Sequence[dict], Iterable[Sequence[
     if isinstance(features, Sequence):
         total = len(features)
     on_gpu = dev.type == "cuda"
-    host_inputs = bool(getattr(type(model), "takes_host_inputs", False))
+    host_inputs = declares(model, TakesHostInputs)
     was_training = model.training
     model.eval()
     results: list = []

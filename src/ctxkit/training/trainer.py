@@ -29,6 +29,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..core.deps import missing
+from ..core.capabilities import GraphCapturable, KeyedCollator, declares
 from ..core.diskspace import tensor_bytes
 from ..core.durable import write_folder
 from ..core.interrupts import StopSignals, leave_stop_signals_to_parent, resume_or_start
@@ -186,8 +187,8 @@ class Trainer(CheckpointIO):
         # cannot run, before any compute).
         plan = resolve(config.fast, use=use, device=self.device, world_size=self.world, precision=config.precision,
                        optimizer=config.optimizer, grad_accum=config.grad_accum, parallel=config.parallel)
-        graph_safe = all(getattr(m, "cuda_graph_safe", True) for m in self.model.modules())
-        if not graph_safe:  # ``cuda_graph_safe = False``: e.g. packed RNN sequences, whose lengths live on the host
+        graph_safe = not any(isinstance(m, GraphCapturable) and not m.cuda_graph_safe for m in self.model.modules())
+        if not graph_safe:  # ``cuda_graph_safe = False`` (GraphCapturable): e.g. packed RNN sequences, lengths on the host
             plan = plan.without("graphs", f"{type(self.model).__name__} syncs with the host")
         self.plan = plan
         use_graphs = plan.cuda_graphs and not self.sharded and graphs_supported(self.device, config.grad_accum)
@@ -448,7 +449,7 @@ class Trainer(CheckpointIO):
         workers = self.config.data_workers
         if workers is None:
             workers = 0 if self.device.type == "cpu" else min(4, max(1, (os.cpu_count() or 2) // self.world - 1))
-        if hasattr(self.collate_fn, "state_dict") and not getattr(self.collate_fn, "keyed", False):
+        if hasattr(self.collate_fn, "state_dict") and not declares(self.collate_fn, KeyedCollator):
             workers = 0  # a collator with sequential state must run here, in order
         if workers == 0 or items.empty():
             return (source[item] for item in items)
