@@ -103,3 +103,63 @@ def test_single_text_features_written_not_read_equal_the_encodings(minilm_dir):
         assert f == {"input_ids": e.input_ids, "token_type_ids": e.token_type_ids, "attention_mask": e.attention_mask, "labels": 1}
     pairs = task.featurize(tok, [TextExample("a b", "c d e", 0, "")], train=False)
     assert pairs[0]["token_type_ids"] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("limit", [5, 8, 128])
+def test_encode_ids_cut_like_truncation_without_reading_the_cut_off_pieces(minilm_dir, limit, caplog):
+    """``encode_ids`` tokenizes with room for one token more and drops it: the ids equal
+    ``encode_batch(..., truncation="longest_first")`` for texts just under, at and over the
+    limit (content of limit - 3 ... limit + 1 tokens), and one warning counts the cut texts."""
+    import logging
+
+    from ctxkit.tokenizers import WordPieceTokenizer
+
+    tok = WordPieceTokenizer.from_dir(minilm_dir)
+    assert tok._special_ends() == (1, 1)
+    words = "the cat sat on a mat and then it ran off to the big red barn".split()
+    texts = [" ".join((words * 20)[:n]) for n in range(max(0, limit - 5), limit + 2)]
+    texts += ["", "unaffable " * (limit + 3), "Ünïcode façade — naïve café 東京 " * 9]
+    expected = [e.input_ids for e in tok.encode_batch(texts, max_length=limit, truncation="longest_first", padding=None)]
+    with caplog.at_level(logging.WARNING, logger="ctxkit"):
+        got = tok.encode_ids(texts, limit)
+    assert got == expected
+    over = sum(len(e) > limit for e in tok.encode_batch(texts, max_length=10_000, truncation="longest_first", padding=None))
+    assert over >= 3 and f"truncated {over} of {len(texts)} inputs to max_length={limit}" in caplog.text
+    with pytest.raises(TypeError):
+        tok.encode_ids("one string", limit)
+
+
+def test_collector_paused_nests_shares_one_pause_between_threads_and_restores():
+    import gc
+
+    from ctxkit.core.collector import collector_paused
+
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer block still runs
+    assert gc.isenabled()
+    inside, leave = threading.Event(), threading.Event()
+
+    def other():
+        with collector_paused():
+            inside.set()
+            leave.wait(5)
+
+    thread = threading.Thread(target=other)
+    with collector_paused():
+        thread.start()
+        assert inside.wait(5)
+    assert not gc.isenabled()  # this block ended first: the other thread's pause goes on
+    leave.set()
+    thread.join(5)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # off before, off after
+    finally:
+        gc.enable()

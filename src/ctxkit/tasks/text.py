@@ -16,6 +16,7 @@ from ..heads.classification import EncoderWithHead, SequenceClassificationHead
 from .metrics import glue_metrics
 from ..tokenizers import WordPieceTokenizer
 from ..training import featurized_ahead, predict
+from ..core.collector import collector_paused
 from ..core.errors import MissingFileError, UserError
 from ..core.run_state import resolve_device
 from .base import Task
@@ -51,18 +52,21 @@ class _TextTask(Task):
                                cls_only=True)
 
     def featurize(self, tokenizer, examples: list, train: bool) -> List[dict]:
+        with collector_paused():  # a dict and lists per text, all kept: collector passes would free nothing
+            return self._featurize(tokenizer, examples)
+
+    def _featurize(self, tokenizer, examples: list) -> List[dict]:
         texts = [e.text for e in examples]
         pairs = [e.text_pair for e in examples] if examples and examples[0].text_pair is not None else None
-        encs = tokenizer.encode_batch(texts, pairs, max_length=self.max_length, truncation="longest_first", padding=None)
         if pairs is None and isinstance(tokenizer, WordPieceTokenizer) and tokenizer.single_segment_is_zero():
-            # Unpadded single texts: the mask is all ones and the segment ids all zeros. Writing
-            # them costs less than reading them from each encoding (predict and serve are
-            # bound by this per-text Python work on a GPU host).
+            # Single texts: the ids alone, in bulk; the mask is all ones and the segment ids all
+            # zeros. Writing them costs less than reading them from each encoding (predict and
+            # serve are bound by this per-text Python work on a GPU host).
             rows = []
-            for enc, ex in zip(encs, examples):
-                ids = enc.input_ids
+            for ids, ex in zip(tokenizer.encode_ids(texts, self.max_length), examples):
                 rows.append({"input_ids": ids, "token_type_ids": [0] * len(ids), "attention_mask": [1] * len(ids), "labels": ex.label})
             return rows
+        encs = tokenizer.encode_batch(texts, pairs, max_length=self.max_length, truncation="longest_first", padding=None)
         return [
             {"input_ids": enc.input_ids, "token_type_ids": enc.token_type_ids, "attention_mask": enc.attention_mask, "labels": ex.label}
             for enc, ex in zip(encs, examples)

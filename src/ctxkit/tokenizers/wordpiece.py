@@ -468,6 +468,52 @@ class WordPieceTokenizer(TransformersStyle):
         raw = [(enc, n - len(enc)) for enc, n in zip(encs, full)]
         return raw if keep_raw else [Encoding.from_backend(enc, n) for enc, n in raw]
 
+    def encode_ids(self, texts: Sequence[str], max_length: Optional[int] = None) -> List[List[int]]:
+        """Token ids of single texts, special tokens included, each cut from the right to
+        ``max_length``: the ``input_ids`` of :meth:`encode_batch` with
+        ``truncation="longest_first"``, for featurizing many texts at once (a text task's
+        features, ``predict``, ``serve``). No :class:`Encoding` objects and no count of the
+        removed tokens: one warning says how many texts were cut.
+
+        The texts are tokenized with room for one token more than ``max_length``: a text that
+        fills it was longer, and dropping its last content token gives exactly what truncation
+        to ``max_length`` gives, without reading the cut-off pieces (``overflowing``: one Python
+        object per long text, which cost as much as the rest of the per-text work).
+        """
+        limit = self._limit(max_length)
+        front, back = self._special_ends()
+        if limit <= front + back:  # nothing but special tokens fits: the general path says what is wrong
+            return [e.input_ids for e in self.encode_batch(texts, max_length=limit, truncation="longest_first", padding=None)]
+        if isinstance(texts, str) or not isinstance(texts, Sequence):
+            raise TypeError(f"texts must be a list/tuple of str, got {type(texts).__name__}")
+        for i, t in enumerate(texts):
+            _check_text(t, f"texts[{i}]")
+        with self._lock:
+            self._tok.enable_truncation(limit + 1, stride=0, strategy="longest_first", direction="right")
+            try:
+                encs = self._run(list(texts), True, texts, None)
+            finally:
+                self._tok.no_truncation()
+        out, cut = [], 0
+        for enc in encs:
+            ids = enc.ids
+            if len(ids) > limit:
+                ids, cut = ids[:limit - back] + ids[len(ids) - back:], cut + 1
+            out.append(ids)
+        if cut:
+            logger.warning("truncated %d of %d inputs to max_length=%d (longest_first)", cut, len(out), limit)
+        return out
+
+    def _special_ends(self) -> tuple:
+        """How many special tokens a single text gets before and after its own (BERT: 1, 1)."""
+        ends = self.__dict__.get("_ends")
+        if ends is None:
+            with self._lock:
+                mask = self._tok.encode("a").special_tokens_mask
+            front = next((i for i, m in enumerate(mask) if not m), len(mask))
+            ends = self._ends = (front, len(mask) - front - sum(1 for m in mask[front:] if not m))
+        return ends
+
     def single_segment_is_zero(self) -> bool:
         """Whether a single text's token type ids are all 0 (BERT's ``[CLS] A [SEP]``
         template), checked once on a probe: then a caller that needs them can write zeros
