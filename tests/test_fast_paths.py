@@ -446,3 +446,27 @@ def test_fused_weights_are_refreshed_after_updates_no_version_counter_sees():
     assert "_fused_cache" in attn.__dict__
     attn.train()
     assert "_fused_cache" not in attn.__dict__  # training sees the module as it was first traced
+
+
+def test_epoch_items_run_from_the_resumed_step_through_the_last_epoch():
+    """The one loader's sampler: the first epoch from the step a run resumes at, then every
+    later epoch from its start, each item ``(epoch, key, example ids)`` as the epoch's order
+    has it; nothing left when the run is done."""
+    from ctxkit.training.data import EpochItems
+    from ctxkit.training.world_resume import EpochOrder
+
+    lengths = [5, 9, 3, 7, 7, 2, 8, 4, 6, 1]
+
+    def order(epoch):
+        return EpochOrder(lengths, 4, 1, seed=3, epoch=epoch, group_factor=0)
+
+    first = order(1)
+    items = list(EpochItems((first, 1), order, 3))
+    expected = [(1, first.keys[j], first.micro[j]) for j in range(first.bounds[1], len(first.micro))]
+    second = order(2)
+    expected += [(2, second.keys[j], second.micro[j]) for j in range(len(second.micro))]
+    assert items == expected and len(items) == 2 + 3
+    assert sorted(i for _, _, ids in items[2:] for i in ids) == list(range(10))  # epoch 2 whole
+    assert not EpochItems((first, 1), order, 3).empty()
+    assert EpochItems((first, len(first.bounds) - 1), order, 2).empty()  # the last epoch consumed
+    assert EpochItems((order(3), 0), order, 3).empty() and list(EpochItems((order(3), 0), order, 3)) == []

@@ -88,7 +88,7 @@ class EpochItems:
 
     def empty(self) -> bool:
         order, step = self.start
-        return order.bounds[step] >= len(order.micro) and order.epoch + 1 >= self.n_epochs
+        return order.epoch >= self.n_epochs or (order.bounds[step] >= len(order.micro) and order.epoch + 1 >= self.n_epochs)
 
     def __iter__(self):
         order, step = self.start
