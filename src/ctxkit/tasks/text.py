@@ -74,12 +74,27 @@ class _TextTask(Task):
 
     def _outputs(self, model, tokenizer, examples, batch_size, device) -> np.ndarray:
         chunk = 32 * batch_size
-        if resolve_device(device).type == "cuda" and len(examples) > 2 * chunk:
-            # A GPU outruns the tokenizer: the next chunk is tokenized while this one runs.
-            feats = featurized_ahead(lambda part: self.featurize(tokenizer, part, train=False), examples, chunk)
-            return np.stack(predict(model, feats, batch_size, device, total=len(examples)))
-        feats = self.featurize(tokenizer, examples, train=False)
-        return np.stack(predict(model, feats, batch_size, device))
+        singles = (bool(examples) and examples[0].text_pair is None and isinstance(tokenizer, WordPieceTokenizer)
+                   and tokenizer.single_segment_is_zero())
+        many_on_gpu = resolve_device(device).type == "cuda" and len(examples) > 2 * chunk
+        cut = [0]
+        if singles:
+            # Single texts: one id array per chunk (a TokenBlock), no per-text objects; only the
+            # text that can survive truncation is tokenized (ctxkit.tokenizers.bulk).
+            def featurize(part):
+                block = tokenizer.encode_block([e.text for e in part], self.max_length)
+                cut[0] += block.truncated
+                return block
+        else:
+            def featurize(part):
+                return self.featurize(tokenizer, part, train=False)
+        if many_on_gpu:  # the next chunk is tokenized by a helper thread while this one runs
+            out = np.stack(predict(model, featurized_ahead(featurize, examples, chunk), batch_size, device, total=len(examples)))
+        else:
+            out = np.stack(predict(model, featurize(examples), batch_size, device))
+        if cut[0]:  # one line for the whole input, not one per chunk
+            logger.warning("truncated %d of %d inputs to max_length=%d (longest_first)", cut[0], len(examples), self.max_length)
+        return out
 
     def evaluate(self, model, tokenizer, examples, batch_size=128, device="auto"):
         out = self._outputs(model, tokenizer, examples, batch_size, device)

@@ -25,7 +25,9 @@ from tokenizers import (
 from tokenizers.models import WordPiece
 
 from .batch import NO_LIMIT, Encoding, TransformersStyle, _as_list, _check_text, _raise_unencodable
+from .bulk import PrefixBudget, capped_ids, cuts_at_spaces
 from ..core.errors import MissingFileError, UserError, quote
+from ..data.blocks import TokenBlock
 from ..data.errors import check_input, open_input, require_rereadable
 from ..data.errors import raw_lines as _file_lines
 from ..data.lines import decode_lines, read_lines  # noqa: F401  (read_lines: ctxkit.tokenizers re-exports it)
@@ -471,19 +473,33 @@ class WordPieceTokenizer(TransformersStyle):
     def encode_ids(self, texts: Sequence[str], max_length: Optional[int] = None) -> List[List[int]]:
         """Token ids of single texts, special tokens included, each cut from the right to
         ``max_length``: the ``input_ids`` of :meth:`encode_batch` with
-        ``truncation="longest_first"``, for featurizing many texts at once (a text task's
-        features, ``predict``, ``serve``). No :class:`Encoding` objects and no count of the
-        removed tokens: one warning says how many texts were cut.
+        ``truncation="longest_first"``, for featurizing many texts at once (``predict``,
+        ``serve``). No :class:`Encoding` objects, no count of the removed tokens: one warning
+        says how many texts were cut.
 
-        The texts are tokenized with room for one token more than ``max_length``: a text that
-        fills it was longer, and dropping its last content token gives exactly what truncation
-        to ``max_length`` gives, without reading the cut-off pieces (``overflowing``: one Python
-        object per long text, which cost as much as the rest of the per-text work).
+        A text is tokenized with room for one token more than ``max_length``: one that fills
+        it was longer, and dropping its last content token is exactly truncation's result,
+        without reading the cut-off pieces. Of a long text only a prefix is tokenized where
+        that is exact (:mod:`ctxkit.tokenizers.bulk`).
         """
+        rows, cut = self._ids_and_cut(texts, max_length)
+        if cut:
+            logger.warning("truncated %d of %d inputs to max_length=%d (longest_first)", cut, len(rows), self._limit(max_length))
+        return rows
+
+    def encode_block(self, texts: Sequence[str], max_length: Optional[int] = None) -> TokenBlock:
+        """:meth:`encode_ids` as one :class:`~ctxkit.data.blocks.TokenBlock` (a padded id array,
+        the lengths and how many texts were cut, which the caller reports): inference over many
+        single texts without per-text objects."""
+        rows, cut = self._ids_and_cut(texts, max_length)
+        return TokenBlock.from_ids(rows, truncated=cut)
+
+    def _ids_and_cut(self, texts: Sequence[str], max_length: Optional[int]) -> tuple:
         limit = self._limit(max_length)
         front, back = self._special_ends()
         if limit <= front + back:  # nothing but special tokens fits: the general path says what is wrong
-            return [e.input_ids for e in self.encode_batch(texts, max_length=limit, truncation="longest_first", padding=None)]
+            encs = self.encode_batch(texts, max_length=limit, truncation="longest_first", padding=None)
+            return [e.input_ids for e in encs], 0
         if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise TypeError(f"texts must be a list/tuple of str, got {type(texts).__name__}")
         for i, t in enumerate(texts):
@@ -491,18 +507,35 @@ class WordPieceTokenizer(TransformersStyle):
         with self._lock:
             self._tok.enable_truncation(limit + 1, stride=0, strategy="longest_first", direction="right")
             try:
-                encs = self._run(list(texts), True, texts, None)
+                rows = capped_ids(lambda inputs: self._run_fast(inputs, texts), texts, limit + 1, limit + 1 - front - back,
+                                  self._prefix_budget())
             finally:
                 self._tok.no_truncation()
         out, cut = [], 0
-        for enc in encs:
-            ids = enc.ids
+        for ids in rows:
             if len(ids) > limit:
                 ids, cut = ids[:limit - back] + ids[len(ids) - back:], cut + 1
             out.append(ids)
-        if cut:
-            logger.warning("truncated %d of %d inputs to max_length=%d (longest_first)", cut, len(out), limit)
-        return out
+        return out, cut
+
+    def _prefix_budget(self) -> Optional[PrefixBudget]:
+        """How long a prefix of a long text to tokenize (:mod:`ctxkit.tokenizers.bulk`), or None
+        when this pipeline's tokens of a prefix are not a prefix of the text's tokens."""
+        if "_budget" not in self.__dict__:
+            self._budget = PrefixBudget() if cuts_at_spaces(self._tok) else None
+        return self._budget
+
+    def _run_fast(self, inputs: List[str], texts) -> list:
+        """Encodings of single texts without character offsets (``encode_batch_fast``, where
+        this ``tokenizers`` has it: the ids are the same, the offsets are not computed)."""
+        fast = getattr(self._tok, "encode_batch_fast", None)
+        if fast is None or len(inputs) == 1:
+            return self._run(inputs, True, texts, None)
+        try:
+            return fast(inputs, add_special_tokens=True)
+        except TypeError:
+            _raise_unencodable(list(texts), len(texts))
+            raise
 
     def _special_ends(self) -> tuple:
         """How many special tokens a single text gets before and after its own (BERT: 1, 1)."""

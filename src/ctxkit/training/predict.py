@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..data.batching import collate, sequential_batches
+from ..data.blocks import TokenBlock
 from . import progress
 from ..core.capabilities import TakesHostInputs, declared_precision, declares
 from ..core.run_state import autocast, resolve_device, resolve_precision
@@ -25,7 +26,7 @@ _INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 
 
 @torch.inference_mode()
-def predict(model: nn.Module, features: Union[Sequence[dict], Iterable[Sequence[dict]]], batch_size: int = 128,
+def predict(model: nn.Module, features: Union[Sequence[dict], TokenBlock, Iterable], batch_size: int = 128,
             device: str = "auto", precision: Optional[str] = None, output: str = "logits", total: Optional[int] = None) -> list:
     """Run ``model`` over features (length-sorted batches) and return per-feature outputs.
 
@@ -38,8 +39,9 @@ def predict(model: nn.Module, features: Union[Sequence[dict], Iterable[Sequence[
             be a tensor or a tuple of tensors (e.g. start and end logits). A model whose
             class sets ``takes_host_inputs`` (the GPU encoder, which copies from pinned
             memory into its captured graphs itself) gets the host tensors.
-        features: feature dicts as for training (labels are ignored); or an iterable of
-            lists of them (chunks, e.g. tokenized by a helper while the chunk before runs:
+        features: feature dicts as for training (labels are ignored), or a
+            :class:`~ctxkit.data.blocks.TokenBlock` of single texts; or an iterable of
+            either (chunks, e.g. tokenized by a helper while the chunk before runs:
             :func:`featurized_ahead`), each sorted into batches of its own, the outputs
             concatenated in order.
         precision: "fp32" (no autocast), "bf16" (bf16 autocast), or None / "auto" (bf16
@@ -58,8 +60,9 @@ def predict(model: nn.Module, features: Union[Sequence[dict], Iterable[Sequence[
     if declared is not None:
         precision = "bf16" if declared == "bf16" else "fp32"
     precision = resolve_precision(precision, dev)
-    chunks = [features] if isinstance(features, Sequence) else features
-    if isinstance(features, Sequence):
+    whole = isinstance(features, (Sequence, TokenBlock))
+    chunks = [features] if whole else features
+    if whole:
         total = len(features)
     on_gpu = dev.type == "cuda"
     host_inputs = declares(model, TakesHostInputs)
@@ -71,11 +74,15 @@ def predict(model: nn.Module, features: Union[Sequence[dict], Iterable[Sequence[
     def batches():
         """``(lengths, first index, indices, host batch)`` for every batch of every chunk."""
         for chunk in chunks:
-            lengths = [len(f["input_ids"]) for f in chunk]
+            block = isinstance(chunk, TokenBlock)
+            lengths = chunk.lengths.tolist() if block else [len(f["input_ids"]) for f in chunk]
             first = len(results)
             results.extend([None] * len(chunk))
             for idx in sequential_batches(lengths, batch_size):
-                batch = collate([{k: v for k, v in chunk[i].items() if k in _INPUTS} for i in idx])
+                if block:  # array slices, no per-text objects
+                    batch = {k: torch.from_numpy(v) for k, v in chunk.batch(idx).items()}
+                else:
+                    batch = collate([{k: v for k, v in chunk[i].items() if k in _INPUTS} for i in idx])
                 if on_gpu:  # pinned: the copy to the device runs while the host goes on
                     batch = {k: v.pin_memory() for k, v in batch.items()}
                 yield lengths, first, idx, batch
