@@ -19,7 +19,9 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 SPEED = ("benchmark", "case", "metric", "unit", "ctxkit", "peer_name", "peer", "speedup")
 QUALITY = ("task", "split", "metric", "value", "model", "peer_name", "peer_value")
 BOTH = ("device", "date", "command")
-MACHINE_PATH = re.compile(r"(?<![\w.])(/root/|/tmp/|/home/|/work/|/Users/|/mnt/|[A-Za-z]:\\)")
+# Absolute paths, and the checkout's own git-ignored scratch folders (.devdata/, .devscratch/, ...)
+# that exist on one developer's machine only.
+MACHINE_PATH = re.compile(r"(?<![\w.])(/root/|/tmp/|/home/|/work/|/Users/|/mnt/|[A-Za-z]:\\)|(?<![\w/])\.dev[a-z]*/")
 FILES = sorted(RESULTS.glob("*.json"))
 
 
@@ -62,5 +64,8 @@ def test_machine_path_pattern():
     assert MACHINE_PATH.search("--out /root/elmo_wt2")
     assert MACHINE_PATH.search('"final": "/tmp/scratch/final"')
     assert MACHINE_PATH.search("--results /work/main/x.json")
+    assert MACHINE_PATH.search("--tokenizer .devdata/minilm --data .devdata/glue/SST-2")
+    assert MACHINE_PATH.search('"vectors_file": ".devstatic/wt2.vec"')
     assert not MACHINE_PATH.search("--out runs/elmo_wt2 --data ../shared/data/glue")
+    assert not MACHINE_PATH.search("ctxkit predict RUN FILE --device cuda (model.dev/x is a name, not a folder)")
     assert not MACHINE_PATH.search("benchmarks/results/x.json OUT/inference_gpu.json")
