@@ -351,3 +351,25 @@ def test_constant_result_is_dynamos_marker():
     torch._dynamo.assume_constant_result(theirs)
     _mark_constant(mine)  # what constant_result does before Dynamo is loaded
     assert {k: v for k, v in vars(mine).items()} == {k: v for k, v in vars(theirs).items()} == {"_dynamo_marked_constant": True}
+
+
+def test_predict_leaves_compile_out_of_auto_for_a_file_too_short_to_repay_it():
+    """``ctxkit predict`` on a GPU: ``auto`` (given, or the run's recorded plan) loses compile
+    for fewer than COMPILE_PAYS_FROM lines, with a note; an explicit plan, a long file and a
+    machine where auto would not compile anyway are left as they are."""
+    from ctxkit.fast.kernels import DeviceInfo
+    from ctxkit.inference.backends import COMPILE_PAYS_FROM, plan_for_items
+
+    h200 = DeviceInfo("cuda", (9, 0), "NVIDIA H200", 0)
+    assert resolve("auto", use="infer", device=h200).compile != "off"
+    for asked in (None, "auto"):
+        plan, note = plan_for_items(FastPlan.parse("auto"), 50_000, asked, h200)
+        assert str(plan) == "auto-compile" and resolve(plan, use="infer", device=h200).compile == "off"
+        assert resolve(plan, use="infer", device=h200).cuda_graphs  # the rest of auto stays
+        assert note.startswith("compile off for 50,000 inputs") and "--fast auto+compile" in note
+    for plan, items, asked, device in ((FastPlan.parse("auto"), COMPILE_PAYS_FROM, "auto", h200),
+                                       (FastPlan.parse("infer"), 50_000, "infer", h200),
+                                       (FastPlan.parse("auto+compile"), 50_000, "auto+compile", h200),
+                                       (FastPlan.parse("auto"), 50_000, None, "cpu")):
+        assert plan_for_items(plan, items, asked, device) == (plan, None)
+    assert plan_for_items(None, 10, None, h200) == (None, None)  # an exported run: no plan

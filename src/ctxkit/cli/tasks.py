@@ -16,12 +16,13 @@ from pathlib import Path
 
 from ..core.diskspace import write_output
 from ..core.errors import UserError
+from ..core.run_state import resolve_device
 from ..training.callbacks import add_log_to_argument, make_callbacks
 from ..training.progress import progress_bar
 from .train_flags import (device_option, add_allow_changes_argument, add_fast_argument, add_on_sigterm_argument, add_train_flags,
                           fast_from_args, signal_status, train_config_from_args)
 from ..data.lines import decode_lines, read_lines
-from ..inference.backends import add_backend_arguments, with_backend
+from ..inference.backends import add_backend_arguments, plan_for_items, with_backend
 from ..tasks import evaluate_run, finetune, get_task, load_run, load_task
 from ..tasks.distill import distill
 
@@ -117,6 +118,10 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         raise UserError(f"{source}: no input lines to predict")
     lines = task.clean_input(numbered, source, args.extra_columns)
     task, model, tokenizer, info = load_run(args.run_dir, args.device, fast=args.fast)
+    # A file too short to repay compiling the GPU encoder is predicted without (auto only).
+    info["fast"], note = plan_for_items(info.get("fast"), len(lines), args.fast, resolve_device(args.device))
+    if note:
+        print(f"ctxkit: {note}", file=sys.stderr)
     # auto decides once per run folder; the gpu backend runs the plan (the run's own unless --fast)
     # auto keeps its timed choice in a run folder; a transformers checkpoint (maybe in the Hub cache) is not written to
     keep = None if info.get("hf_task") else args.run_dir

@@ -42,13 +42,14 @@ from ..core.deps import missing, require_all
 from ..core.errors import UserError
 from ..core.checkpoint import atomic_write, write_json
 from ..core.version import __version__
-from ..fast import FastPlan
+from ..fast import FastPlan, resolve
 from ..zoo.families import find_family
 from .cpu_compile import CompiledCPUModel
 from .export import DEPLOY_NEEDS, OrtTaskModel, _example_batch, _vocab_size, export_onnx, verify_onnx
 from .gpu import GPUTaskModel
 
-__all__ = ["BACKENDS", "with_backend", "choose_backend", "median_ms", "PrecisionModel", "AUTO_CHOICE_DIR"]
+__all__ = ["BACKENDS", "COMPILE_PAYS_FROM", "with_backend", "choose_backend", "median_ms", "plan_for_items", "PrecisionModel",
+           "AUTO_CHOICE_DIR"]
 
 logger = logging.getLogger("ctxkit")
 
@@ -64,6 +65,26 @@ BACKENDS = ("auto", "pytorch", "onnxruntime", "compiled", "gpu")
 GPU_ONLY_PRECISIONS = ("fp8", "bf16-gelu-tanh")
 GPU_PRECISION_OPTIONS = {"fp8": "fp8", "bf16-gelu-tanh": "gelutanh"}
 PRECISIONS = ("fp32", "bf16") + GPU_ONLY_PRECISIONS
+
+
+#: Inputs below which ``ctxkit predict`` leaves ``compile`` out of an ``auto`` plan. Compiling
+#: the GPU encoder costs 10-30 s at the first batch (H200, BERT-base, cold cache) and saves at
+#: most ~9 us a line (24.7k against 20.3k sequences/s of 128 tokens without it), and only where
+#: the encoder, not the host's tokenizing, is the bound: it repays from ~1-3 million lines
+#: (docs/notes/gpu-serving.md, "Token blocks"). A server compiles anyway (it runs for long).
+COMPILE_PAYS_FROM = 1_000_000
+
+
+def plan_for_items(plan: Optional[FastPlan], items: int, asked: Optional[str], device) -> Tuple[Optional[FastPlan], Optional[str]]:
+    """``(plan, note)``: ``plan`` without ``compile`` when ``auto`` (or the run's recorded plan,
+    ``asked`` None) would compile for fewer than :data:`COMPILE_PAYS_FROM` items, with a note
+    saying so; else ``plan`` as it is and no note. An explicit ``--fast`` is kept as asked."""
+    if plan is None or asked not in (None, "auto") or items >= COMPILE_PAYS_FROM:
+        return plan, None
+    if resolve(plan, use="infer", device=device).compile == "off":
+        return plan, None  # nothing to leave out here (a CPU, or a plan without compile)
+    return plan.with_options("-compile"), (f"compile off for {items:,} inputs: it costs 10-30 s at the first batch and "
+                                           f"repays from ~{COMPILE_PAYS_FROM:,} (--fast auto+compile compiles anyway)")
 
 
 def add_backend_arguments(parser, default: Optional[str], what: str) -> None:
