@@ -256,7 +256,7 @@ def test_polynomial_schedule_from_config_and_cli(wiki_shards, tmp_path, capsys):
         sched.step()
     assert lrs == pytest.approx([0.5, 1.0] + [(1 - i / 8) ** 2 for i in range(8)])
     with pytest.raises(ValueError, match="schedule must be"):
-        build_schedule(TrainConfig(schedule="cosine"), opt, 1, 10)
+        build_schedule(TrainConfig(schedule="exponential"), opt, 1, 10)
     rc = main(["pretrain", "--data", str(wiki_shards), "--preset", "bert_2_128_2", "--out", str(tmp_path / "run"), "--max-steps", "2",
                "--batch-size", "4", "--device", "cpu", "--no-progress", "--schedule", "polynomial", "--schedule-power", "3",
                "--activation-checkpointing"])

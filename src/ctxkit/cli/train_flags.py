@@ -30,12 +30,13 @@ changes meaning; "-" = no such flag, the verb uses TrainConfig's value or fixes 
     grad_accum        1            (1)        -                1          -         1
     max_grad_norm     1.0          (1.0)      -                -          -         -
     schedule          linear       -          inverse_sqrt     linear     -         -
-                                              (+inverse_sqrt)  (linear, polynomial only)
+                                              (+cosine,        (linear, polynomial,
+                                              inverse_sqrt)    cosine)
     group_factor      None         -          -                50         -         -
     eval_each_epoch   True         -          -                False*     -         False*
     seed 42, device auto, log_every 50, max_steps None, save_every 0, precision auto,
     max_minutes None, fast auto, progress True: the same wherever they are flags.
-    pretrain alone: optimizer, schedule_power, keep_last, peak_tflops, parallel
+    pretrain alone: optimizer, schedule_power, min_lr_ratio, keep_last, peak_tflops, parallel
     (TrainConfig's defaults).
 
 Speed is one flag, ``--fast PLAN`` (:class:`~ctxkit.fast.FastPlan`; every training verb).
@@ -107,6 +108,7 @@ HELP: Dict[str, str] = {
     "optimizer": "LAMB for very large batches",
     "schedule": "learning-rate decay after warmup",
     "schedule_power": "exponent of the polynomial decay",
+    "min_lr_ratio": "where the cosine decay ends, as a share of the peak learning rate",
     "parallel": "under torchrun only: ddp replicates the model on every rank; fsdp shards weights, gradients and "
                 "optimiser state over the ranks (FSDP2, less memory per GPU, no CUDA graphs)",
     "fast": FAST_HELP,
@@ -126,7 +128,7 @@ HELP: Dict[str, str] = {
 CHOICES: Dict[str, Tuple[str, ...]] = {
     "precision": ("auto", "bf16", "fp32"),
     "optimizer": ("adamw", "lamb"),
-    "schedule": ("inverse_sqrt", "linear", "polynomial"),
+    "schedule": ("cosine", "inverse_sqrt", "linear", "polynomial"),
     "parallel": ("ddp", "fsdp"),
 }
 
@@ -160,10 +162,10 @@ VERBS: Dict[str, VerbFlags] = {
                   "schedule": "inverse_sqrt"}),
     "pretrain": VerbFlags(
         include=("epochs", "max_steps", "max_minutes", "batch_size", "grad_accum", "lr", "warmup_ratio", "weight_decay",
-                 "optimizer", "schedule", "schedule_power", "fast", "parallel", "keep_last", "group_factor", "save_every",
-                 "log_every", "peak_tflops", "seed", "device", "data_workers", "precision", "progress"),
+                 "optimizer", "schedule", "schedule_power", "min_lr_ratio", "fast", "parallel", "keep_last", "group_factor",
+                 "save_every", "log_every", "peak_tflops", "seed", "device", "data_workers", "precision", "progress"),
         defaults={"epochs": 1.0, "batch_size": 256, "lr": None, "warmup_ratio": 0.06, "group_factor": 50},
-        choices={"schedule": ("linear", "polynomial")},
+        choices={"schedule": ("linear", "polynomial", "cosine")},
         legacy=("compile", "activation_checkpointing", "bf16_residual", "grad_reduce_dtype", "overlap_grad_reduce")),
     "lm-train": VerbFlags(
         include=("epochs", "max_steps", "max_minutes", "batch_size", "lr", "warmup_ratio", "weight_decay", "fast",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Protocol, runtime_checkable
 
-__all__ = ["ComputesAtPositions", "DeclaresPrecision", "GraphCapturable", "KeyedCollator", "StaticCacheDecoder",
+__all__ = ["CarriesState", "ComputesAtPositions", "DeclaresPrecision", "GraphCapturable", "KeyedCollator", "StaticCacheDecoder",
            "TakesHostInputs", "WarmsUp", "declared_precision", "declares"]
 
 
@@ -27,6 +27,17 @@ class ComputesAtPositions(Protocol):
     asks for [CLS] alone."""
 
     supports_output_positions: bool
+
+
+@runtime_checkable
+class CarriesState(Protocol):
+    """A model trained by truncated backpropagation through time: ``forward(**batch, state=S)``
+    continues from the state the previous batch left (None at an epoch's start) and returns
+    the next one as ``out["state"]`` (a tensor, a tuple or list of them, or None). The
+    Trainer then runs a :class:`~ctxkit.training.steps.StatefulStep`: batches in stream order,
+    the state detached between steps, cleared at each epoch's start and kept in checkpoints."""
+
+    carries_state: bool
 
 
 @runtime_checkable

@@ -79,9 +79,11 @@ class TrainConfig:
             group_factor`` examples sorted by length (less padding); 0 = plain shuffling;
             None = the task's choice (:func:`ctxkit.tasks.finetune`), else 50.
         schedule: ``"linear"`` warmup + linear decay, ``"polynomial"`` warmup +
-            ``(1 - progress) ** schedule_power`` decay, or ``"inverse_sqrt"`` (the
-            Transformer paper's warmup then ``1/sqrt(step)``).
+            ``(1 - progress) ** schedule_power`` decay, ``"cosine"`` warmup + half a cosine
+            down to ``min_lr_ratio`` of the peak (Transformer-XL, GPT-style pretraining), or
+            ``"inverse_sqrt"`` (the Transformer paper's warmup then ``1/sqrt(step)``).
         schedule_power: exponent of the polynomial decay.
+        min_lr_ratio: where the cosine decay ends, as a share of the peak learning rate.
         progress: show tqdm progress bars.
         eval_each_epoch: evaluate (and keep the best epoch) after every epoch; when False
             only the final model is saved as ``best/`` (the caller evaluates it).
@@ -144,6 +146,7 @@ class TrainConfig:
     max_minutes: Optional[float] = None
     schedule: str = "linear"
     schedule_power: float = 2.0
+    min_lr_ratio: float = 0.0
     parallel: str = "ddp"
     data_workers: Optional[int] = None
     fast: str = "auto"

@@ -120,6 +120,19 @@ def polynomial_warmup_decay(optimizer: torch.optim.Optimizer, warmup_steps: int,
     return LambdaLR(optimizer, factor)
 
 
+def cosine_warmup_decay(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int, end_ratio: float = 0.0) -> LambdaLR:
+    """Linear warmup, then half a cosine from the peak down to ``end_ratio`` of it at ``total_steps``."""
+    total_steps = max(total_steps, 1)
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps  # as the other warmups: the first update already moves
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return end_ratio + (1.0 - end_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return LambdaLR(optimizer, factor)
+
+
 def inverse_sqrt_warmup(optimizer: torch.optim.Optimizer, warmup_steps: int) -> LambdaLR:
     """The Transformer paper's schedule: linear warmup to the peak at ``warmup_steps``,
     then decay with ``sqrt(warmup_steps / step)`` (no fixed end)."""
@@ -144,7 +157,11 @@ def build_schedule(config, optimizer: torch.optim.Optimizer, warmup_steps: int, 
         return polynomial_warmup_decay(optimizer, warmup_steps, total_steps, power=config.schedule_power)
     if config.schedule == "inverse_sqrt":
         return inverse_sqrt_warmup(optimizer, warmup_steps)
-    raise UserError(f"schedule must be 'linear', 'polynomial' or 'inverse_sqrt', got {config.schedule!r}")
+    if config.schedule == "cosine":
+        if not 0.0 <= config.min_lr_ratio <= 1.0:
+            raise UserError(f"min_lr_ratio must be between 0 and 1 (a share of the peak learning rate), got {config.min_lr_ratio}")
+        return cosine_warmup_decay(optimizer, warmup_steps, total_steps, end_ratio=config.min_lr_ratio)
+    raise UserError(f"schedule must be 'linear', 'polynomial', 'cosine' or 'inverse_sqrt', got {config.schedule!r}")
 
 
 class Lamb(torch.optim.Optimizer):

@@ -8,6 +8,9 @@ output, on the device), the sequences and the real tokens it trained on. Two kin
 * :class:`EagerStep`: forward and backward over the step's micro-batches (one: a plain step;
   several: gradient accumulation, with DDP's and FSDP's gradient sync only after the last),
   then clip, update and advance the schedule.
+* :class:`StatefulStep`: an eager step that hands the model the state the previous step left
+  (truncated backpropagation through time: a recurrent or memory-carrying LM whose class
+  declares :class:`~ctxkit.core.capabilities.CarriesState`).
 * :class:`GraphedStep`: the whole step replayed from a CUDA graph per batch shape
   (:class:`~ctxkit.training.graphs.GraphedTrainStep`).
 
@@ -22,11 +25,12 @@ from typing import Dict, List, Optional, Protocol, Tuple
 import torch
 from torch import nn
 
+from ..core.capabilities import CarriesState, declares
 from ..core.run_state import autocast
 from .graphs import GraphedTrainStep
 from .optim import clipped_step
 
-__all__ = ["EagerStep", "GraphedStep", "Step", "make_step", "rows_and_tokens", "to_device"]
+__all__ = ["EagerStep", "GraphedStep", "StatefulStep", "Step", "make_step", "rows_and_tokens", "to_device"]
 
 Batch = Dict[str, torch.Tensor]
 
@@ -90,7 +94,7 @@ class EagerStep:
                 self.model.set_requires_gradient_sync(j == len(group) - 1)
             with quiet:
                 with autocast(self.device, self.precision):
-                    out = self.forward(**batch)
+                    out = self._run(batch)
                 weight = weights[j]  # by size, so accumulation equals one big batch (0: a stand-in row)
                 (out["loss"] * weight).backward()
             for k, v in out.items():
@@ -100,6 +104,46 @@ class EagerStep:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return sums, n_examples, n_tokens
+
+
+    def _run(self, batch: Batch) -> dict:
+        return self.forward(**batch)
+
+
+class StatefulStep(EagerStep):
+    """An eager step for a model that carries state between batches (truncated BPTT): each
+    forward gets ``state=`` what the previous step returned as ``out["state"]``, detached (the
+    gradient stops at the batch boundary); :meth:`reset` clears it (the Trainer does at each
+    epoch's start) and :meth:`state_dict` / :meth:`load_state_dict` put it in a checkpoint, so
+    a resumed run continues from the very state the interrupted one had."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.state = None
+
+    def _run(self, batch: Batch) -> dict:
+        out = dict(self.forward(**batch, state=self.state))
+        self.state = _detached(out.pop("state", None))
+        return out
+
+    def reset(self) -> None:
+        self.state = None
+
+    def state_dict(self) -> dict:
+        return {"state": _detached(self.state, "cpu")}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.state = _detached(saved["state"], self.device)
+
+
+def _detached(state, device=None):
+    """``state`` (a tensor, a tuple or list of them, or None) detached, on ``device`` if given."""
+    if state is None:
+        return None
+    if torch.is_tensor(state):
+        state = state.detach()
+        return state if device is None else state.to(device)
+    return type(state)(_detached(s, device) for s in state)
 
 
 class GraphedStep:
@@ -131,7 +175,9 @@ def make_step(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optim
               precision: str, max_grad_norm: float, graphed: Optional[GraphedTrainStep] = None, rows: int = 0,
               sharded: bool = False) -> Step:
     """The step a run's plan asks for: :class:`GraphedStep` when its graphs were built
-    (``graphed``; ``rows``: a full batch's rows on this rank), else :class:`EagerStep`."""
+    (``graphed``; ``rows``: a full batch's rows on this rank), :class:`StatefulStep` for a model
+    that carries state between batches, else :class:`EagerStep`."""
     if graphed is not None:
         return GraphedStep(graphed, scheduler, device, rows)
-    return EagerStep(model, forward, optimizer, scheduler, device, precision, max_grad_norm, sharded)
+    kind = StatefulStep if declares(model, CarriesState) else EagerStep
+    return kind(model, forward, optimizer, scheduler, device, precision, max_grad_norm, sharded)

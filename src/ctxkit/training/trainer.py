@@ -29,7 +29,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..core.deps import missing
-from ..core.capabilities import GraphCapturable, KeyedCollator, declares
+from ..core.capabilities import CarriesState, GraphCapturable, KeyedCollator, declares
 from ..core.diskspace import tensor_bytes
 from ..core.durable import write_folder
 from ..core.interrupts import StopSignals, leave_stop_signals_to_parent, resume_or_start
@@ -81,6 +81,12 @@ class TrainResult:
     # Why training ended early, when it did: "max_steps" or "max_minutes" (a requested stop,
     # with a resumable checkpoint and a usable best/), None after the last epoch.
     stopped: Optional[str] = None
+
+
+def _in_stream_order(lengths: Sequence[int], batch_size: int, seed: int, epoch: int) -> List[List[int]]:
+    """The batches of a stateful model's epoch: examples in their order, ``batch_size`` at a
+    time (example *i* of the data continues example *i - batch_size*'s rows)."""
+    return [list(range(i, min(i + batch_size, len(lengths)))) for i in range(0, len(lengths), batch_size)]
 
 
 def _compiled_graphs() -> int:
@@ -190,6 +196,12 @@ class Trainer(CheckpointIO):
         graph_safe = not any(isinstance(m, GraphCapturable) and not m.cuda_graph_safe for m in self.model.modules())
         if not graph_safe:  # ``cuda_graph_safe = False`` (GraphCapturable): e.g. packed RNN sequences, lengths on the host
             plan = plan.without("graphs", f"{type(self.model).__name__} syncs with the host")
+        # Truncated BPTT (CarriesState): each step continues from the state the previous one left.
+        self.stateful = declares(self.model, CarriesState)
+        if self.stateful:
+            if config.grad_accum > 1:
+                raise UserError(f"{type(self.model).__name__} carries its state from batch to batch: train it with grad_accum 1")
+            plan = plan.without("graphs", f"{type(self.model).__name__} carries state between steps")
         self.plan = plan
         use_graphs = plan.cuda_graphs and not self.sharded and graphs_supported(self.device, config.grad_accum)
         # Under FSDP rank 0 keeps an unsharded CPU twin to hand gathered weights to save_best.
@@ -227,7 +239,8 @@ class Trainer(CheckpointIO):
         self.warm_batches: List[Dict[str, torch.Tensor]] = []
         # Forms each epoch's global batches instead of length grouping (pretrain sets
         # data.batching.balanced_batches when it packs sequences): (lengths, batch, seed, epoch) -> ids.
-        self.batch_former: Optional[Callable] = None
+        # A stateful model (truncated BPTT) reads its batches in stream order, every epoch.
+        self.batch_former: Optional[Callable] = _in_stream_order if self.stateful else None
         background = config.background_saves if config.background_saves is not None else self.device.type == "cuda"
         self._saver = BackgroundSaver() if background and config.save_checkpoints else None
         self._snapshot = HostSnapshot()
@@ -329,6 +342,8 @@ class Trainer(CheckpointIO):
             # The same global batches at any world size; this rank collates only its rows of them.
             order, first = begin if epoch == begin[0].epoch else (self._fresh_order(epoch), 0)
             for s in range(first, len(order)):
+                if s == 0 and self.stateful:  # an epoch starts with no state (a resumed one: the checkpoint's)
+                    self.step.reset()
                 group = [next(stream) for _ in range(order.bounds[s + 1] - order.bounds[s])]
                 self._note_shape(group[0], bar)
                 scalars, n_seq, n_tok = self.step(group, order.weights[order.bounds[s]:order.bounds[s + 1]])

@@ -394,6 +394,8 @@ class CheckpointIO:
         extra = {"scheduler": self.scheduler.state_dict()}
         if hasattr(self.collate_fn, "state_dict"):
             extra["collator"] = self.collate_fn.state_dict()
+        if getattr(self, "stateful", False):  # truncated BPTT: the state the next step continues from
+            extra["step_state"] = self.step.state_dict()
         return extra
 
     def _checkpoint(self, state: dict, epoch: int, step_in_epoch: int, step: int, losses: list, order: Optional[EpochOrder]) -> None:
@@ -468,6 +470,8 @@ class CheckpointIO:
         restore_rng(extra["rng"])
         if "collator" in extra and hasattr(self.collate_fn, "load_state_dict"):
             self.collate_fn.load_state_dict(extra["collator"])
+        if getattr(self, "stateful", False):
+            self.step.load_state_dict(extra.get("step_state", {"state": None}))
         at = state.get("world_size", 1)
         logger.info("resumed from %s at epoch %d, step %d of it (step %d)%s", folder, state["epoch"],
                     state.get("step_in_epoch", state["batch_in_epoch"]), state["step"],
