@@ -72,6 +72,35 @@ def test_resume_across_epoch_boundary_with_evaluation(tmp_path):
     assert [h["accuracy"] for h in resumed.history] == [h["accuracy"] for h in full.history]
 
 
+def test_eval_every_evaluates_mid_epoch_keeps_the_best_and_resumes_exactly(tmp_path):
+    """``eval_every=4`` over epochs of 6 steps: evaluations at steps 4, 6 (the epoch's), 8 and 12
+    (the epoch's; step 12's own is not doubled); each is a candidate for best/; a run stopped
+    at step 5 and resumed gives the same losses and the same evaluations."""
+    feats = _toy_features()
+    cfg = dict(epochs=2, batch_size=16, lr=2e-3, device="cpu", progress=False, seed=3, eval_every=4)
+    evaluate = lambda m: _accuracy(m, feats[:48])  # noqa: E731
+    saved = []
+
+    def save_best(model, folder):
+        saved.append(sum(float(p.detach().sum()) for p in model.parameters()))
+
+    full = Trainer(_model(), feats, TrainConfig(**cfg), tmp_path / "a", evaluate, "accuracy", save_best=save_best).train()
+    assert [h["step"] for h in full.history] == [4, 6, 8, 12]
+    assert [h["epoch"] for h in full.history] == [0, 0, 1, 1]
+    accuracies = [h["accuracy"] for h in full.history]
+    improved = [i for i, a in enumerate(accuracies) if a > max(accuracies[:i], default=-1.0)]
+    assert len(saved) == len(improved) and full.best_metric == max(accuracies)
+    log = [json.loads(line) for line in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if r["event"] == "eval"] == [4, 6, 8, 12]
+    Trainer(_model(), feats, TrainConfig(**cfg, max_steps=5), tmp_path / "b", evaluate, "accuracy").train()
+    resumed = Trainer(_model(), feats, TrainConfig(**cfg), tmp_path / "b", evaluate, "accuracy").train(resume=True)
+    assert resumed.losses == full.losses  # bit-identical (tests/README.md)
+    assert [(h["step"], h["accuracy"]) for h in resumed.history if h.get("stop") is None] == \
+        [(h["step"], h["accuracy"]) for h in full.history]
+    with pytest.raises(ValueError, match="eval_every must be >= 0"):
+        Trainer(_model(), feats, TrainConfig(**{**cfg, "eval_every": -1}), tmp_path / "c", evaluate, "accuracy")
+
+
 def test_learns_toy_task_logs_and_saves_best(tmp_path):
     feats = _toy_features(192)
     saved = []

@@ -45,7 +45,7 @@ RUN_FOLDER_OPTION: Dict[str, str] = {
 #: logs, and what is scored after training; a loop may still refuse one it depends on
 #: (train-transformer-xl's schedule spans --max-steps)
 MAY_CHANGE = frozenset({
-    "max_minutes", "max_steps", "max_time_s", "stop_step", "save_every", "keep_last",
+    "max_minutes", "max_steps", "max_time_s", "stop_step", "save_every", "eval_every", "keep_last",
     "log_every", "log_to", "log_dir", "progress", "no_progress", "peak_tflops", "on_sigterm",
     "device", "data_workers", "threads", "fast", "compile", "legacy_compile", "legacy_activation_checkpointing",
     "legacy_bf16_residual", "legacy_grad_reduce_dtype", "legacy_overlap_grad_reduce",

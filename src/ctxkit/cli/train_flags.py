@@ -115,6 +115,7 @@ HELP: Dict[str, str] = {
     "keep_last": "checkpoints to keep (the latest is checkpoint/)",
     "group_factor": "length grouping of batches (0 = plain shuffle)",
     "save_every": "checkpoint every N steps as well as each epoch",
+    "eval_every": "evaluate every N steps as well as each epoch (each a candidate for best/; 0 = each epoch only)",
     "log_every": "log the mean training loss every N steps to log.jsonl",
     "peak_tflops": "device bf16 peak for MFU in the log (e.g. 811 measured on H100)",
     "seed": "random seed",
@@ -149,11 +150,13 @@ class VerbFlags:
 VERBS: Dict[str, VerbFlags] = {
     "finetune": VerbFlags(
         include=("epochs", "lr", "batch_size", "eval_batch_size", "grad_accum", "warmup_ratio", "weight_decay", "max_grad_norm",
-                 "seed", "precision", "device", "data_workers", "fast", "max_steps", "save_every", "log_every", "progress"),
+                 "seed", "precision", "device", "data_workers", "fast", "max_steps", "save_every", "eval_every", "log_every",
+                 "progress"),
         defer=True, legacy=("compile",)),
     "distill": VerbFlags(  # a student run: the same flags and defaults as finetune
         include=("epochs", "lr", "batch_size", "eval_batch_size", "grad_accum", "warmup_ratio", "weight_decay", "max_grad_norm",
-                 "seed", "precision", "device", "data_workers", "fast", "max_steps", "save_every", "log_every", "progress"),
+                 "seed", "precision", "device", "data_workers", "fast", "max_steps", "save_every", "eval_every", "log_every",
+                 "progress"),
         defer=True, legacy=("compile",)),
     "translate-train": VerbFlags(
         include=("epochs", "max_steps", "max_minutes", "batch_size", "lr", "warmup_ratio", "weight_decay", "schedule",

@@ -85,6 +85,9 @@ class TrainConfig:
         schedule_power: exponent of the polynomial decay.
         min_lr_ratio: where the cosine decay ends, as a share of the peak learning rate.
         progress: show tqdm progress bars.
+        eval_every: also evaluate every N optimiser steps (0: only at epoch ends), each
+            evaluation a candidate for ``best/`` like an epoch's (transformers'
+            ``eval_strategy="steps"``): for long epochs, or runs stopped by a time budget.
         eval_each_epoch: evaluate (and keep the best epoch) after every epoch; when False
             only the final model is saved as ``best/`` (the caller evaluates it).
         save_checkpoints: write the resumable ``checkpoint/`` at epoch ends (and every
@@ -138,6 +141,7 @@ class TrainConfig:
     group_factor: Optional[int] = None
     progress: bool = True
     eval_each_epoch: bool = True
+    eval_every: int = 0
     save_checkpoints: bool = True
     background_saves: Optional[bool] = None
     peak_tflops: Optional[float] = None

@@ -148,6 +148,8 @@ class Trainer(CheckpointIO):
             raise UserError("no training examples")
         if config.parallel not in ("ddp", "fsdp"):
             raise UserError(f"parallel must be 'ddp' or 'fsdp', got {config.parallel!r}")
+        if config.eval_every < 0:
+            raise UserError(f"eval_every must be >= 0 (0: evaluate at epoch ends only), got {config.eval_every}")
         if config.data_workers is not None and config.data_workers < 0:
             raise UserError(f"data_workers must be >= 0 (0: collate in this process), got {config.data_workers}")
         if config.batch_size % config.grad_accum:
@@ -369,6 +371,11 @@ class Trainer(CheckpointIO):
                     bar.set_postfix(loss=f"{means['loss']:.4f}", lr=f"{record['lr']:.2e}", seq_s=f"{record['seq_per_s']:.0f}",
                                     **({"mfu": f"{record['mfu']:.2f}"} if "mfu" in record else {}))
                     running, running_n, seen, tokens, interval_start = {}, 0, 0, 0, now
+                # Evaluation every eval_every steps, besides the epoch's (not where the epoch's own
+                # or the last step's follows at once).
+                if cfg.eval_every and step % cfg.eval_every == 0 and step < self.total_steps and \
+                        not (cfg.eval_each_epoch and s + 1 == len(order)):
+                    self._evaluate_at_step(state, epoch, step, start)
                 # Several ranks: rank 0's clock decides, so all stop at the same step, and only at
                 # log steps, which sync anyway (a broadcast per step would stall the GPU queue).
                 due = cfg.max_minutes is not None and (self.world == 1 or step % cfg.log_every == 0)
@@ -495,6 +502,34 @@ class Trainer(CheckpointIO):
             out["mfu"] = round(achieved / (self.config.peak_tflops * 1e12), 4)
         return out
 
+    def _evaluate_at_step(self, state: dict, epoch: int, step: int, start: float) -> None:
+        """``eval_every``: evaluate now (rank 0), log it, and keep the model as ``best/`` when it
+        beats every evaluation so far (with ``eval_each_epoch``; without it ``best/`` stays the
+        final model, and these evaluations are only logged)."""
+        if self.evaluate is None or self.rank != 0:
+            return
+        value = self._evaluation(state, epoch, step, start, f"step {step}")
+        if self.config.eval_each_epoch and self._better(state, value):
+            state["best"], state["best_epoch"] = value, epoch
+            if self.save_best is not None:
+                self._save_best(self.model)
+
+    def _evaluation(self, state: dict, epoch: int, step: int, start: float, said: str, **extra) -> Optional[float]:
+        """Evaluate the model (its fp32 masters, if any), log the record, add it to the history
+        and say it on one line; returns the main metric's value (None without one)."""
+        with self._full_precision():
+            metrics = self.evaluate(self.model)
+        self.model.train()
+        record = {"event": "eval", "epoch": epoch, "step": step, **extra, "elapsed": round(time.time() - start, 2), **metrics}
+        self._log(record)
+        state["history"].append(record)
+        _say("%s: %s", said, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
+        return metrics.get(self.main_metric) if self.main_metric else None
+
+    def _better(self, state: dict, value: Optional[float]) -> bool:
+        """Whether ``value`` beats the best evaluation so far (any value beats none)."""
+        return value is not None and (state["best"] is None or (value > state["best"] if self.greater_is_better else value < state["best"]))
+
     def _evaluate_at_stop(self, state: dict, epoch: int, step: int, start: float, reason: str) -> None:
         """After a requested stop mid-epoch: evaluate (when the run evaluates) and keep best/.
 
@@ -513,16 +548,9 @@ class Trainer(CheckpointIO):
         if not self.config.eval_each_epoch or self.evaluate is None:
             self._save_best(model)
             return
-        with self._full_precision():
-            metrics = self.evaluate(self.model)
-        self.model.train()
-        record = {"event": "eval", "epoch": epoch, "step": step, "stop": reason, "elapsed": round(time.time() - start, 2), **metrics}
-        self._log(record)
-        state["history"].append(record)
-        _say("stopped (%s) at step %d: %s", reason, step, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
-        value = metrics.get(self.main_metric) if self.main_metric else None
+        value = self._evaluation(state, epoch, step, start, f"stopped ({reason}) at step {step}", stop=reason)
         has_best = (self.out_dir / "best").is_dir() and state["best_epoch"] is not None
-        if not has_best or (value is not None and (state["best"] is None or (value > state["best"] if self.greater_is_better else value < state["best"]))):
+        if not has_best or self._better(state, value):
             state["best"], state["best_epoch"] = value, epoch
             self._save_best(self.model)
 
@@ -544,18 +572,8 @@ class Trainer(CheckpointIO):
                 self._save_best(best_model)
                 state["best_epoch"] = epoch
         elif self.evaluate is not None:
-            with self._full_precision():
-                metrics = self.evaluate(self.model)
-            self.model.train()
-            record = {"event": "eval", "epoch": epoch, "step": step, "elapsed": round(time.time() - start, 2), **metrics}
-            self._log(record)
-            state["history"].append(record)
-            _say("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
-            value = metrics.get(self.main_metric) if self.main_metric else None
-            better = value is not None and (
-                state["best"] is None or (value > state["best"] if self.greater_is_better else value < state["best"])
-            )
-            if better:
+            value = self._evaluation(state, epoch, step, start, f"epoch {epoch}")
+            if self._better(state, value):
                 state["best"], state["best_epoch"] = value, epoch
                 if self.save_best is not None:
                     self._save_best(self.model)
