@@ -240,6 +240,40 @@ def test_compiled_layers_and_checkpointing_train_like_eager(wiki_shards, tmp_pat
     assert ckpt == pytest.approx(eager, abs=1e-5)
 
 
+def _schedule_lrs(config, peak: float, steps: int, warmup_steps: int = 2, total_steps: int = 10) -> list:
+    """The learning rate of each of ``steps`` steps under ``config``'s schedule."""
+    from ctxkit.training.optim import build_schedule
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak)
+    sched = build_schedule(config, opt, warmup_steps=warmup_steps, total_steps=total_steps)
+    lrs = []
+    for _ in range(steps):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    return lrs
+
+
+def test_cosine_schedule_warms_up_then_falls_to_the_floor():
+    """``schedule="cosine"``: linear warmup, then half a cosine down to ``min_lr_ratio`` of the
+    peak at the last step (what Transformer-XL trains with); ``ctxkit pretrain`` offers it
+    (``--schedule cosine --min-lr-ratio R``)."""
+    import math
+
+    from ctxkit.cli.train_flags import VERBS
+    from ctxkit.core.errors import UserError
+    from ctxkit.training import TrainConfig
+    from ctxkit.training.optim import build_schedule
+
+    lrs = _schedule_lrs(TrainConfig(schedule="cosine", min_lr_ratio=0.1), peak=2.0, steps=11)
+    want = [1.0, 2.0] + [2.0 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * i / 8))) for i in range(8)] + [0.2]
+    assert lrs == pytest.approx(want, rel=1e-12)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    with pytest.raises(UserError, match="min_lr_ratio must be between 0 and 1"):
+        build_schedule(TrainConfig(schedule="cosine", min_lr_ratio=1.5), opt, 2, 10)
+    assert "min_lr_ratio" in VERBS["pretrain"].include and "cosine" in VERBS["pretrain"].choices["schedule"]
+
+
 def test_polynomial_schedule_from_config_and_cli(wiki_shards, tmp_path, capsys):
     import json
 
@@ -247,14 +281,9 @@ def test_polynomial_schedule_from_config_and_cli(wiki_shards, tmp_path, capsys):
     from ctxkit.training import TrainConfig
     from ctxkit.training.optim import build_schedule
 
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-    sched = build_schedule(TrainConfig(schedule="polynomial", schedule_power=2.0), opt, warmup_steps=2, total_steps=10)
-    lrs = []
-    for _ in range(10):
-        lrs.append(sched.get_last_lr()[0])
-        opt.step()
-        sched.step()
+    lrs = _schedule_lrs(TrainConfig(schedule="polynomial", schedule_power=2.0), peak=1.0, steps=10)
     assert lrs == pytest.approx([0.5, 1.0] + [(1 - i / 8) ** 2 for i in range(8)])
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(ValueError, match="schedule must be"):
         build_schedule(TrainConfig(schedule="exponential"), opt, 1, 10)
     rc = main(["pretrain", "--data", str(wiki_shards), "--preset", "bert_2_128_2", "--out", str(tmp_path / "run"), "--max-steps", "2",

@@ -104,26 +104,3 @@ def test_gradient_accumulation_is_refused_for_a_stateful_model(tmp_path):
     with pytest.raises(UserError, match="carries its state from batch to batch: train it with grad_accum 1"):
         Trainer(TinyRecurrentLM(), _features(), TrainConfig(**{**CFG, "grad_accum": 2}), tmp_path / "run")
 
-
-def test_cosine_schedule_warms_up_then_falls_to_the_floor():
-    """``schedule="cosine"``: linear warmup, then half a cosine down to ``min_lr_ratio`` of the
-    peak at the last step (what Transformer-XL trains with); ``ctxkit pretrain`` offers it
-    (``--schedule cosine --min-lr-ratio R``)."""
-    import math
-
-    from ctxkit.training.optim import build_schedule
-
-    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2.0)
-    sched = build_schedule(TrainConfig(schedule="cosine", min_lr_ratio=0.1), opt, warmup_steps=2, total_steps=10)
-    lrs = []
-    for _ in range(11):
-        lrs.append(sched.get_last_lr()[0])
-        opt.step()
-        sched.step()
-    want = [1.0, 2.0] + [2.0 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * i / 8))) for i in range(8)] + [0.2]
-    assert lrs == pytest.approx(want, rel=1e-12)
-    with pytest.raises(UserError, match="min_lr_ratio must be between 0 and 1"):
-        build_schedule(TrainConfig(schedule="cosine", min_lr_ratio=1.5), opt, 2, 10)
-    from ctxkit.cli.train_flags import VERBS
-
-    assert "min_lr_ratio" in VERBS["pretrain"].include and "cosine" in VERBS["pretrain"].choices["schedule"]
