@@ -8,7 +8,8 @@
   uninterrupted run's losses and weights bit for bit, and its first resumed step starts from
   the saved state;
 * carrying the state changes the training (a stateless run of the same batches differs);
-* what cannot be honoured (gradient accumulation) is refused before any step.
+* what cannot be honoured (gradient accumulation) is refused before any step;
+* (beside) a warm-up given in steps, which the XL recipe names that way, wins over the ratio.
 """
 
 import pytest
@@ -104,3 +105,19 @@ def test_gradient_accumulation_is_refused_for_a_stateful_model(tmp_path):
     with pytest.raises(UserError, match="carries its state from batch to batch: train it with grad_accum 1"):
         Trainer(TinyRecurrentLM(), _features(), TrainConfig(**{**CFG, "grad_accum": 2}), tmp_path / "run")
 
+
+
+def test_warmup_given_in_steps_wins_over_the_ratio(tmp_path):
+    """``warmup_steps`` (``--warmup-steps``) counts the warm-up directly: over 18 steps,
+    ``warmup_steps=4`` reaches the peak at step 4 whatever ``warmup_ratio`` says."""
+    feats = _features()
+    cfg = dict(CFG, epochs=2, warmup_ratio=0.5, max_steps=None)
+    Trainer(TinyRecurrentLM(), feats, TrainConfig(**cfg, warmup_steps=4), tmp_path / "run").train()
+    import json
+
+    records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in records if r.get("event") == "train"]  # after steps 1, 2, ...: the next step's rate
+    peak = CFG["lr"]
+    assert len(lrs) == 18 and lrs[:5] == pytest.approx([peak * 2 / 4, peak * 3 / 4, peak, peak, peak * (1 - 1 / 14)])
+    with pytest.raises(UserError, match="warmup_steps must be >= 0"):
+        Trainer(TinyRecurrentLM(), feats, TrainConfig(**cfg, warmup_steps=-1), tmp_path / "bad")

@@ -103,6 +103,7 @@ HELP: Dict[str, str] = {
     "grad_accum": "micro-batches per optimiser step",
     "lr": "peak learning rate",
     "warmup_ratio": "share of warmup steps",
+    "warmup_steps": "warmup steps as a count (wins over --warmup-ratio)",
     "weight_decay": "AdamW weight decay",
     "max_grad_norm": "gradient clipping, 0 = off",
     "optimizer": "LAMB for very large batches",
@@ -149,33 +150,33 @@ class VerbFlags:
 # The one place the verbs' defaults live (the table in the module doc, as data).
 VERBS: Dict[str, VerbFlags] = {
     "finetune": VerbFlags(
-        include=("epochs", "lr", "batch_size", "eval_batch_size", "grad_accum", "warmup_ratio", "weight_decay", "max_grad_norm",
+        include=("epochs", "lr", "batch_size", "eval_batch_size", "grad_accum", "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm",
                  "seed", "precision", "device", "data_workers", "fast", "max_steps", "save_every", "eval_every", "log_every",
                  "progress"),
         defer=True, legacy=("compile",)),
     "distill": VerbFlags(  # a student run: the same flags and defaults as finetune
-        include=("epochs", "lr", "batch_size", "eval_batch_size", "grad_accum", "warmup_ratio", "weight_decay", "max_grad_norm",
+        include=("epochs", "lr", "batch_size", "eval_batch_size", "grad_accum", "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm",
                  "seed", "precision", "device", "data_workers", "fast", "max_steps", "save_every", "eval_every", "log_every",
                  "progress"),
         defer=True, legacy=("compile",)),
     "translate-train": VerbFlags(
-        include=("epochs", "max_steps", "max_minutes", "batch_size", "lr", "warmup_ratio", "weight_decay", "schedule",
+        include=("epochs", "max_steps", "max_minutes", "batch_size", "lr", "warmup_ratio", "warmup_steps", "weight_decay", "schedule",
                  "log_every", "seed", "device", "data_workers", "fast", "progress"),
         defaults={"epochs": 10.0, "batch_size": 128, "lr": 1e-3, "warmup_ratio": 0.05, "weight_decay": 0.0,
                   "schedule": "inverse_sqrt"}),
     "pretrain": VerbFlags(
-        include=("epochs", "max_steps", "max_minutes", "batch_size", "grad_accum", "lr", "warmup_ratio", "weight_decay",
+        include=("epochs", "max_steps", "max_minutes", "batch_size", "grad_accum", "lr", "warmup_ratio", "warmup_steps", "weight_decay",
                  "optimizer", "schedule", "schedule_power", "min_lr_ratio", "fast", "parallel", "keep_last", "group_factor",
                  "save_every", "log_every", "peak_tflops", "seed", "device", "data_workers", "precision", "progress"),
         defaults={"epochs": 1.0, "batch_size": 256, "lr": None, "warmup_ratio": 0.06, "group_factor": 50},
         choices={"schedule": ("linear", "polynomial", "cosine")},
         legacy=("compile", "activation_checkpointing", "bf16_residual", "grad_reduce_dtype", "overlap_grad_reduce")),
     "lm-train": VerbFlags(
-        include=("epochs", "max_steps", "max_minutes", "batch_size", "lr", "warmup_ratio", "weight_decay", "fast",
+        include=("epochs", "max_steps", "max_minutes", "batch_size", "lr", "warmup_ratio", "warmup_steps", "weight_decay", "fast",
                  "log_every", "seed", "device", "data_workers", "progress"),
         defaults={"epochs": 1.0, "batch_size": 64, "lr": 1e-3, "warmup_ratio": 0.05}, legacy=("compile",)),
     "pretrain-xlnet": VerbFlags(
-        include=("epochs", "max_steps", "batch_size", "grad_accum", "lr", "warmup_ratio", "weight_decay", "save_every",
+        include=("epochs", "max_steps", "batch_size", "grad_accum", "lr", "warmup_ratio", "warmup_steps", "weight_decay", "save_every",
                  "log_every", "seed", "device", "data_workers", "precision", "fast", "progress"),
         defaults={"epochs": 1.0, "lr": 1e-4, "warmup_ratio": 0.06}),
 }

@@ -64,6 +64,9 @@ class TrainConfig:
         lr: peak learning rate.
         weight_decay: AdamW decoupled decay (not on biases/LayerNorm).
         warmup_ratio: share of steps with rising learning rate.
+        warmup_steps: steps with rising learning rate, counted, not as a share; when given it
+            wins over ``warmup_ratio`` (a recipe that names its warm-up in steps: BERT's 10,000,
+            Transformer-XL's).
         grad_accum: micro-batches per optimiser step on each rank; the batches themselves
             do not depend on it, so a resumed run may change it (e.g. on fewer GPUs).
         max_grad_norm: clip threshold (0 disables).
@@ -129,6 +132,7 @@ class TrainConfig:
     lr: float = 5e-5
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
+    warmup_steps: Optional[int] = None
     grad_accum: int = 1
     max_grad_norm: float = 1.0
     seed: int = 42

@@ -148,6 +148,8 @@ class Trainer(CheckpointIO):
             raise UserError("no training examples")
         if config.parallel not in ("ddp", "fsdp"):
             raise UserError(f"parallel must be 'ddp' or 'fsdp', got {config.parallel!r}")
+        if config.warmup_steps is not None and config.warmup_steps < 0:
+            raise UserError(f"warmup_steps must be >= 0, got {config.warmup_steps}")
         if config.eval_every < 0:
             raise UserError(f"eval_every must be >= 0 (0: evaluate at epoch ends only), got {config.eval_every}")
         if config.data_workers is not None and config.data_workers < 0:
@@ -223,7 +225,8 @@ class Trainer(CheckpointIO):
         else:
             self.optimizer = (build_lamb(self.model, config.lr, config.weight_decay) if config.optimizer == "lamb"
                               else build_adamw(self.model, config.lr, config.weight_decay, capturable=use_graphs))
-        self.scheduler = build_schedule(config, self.optimizer, int(config.warmup_ratio * total), total)
+        warmup = config.warmup_steps if config.warmup_steps is not None else int(config.warmup_ratio * total)
+        self.scheduler = build_schedule(config, self.optimizer, warmup, total)
         self.forward = self.model  # fully_shard works in place: no wrapper
         if self.world > 1 and use_graphs:
             broadcast_parameters(self.model)  # DDP's start-up sync, done by hand
