@@ -18,7 +18,6 @@ import logging
 import math
 import os
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,7 +27,6 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..core.deps import missing
 from ..core.capabilities import CarriesState, GraphCapturable, KeyedCollator, declares
 from ..core.diskspace import tensor_bytes
 from ..core.durable import write_folder
@@ -37,6 +35,7 @@ from ..core.run_folder import hold_run_folder
 from ..core.run_state import BackgroundSaver, HostSnapshot, autocast, diverged, intact_note, resolve_device, set_seed
 from .callbacks import Callback, CallbackList, JsonlWriter
 from .config import TrainConfig
+from .curve import CurveDrawer
 from .data import CollatedBatches, EpochItems
 from .distributed import agree, all_reduce_mean, broadcast_parameters, cpu_copy, setup, shard_model
 from .graphs import GraphedTrainStep, graphs_supported
@@ -170,6 +169,7 @@ class Trainer(CheckpointIO):
         self.main_metric = main_metric
         self.greater_is_better = greater_is_better
         self.save_best = save_best
+        self._curve = CurveDrawer(self.out_dir, main_metric, lambda message: _say("%s", message))
         self.rank, self.world = setup(self.device.type)
         # log.jsonl is the first writer, so a record reaches the file before any other writer.
         self.callbacks = CallbackList([JsonlWriter(self.out_dir / "log.jsonl"), *(callbacks or ())] if self.rank == 0 else [])
@@ -413,7 +413,7 @@ class Trainer(CheckpointIO):
             # continues exactly as if there had been no stop.
             self._evaluate_at_stop(state, epoch, step, start, stopped)
         if self.rank == 0:
-            self._draw_curve(state, losses)
+            self._curve.draw(state["history"], losses)
         if self._saver is not None:
             self._saver.wait()  # the last checkpoint written (or its error raised) before the run ends
         if self.world > 1:
@@ -585,40 +585,8 @@ class Trainer(CheckpointIO):
         self._checkpoint(state, epoch + 1, 0, step, losses, None)
         # Drawing takes 0.3-1 s: redraw at most every CURVE_EVERY_S seconds of training (the
         # end of training always draws), or a run of many short epochs spends its time here.
-        if not last and time.time() - getattr(self, "_curve_at", start) >= CURVE_EVERY_S:
+        if not last and time.time() - (self._curve.drawn_at or start) >= CURVE_EVERY_S:
             # With the device doing the work (background checkpoints), on a thread: a GPU
             # keeps stepping while matplotlib draws (0.3-1 s, once a second epoch boundary in
             # the 8-minute BERT run); on a CPU the draw would only take the training's cores.
-            self._draw_curve(state, losses, background=self._saver is not None)
-
-    def _draw_curve(self, state: dict, losses: list, background: bool = False) -> None:
-        """``curve.png``: the training loss per step and every evaluation so far (rank 0);
-        ``background``: drawn on a thread (skipped while the previous one still draws). The
-        final draw waits for a background one, so the last curve.png is the complete one."""
-        drawing = getattr(self, "_curve_thread", None)
-        if drawing is not None:
-            if background and drawing.is_alive():
-                return
-            drawing.join()
-            self._curve_thread = None
-        self._curve_at = time.time()
-        if missing(["matplotlib"]):  # the curve is a convenience: log.jsonl holds the same numbers
-            if not getattr(self, "_said_no_curve", False):
-                _say("curve.png not drawn: matplotlib is not installed (pip install 'ctxkit[plots]')")
-                self._said_no_curve = True
-            return
-        from ..core.plots import plot_training_curve  # lazy: matplotlib (the plots extra) only when a curve is drawn
-
-        args = ([(i + 1, float(v)) for i, v in enumerate(losses)], list(state["history"]), self.main_metric, self.out_dir / "curve.png")
-        if not background:
-            plot_training_curve(*args, title=self.out_dir.name)
-            return
-
-        def draw() -> None:
-            try:
-                plot_training_curve(*args, title=self.out_dir.name)
-            except Exception as err:  # noqa: BLE001 - a convenience; the run goes on (the final draw reports)
-                logger.warning("curve.png not redrawn: %s", err)
-
-        self._curve_thread = threading.Thread(target=draw, name="ctxkit-curve", daemon=True)
-        self._curve_thread.start()
+            self._curve.draw(state["history"], losses, background=self._saver is not None)
